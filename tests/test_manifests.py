@@ -1,0 +1,417 @@
+"""Offline checks of crds/, examples/ and deploy/: no API server needed.
+
+The real API server is the authority (tests/k8s/test_crds.py); these checks catch,
+in milliseconds, the mistakes it would only report as a failed install or a silently
+pruned field: a schema that is not structural, a default that violates its own
+bounds, an example field the schema does not know, printer columns that point
+nowhere, blocks that drifted apart between kinds, RBAC that grants too much.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_DIR = ROOT / "crds"
+EXAMPLES_DIR = ROOT / "examples"
+DEPLOY_DIR = ROOT / "deploy"
+
+GROUP = "ai.flexinfer"
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+
+# kind -> (plural, version, short names, printer column names after NAME)
+EXPECTED_KINDS: dict[str, tuple[str, str, list[str], list[str]]] = {
+    "Model": (
+        "models",
+        "v1alpha2",
+        ["mdl"],
+        ["Backend", "Shared", "Priority", "Phase", "State", "Queue", "LastActive", "Age"],
+    ),
+    "GPULease": (
+        "gpuleases",
+        "v1alpha2",
+        ["gpulease"],
+        ["Group", "Owner", "Node", "Expires", "Age"],
+    ),
+    "GPUGroup": ("gpugroups", "v1alpha1", [], ["Phase", "Active", "Swaps", "Age"]),
+    "ModelCache": ("modelcaches", "v1alpha1", [], ["Strategy", "Path", "Ready", "Source"]),
+    "ModelDeployment": (
+        "modeldeployments",
+        "v1alpha1",
+        [],
+        ["Backend", "Model", "Group", "Phase", "LastAccess", "Age"],
+    ),
+}
+
+Schema = dict[str, Any]
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as stream:
+        return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+
+
+def crd_files() -> list[Path]:
+    return sorted(CRD_DIR.glob("ai.flexinfer_*.yaml"))
+
+
+def example_files() -> list[Path]:
+    return sorted(EXAMPLES_DIR.glob("*.yaml"))
+
+
+def crds_by_kind() -> dict[str, dict[str, Any]]:
+    crds: dict[str, dict[str, Any]] = {}
+    for path in crd_files():
+        (crd,) = load_documents(path)
+        crds[crd["spec"]["names"]["kind"]] = crd
+    return crds
+
+
+def served_schema(crd: dict[str, Any]) -> Schema:
+    (version,) = crd["spec"]["versions"]
+    schema: Schema = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def walk(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    """Every schema node with its dotted path (`[]` for list items, `{}` for map values)."""
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from walk(schema["additionalProperties"], f"{path}.{{}}")
+    if "items" in schema:
+        yield from walk(schema["items"], f"{path}[]")
+
+
+def is_int_or_string(schema: Schema) -> bool:
+    return bool(schema.get("x-kubernetes-int-or-string"))
+
+
+def validate(schema: Schema, value: Any, path: str) -> list[str]:
+    """A small subset of the API server's validation: enough for our own schemas.
+
+    Unknown fields are errors here, because the API server would silently prune them.
+    """
+    errors: list[str] = []
+    if is_int_or_string(schema):
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return [f"{path}: {value!r} is neither an integer nor a string"]
+        if (
+            isinstance(value, str)
+            and "pattern" in schema
+            and not re.search(schema["pattern"], value)
+        ):
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
+        return errors
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict):
+            return [f"{path}: expected an object, got {value!r}"]
+        errors.extend(
+            f"{path}.{name}: required" for name in schema.get("required", []) if name not in value
+        )
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            errors.append(f"{path}: more than {schema['maxProperties']} properties")
+        for name, item in value.items():
+            if properties is not None and name in properties:
+                errors.extend(validate(properties[name], item, f"{path}.{name}"))
+            elif isinstance(extra, dict):
+                errors.extend(validate(extra, item, f"{path}.{name}"))
+            elif properties is not None and path != ".metadata":
+                errors.append(f"{path}.{name}: unknown field (would be pruned)")
+        return errors
+    if kind == "array":
+        if not isinstance(value, list):
+            return [f"{path}: expected a list, got {value!r}"]
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{path}: more than {schema['maxItems']} items")
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(f"{path}: fewer than {schema['minItems']} items")
+        for index, item in enumerate(value):
+            errors.extend(validate(schema["items"], item, f"{path}[{index}]"))
+        return errors
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return [f"{path}: expected an integer, got {value!r}"]
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            return [f"{path}: expected a boolean, got {value!r}"]
+    elif kind == "string":
+        if not isinstance(value, str):
+            return [f"{path}: expected a string, got {value!r}"]
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
+        if len(value) > schema.get("maxLength", len(value)):
+            errors.append(f"{path}: longer than {schema['maxLength']}")
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{path}: shorter than {schema['minLength']}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{path}: {value!r} below {schema['minimum']}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errors.append(f"{path}: {value!r} above {schema['maximum']}")
+    return errors
+
+
+def structural_errors(schema: Schema) -> list[str]:
+    errors: list[str] = []
+    for path, node in walk(schema):
+        if is_int_or_string(node):
+            branches = node.get("anyOf", [])
+            if sorted(branch.get("type") for branch in branches) != ["integer", "string"]:
+                errors.append(f"{path}: int-or-string needs anyOf integer|string")
+            if any(set(branch) != {"type"} for branch in branches):
+                errors.append(f"{path}: anyOf branches may only carry a type")
+        elif "type" not in node:
+            errors.append(f"{path}: no type")
+        elif "anyOf" in node or "oneOf" in node or "allOf" in node:
+            errors.append(f"{path}: combinators are only used for int-or-string")
+        if "properties" in node and "additionalProperties" in node:
+            errors.append(f"{path}: both properties and additionalProperties")
+        if "default" in node:
+            if path.startswith(".metadata"):
+                errors.append(f"{path}: defaults are not allowed under metadata")
+            errors.extend(f"default: {error}" for error in validate(node, node["default"], path))
+        if node.get("x-kubernetes-list-type") == "map":
+            item = node["items"]
+            for key in node["x-kubernetes-list-map-keys"]:
+                if key not in item.get("required", []) and "default" not in item["properties"][key]:
+                    errors.append(f"{path}: list-map key {key} must be required")
+        if node.get("type") == "array" and "items" not in node:
+            errors.append(f"{path}: array without items")
+    return errors
+
+
+def schema_at(schema: Schema, json_path: str) -> Schema | None:
+    node: Schema | None = schema
+    for part in json_path.strip(".").split("."):
+        if node is None:
+            return None
+        node = node.get("properties", {}).get(part)
+    return node
+
+
+@pytest.fixture(scope="module")
+def crds() -> dict[str, dict[str, Any]]:
+    return crds_by_kind()
+
+
+def test_there_is_one_crd_per_kind(crds: dict[str, dict[str, Any]]) -> None:
+    assert set(crds) == set(EXPECTED_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
+def test_crd_identity(crds: dict[str, dict[str, Any]], kind: str) -> None:
+    plural, version, short_names, _ = EXPECTED_KINDS[kind]
+    crd = crds[kind]
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{plural}.{GROUP}"
+    spec = crd["spec"]
+    assert spec["group"] == GROUP
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["plural"] == plural
+    assert spec["names"].get("shortNames", []) == short_names
+    (served,) = spec["versions"]
+    assert served["name"] == version
+    assert served["served"] is True
+    assert served["storage"] is True
+    assert served["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
+def test_schema_is_structural(crds: dict[str, dict[str, Any]], kind: str) -> None:
+    assert structural_errors(served_schema(crds[kind])) == []
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
+def test_printer_columns_point_at_schema_fields(crds: dict[str, dict[str, Any]], kind: str) -> None:
+    (served,) = crds[kind]["spec"]["versions"]
+    columns = served["additionalPrinterColumns"]
+    assert [column["name"] for column in columns] == EXPECTED_KINDS[kind][3]
+    schema = served_schema(crds[kind])
+    for column in columns:
+        if column["jsonPath"] == ".metadata.creationTimestamp":
+            assert column["type"] == "date"
+            continue
+        node = schema_at(schema, column["jsonPath"])
+        assert node is not None, column
+        expected_type = {"date": "string", "string": "string"}.get(column["type"], column["type"])
+        assert node["type"] == expected_type, column
+        if column["type"] == "date":
+            assert node.get("format") == "date-time", column
+
+
+def test_durations_share_one_pattern(crds: dict[str, dict[str, Any]]) -> None:
+    model = served_schema(crds["Model"])
+    durations = [
+        "spec.gpu.swapCooldown",
+        "spec.serverless.idleTimeout",
+        "spec.serverless.coldStartTimeout",
+    ]
+    for field in durations:
+        node = schema_at(model, field)
+        assert node is not None
+        assert node["pattern"] == DURATION_PATTERN, field
+    pattern = re.compile(DURATION_PATTERN)
+    for good in ["5m", "90s", "1h30m", "1.5h", "300ms", "2µs"]:
+        assert pattern.match(good), good
+    for bad in ["3x", "5", "", "m5", "-5m", "5 m"]:
+        assert not pattern.match(bad), bad
+
+
+def test_shared_blocks_are_identical_across_kinds(crds: dict[str, dict[str, Any]]) -> None:
+    """One definition of conditions, mlcllm and quantities, copied verbatim."""
+    schemas = {kind: served_schema(crd) for kind, crd in crds.items()}
+    conditions = [
+        schema_at(schema, "status.conditions")
+        for kind, schema in schemas.items()
+        if kind != "GPULease"  # a lease has no conditions, only acquiredAt/active
+    ]
+    assert len(conditions) == 4
+    assert all(c is not None and c == conditions[0] for c in conditions)
+    model_mlc = schema_at(schemas["Model"], "spec.mlcllm")
+    deployment_mlc = schema_at(schemas["ModelDeployment"], "spec.mlcllm")
+    assert model_mlc is not None
+    assert model_mlc == deployment_mlc
+    quantities = [
+        node for schema in schemas.values() for _, node in walk(schema) if is_int_or_string(node)
+    ]
+    assert quantities
+    assert len({node["pattern"] for node in quantities}) == 1
+
+
+def test_crds_kustomization_lists_every_crd() -> None:
+    (kustomization,) = load_documents(CRD_DIR / "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in crd_files())
+
+
+@pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
+def test_example_is_valid_against_its_crd(path: Path) -> None:
+    crds = crds_by_kind()
+    documents = load_documents(path)
+    assert documents
+    for document in documents:
+        kind = document["kind"]
+        assert kind in crds, f"{path.name}: no CRD for {kind}"
+        assert document["apiVersion"] == f"{GROUP}/{EXPECTED_KINDS[kind][1]}"
+        # Examples are applied with -n; a namespace in the file would fight it.
+        assert "namespace" not in document["metadata"]
+        assert validate(served_schema(crds[kind]), document, "") == []
+
+
+def test_examples_cover_the_documented_scenarios() -> None:
+    documents = [doc for path in example_files() for doc in load_documents(path)]
+    shared = [
+        doc
+        for doc in documents
+        if doc["kind"] == "Model" and doc["spec"].get("gpu", {}).get("shared") == "homelab-gpu"
+    ]
+    assert len(shared) == 2
+    assert len({doc["spec"]["gpu"].get("priority", 100) for doc in shared}) == 2
+    groups = [doc for doc in documents if doc["kind"] == "GPUGroup"]
+    assert len(groups) == 1
+    assert len(groups[0]["spec"]["models"]) == 2
+    leases = [
+        doc["spec"]["finetune"]["gpuLease"]
+        for doc in documents
+        if doc["kind"] == "ModelCache" and "finetune" in doc["spec"]
+    ]
+    assert leases == [{"group": "5930k-textgen", "ttlSeconds": 3600}]
+    memory_caches = {
+        doc["metadata"]["name"]
+        for doc in documents
+        if doc["kind"] == "ModelCache" and doc["spec"].get("storageStrategy") == "Memory"
+    }
+    scale_to_zero = [
+        doc
+        for doc in documents
+        if doc["kind"] == "ModelDeployment"
+        and doc["spec"].get("modelCacheRef") in memory_caches
+        and doc["spec"].get("minReplicas", 0) == 0
+    ]
+    assert scale_to_zero
+    overrides = [
+        doc["spec"]["mlcllm"]["overrides"]
+        for doc in documents
+        if doc["kind"] == "ModelDeployment"
+        and doc["spec"].get("mlcllm", {}).get("mode") == "server"
+    ]
+    assert {"maxNumSequence": 2, "maxTotalSeqLength": 131072} in [
+        {k: o[k] for k in ("maxNumSequence", "maxTotalSeqLength") if k in o} for o in overrides
+    ]
+    assert any(doc["kind"] == "GPULease" for doc in documents)
+
+
+def deploy_documents() -> list[dict[str, Any]]:
+    (kustomization,) = load_documents(DEPLOY_DIR / "kustomization.yaml")
+    assert "../crds" in kustomization["resources"]
+    assert kustomization["namespace"] == "flexinfer-system"
+    return [
+        doc
+        for name in kustomization["resources"]
+        if name.endswith(".yaml")
+        for doc in load_documents(DEPLOY_DIR / name)
+    ]
+
+
+def rules_of(documents: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    (role,) = [
+        doc for doc in documents if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == name
+    ]
+    rules: list[dict[str, Any]] = role["rules"]
+    return rules
+
+
+def test_rbac_grants_no_wildcards_and_no_secrets() -> None:
+    documents = deploy_documents()
+    for document in documents:
+        for rule in document.get("rules", []):
+            assert "*" not in rule["verbs"], document["metadata"]["name"]
+            assert "*" not in rule["resources"], document["metadata"]["name"]
+            assert "secrets" not in rule["resources"], document["metadata"]["name"]
+
+
+def test_proxy_may_not_delete_or_scale() -> None:
+    rules = rules_of(deploy_documents(), "flexinfer-proxy")
+    verbs = {verb for rule in rules for verb in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch", "patch"}
+    patched = {
+        resource for rule in rules if "patch" in rule["verbs"] for resource in rule["resources"]
+    }
+    assert patched == {"models/status", "modeldeployments/status", "gpugroups"}
+
+
+def test_workloads_are_hardened() -> None:
+    deployments = {
+        doc["metadata"]["name"]: doc for doc in deploy_documents() if doc["kind"] == "Deployment"
+    }
+    assert set(deployments) == {"flexinfer-controller", "flexinfer-proxy"}
+    controller = deployments["flexinfer-controller"]["spec"]
+    assert controller["replicas"] == 2
+    (container,) = controller["template"]["spec"]["containers"]
+    assert container["command"] == [
+        "python", "-m", "flexinfer_k8s", "--leader-elect",
+        "--metrics-port", "8080", "--health-port", "8081",
+    ]  # fmt: skip
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    proxy = deployments["flexinfer-proxy"]["spec"]
+    (proxy_container,) = proxy["template"]["spec"]["containers"]
+    assert proxy_container["command"] == ["python", "-m", "flexinfer_proxy", "--port", "8000"]
+    for deployment in deployments.values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for each in pod["containers"]:
+            assert each["securityContext"]["readOnlyRootFilesystem"] is True
+            assert each["securityContext"]["allowPrivilegeEscalation"] is False
+            assert each["resources"]["requests"]

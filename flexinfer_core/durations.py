@@ -1,0 +1,75 @@
+"""Go-style durations (`90s`, `5m`, `1h30m`): parsing and printing.
+
+The CRDs carry durations as strings with the same grammar as Go's
+`time.ParseDuration`; this module is the one place that reads and writes them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from flexinfer_core.errors import DurationError
+
+_UNIT_SECONDS: dict[str, float] = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str, *, field: str = "duration") -> timedelta:
+    """Parse a Go duration such as ``"1h30m"`` or ``"90s"`` into a timedelta.
+
+    Negative durations are rejected: every duration in flexinfer is a window or a
+    timeout. ``"0"`` is accepted as zero, as in Go.
+    """
+    if not isinstance(text, str):
+        raise DurationError(field, text, "is not a duration string (expected e.g. '90s', '5m')")
+    s = text.strip()
+    if s == "0":
+        return timedelta(0)
+    if not s:
+        raise DurationError(field, text, "is empty (expected e.g. '90s', '5m', '1h30m')")
+    if s[0] in "+-":
+        if s[0] == "-":
+            raise DurationError(field, text, "is negative; durations must be zero or more")
+        s = s[1:]
+    pos = 0
+    total = 0.0
+    while pos < len(s):
+        match = _TERM.match(s, pos)
+        if match is None:
+            raise DurationError(
+                field, text, "is not a valid duration (expected e.g. '90s', '5m', '1h30m')"
+            )
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    return timedelta(seconds=total)
+
+
+def format_duration(value: timedelta) -> str:
+    """Print a timedelta as Go would: ``5400s`` → ``1h30m``, ``90s`` → ``1m30s``."""
+    seconds = value.total_seconds()
+    if seconds < 0:
+        raise DurationError("duration", value, "is negative; durations must be zero or more")
+    if seconds == 0:
+        return "0s"
+    whole = int(seconds)
+    frac = seconds - whole
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = ""
+    if hours:
+        out += f"{hours}h"
+    if minutes:
+        out += f"{minutes}m"
+    if secs or frac or not out:
+        out += f"{secs + frac:g}s"
+    return out

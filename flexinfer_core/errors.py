@@ -1,0 +1,32 @@
+"""Errors the core raises for invalid input.
+
+Expected outcomes ("no leader: a GPU lease is held") are decision values, never
+exceptions. Only input that breaks the snapshot's own rules raises, and the message
+names the field and the value so a user can find the bad line of YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FlexinferError(Exception):
+    """Base class of every error the core raises."""
+
+
+class InvalidFieldError(FlexinferError, ValueError):
+    """A snapshot field holds a value outside its documented range or form."""
+
+    def __init__(self, field: str, value: Any, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field}: {value!r} {problem}")
+
+
+class DurationError(InvalidFieldError):
+    """A Go-style duration string could not be parsed."""
+
+
+class InconsistentGroupError(FlexinferError, ValueError):
+    """Members handed to one group decision do not form one group."""

@@ -1,0 +1,408 @@
+"""The v1alpha1 GPUGroup decision: keep, swap, drain or idle, with the blocking reason.
+
+Spec: spec/election.md section 3. Demand is real queued requests, reported by the
+proxy per member (queue depth and the arrival of the oldest waiting request). The
+decision is level-based: a swap is recorded at once (`activeModel`,
+`lastSwapTime`, `swapCount`), and every later decision derives the drain from
+that record plus which members still have pods, so deciding again after applying
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+import attrs
+
+from flexinfer_core import reasons
+from flexinfer_core.durations import format_duration
+from flexinfer_core.snapshot import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    aware_or_none,
+    int_between,
+    non_empty_name,
+    non_negative_duration,
+)
+
+
+class PreemptionPolicy(enum.StrEnum):
+    GRACEFUL = "Graceful"
+    IMMEDIATE = "Immediate"
+
+
+class GpuGroupPhase(enum.StrEnum):
+    PENDING = "Pending"
+    IDLE = "Idle"
+    ACTIVE = "Active"
+    DRAINING = "Draining"
+    SWAPPING = "Swapping"
+    FAILED = "Failed"
+
+
+class MemberState(enum.StrEnum):
+    ACTIVE = "Active"
+    QUEUED = "Queued"
+    PREEMPTED = "Preempted"
+    IDLE = "Idle"
+
+
+class GpuGroupAction(enum.StrEnum):
+    KEEP = "Keep"
+    SWAP = "Swap"
+    DRAIN = "Drain"
+    IDLE = "Idle"
+
+
+@attrs.frozen
+class AntiThrashing:
+    enabled: bool = True
+    hysteresis_window: timedelta = attrs.field(
+        default=timedelta(seconds=10), validator=non_negative_duration
+    )
+    request_queue_threshold: int = attrs.field(default=3, validator=int_between(1, 100))
+    minimum_run_duration: timedelta = attrs.field(
+        default=timedelta(seconds=30), validator=non_negative_duration
+    )
+    cooldown_after_preemption: timedelta = attrs.field(
+        default=timedelta(seconds=60), validator=non_negative_duration
+    )
+
+
+@attrs.frozen
+class GpuGroupMember:
+    """One member ModelDeployment of a GPUGroup, with the proxy's demand report."""
+
+    name: str = attrs.field(validator=non_empty_name)
+    priority: int = attrs.field(
+        default=DEFAULT_PRIORITY, validator=int_between(MIN_PRIORITY, MAX_PRIORITY)
+    )
+    queued: int = attrs.field(default=0, validator=int_between(0, None))
+    oldest_waiting: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    last_request: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    idle_timeout: timedelta = attrs.field(
+        default=timedelta(seconds=300), validator=non_negative_duration
+    )
+    preempted_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    preempted_by: str = ""
+    exists: bool = True
+    has_pods: bool = False
+    ready: bool = False
+
+
+def _members(value: Iterable[GpuGroupMember]) -> tuple[GpuGroupMember, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class GpuGroupState:
+    """A GPUGroup as observed: spec, recorded status and its members."""
+
+    name: str = attrs.field(validator=non_empty_name)
+    namespace: str = "default"
+    members: tuple[GpuGroupMember, ...] = attrs.field(default=(), converter=_members)
+    current_model: str | None = None
+    last_swap_time: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    last_swap_reason: str = ""
+    swap_count: int = attrs.field(default=0, validator=int_between(0, None))
+    preemption_policy: PreemptionPolicy = attrs.field(
+        default=PreemptionPolicy.GRACEFUL, converter=PreemptionPolicy
+    )
+    drain_timeout: timedelta = attrs.field(
+        default=timedelta(seconds=60), validator=non_negative_duration
+    )
+    anti_thrashing: AntiThrashing = AntiThrashing()
+
+    def member(self, name: str) -> GpuGroupMember | None:
+        return next((m for m in self.members if m.name == name), None)
+
+
+@attrs.frozen
+class GpuGroupMemberStatus:
+    """One row of `status.modelStatuses`."""
+
+    name: str
+    state: MemberState
+    queued_requests: int
+    queued_since: datetime | None
+    preempted_at: datetime | None
+    preempted_by: str
+
+
+@attrs.frozen
+class GpuGroupDecision:
+    action: GpuGroupAction
+    active_model: str | None
+    reason: str
+    message: str
+    blocked_by: str | None
+    desired_replicas: tuple[tuple[str, int], ...]
+    phase: GpuGroupPhase
+    last_swap_time: datetime | None
+    last_swap_reason: str
+    swap_count: int
+    member_statuses: tuple[GpuGroupMemberStatus, ...]
+    next_change_at: datetime | None
+
+    def replicas_for(self, name: str) -> int:
+        return dict(self.desired_replicas)[name]
+
+
+def member_order(member: GpuGroupMember) -> tuple[int, int, float, str]:
+    """Queued first, then priority desc, then oldest waiting request first, then name."""
+    waiting = member.oldest_waiting.timestamp() if member.oldest_waiting else float("inf")
+    return (0 if member.queued > 0 else 1, -member.priority, waiting, member.name)
+
+
+def _last_activity(state: GpuGroupState, current: GpuGroupMember) -> datetime | None:
+    # Becoming active counts as activity: a model just swapped in is not idle yet.
+    times = [t for t in (current.last_request, state.last_swap_time) if t is not None]
+    return max(times, default=None)
+
+
+def _is_in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> bool:
+    if current.queued > 0:
+        return True
+    last = _last_activity(state, current)
+    return last is not None and now - last < current.idle_timeout
+
+
+def _blocking_gate(
+    state: GpuGroupState, current: GpuGroupMember, winner: GpuGroupMember, now: datetime
+) -> tuple[str, str] | None:
+    """The anti-thrashing rule that keeps `current` against `winner`, if any (steps 3–4)."""
+    anti = state.anti_thrashing
+    if not anti.enabled:
+        return None
+    if winner.queued < anti.request_queue_threshold:
+        return reasons.QUEUE_BELOW_THRESHOLD, (
+            f"{winner.name} has {winner.queued} queued request(s), below the threshold of "
+            f"{anti.request_queue_threshold}"
+        )
+    hysteresis = anti.hysteresis_window
+    if (
+        hysteresis > timedelta(0)
+        and winner.oldest_waiting is not None
+        and now - winner.oldest_waiting < hysteresis
+    ):
+        return reasons.HYSTERESIS, (
+            f"{winner.name}'s oldest request has waited less than the "
+            f"{format_duration(hysteresis)} hysteresis window"
+        )
+    if state.last_swap_time is not None and now - state.last_swap_time < anti.minimum_run_duration:
+        return reasons.MINIMUM_RUN, (
+            f"{current.name} has run less than the minimum "
+            f"{format_duration(anti.minimum_run_duration)} since the last swap"
+        )
+    if (
+        winner.preempted_at is not None
+        and now - winner.preempted_at < anti.cooldown_after_preemption
+    ):
+        return reasons.COOLDOWN_AFTER_PREEMPTION, (
+            f"{winner.name} was preempted less than "
+            f"{format_duration(anti.cooldown_after_preemption)} ago"
+        )
+    return None
+
+
+def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
+    """Decide which member holds the group's GPU (spec/election.md 3)."""
+    existing = sorted((m for m in state.members if m.exists), key=member_order)
+    current = state.member(state.current_model) if state.current_model else None
+    if current is not None and not current.exists:
+        current = None
+    queued = [m for m in existing if m.queued > 0]
+
+    action: GpuGroupAction
+    blocked: str | None = None
+    target: GpuGroupMember | None
+    if not existing:
+        missing = ", ".join(m.name for m in state.members) or "none listed"
+        return _finish(
+            state,
+            now,
+            None,
+            GpuGroupAction.IDLE,
+            reasons.NO_DEMAND,
+            f"no member ModelDeployment exists ({missing})",
+            None,
+            failed=True,
+        )
+    if not queued:
+        if current is not None and _is_in_use(state, current, now):
+            return _finish(
+                state,
+                now,
+                current,
+                GpuGroupAction.KEEP,
+                reasons.KEEP_CURRENT,
+                f"{current.name} keeps the GPU: its last request is younger than its "
+                f"{format_duration(current.idle_timeout)} idle timeout",
+                None,
+            )
+        if current is not None:
+            return _finish(
+                state,
+                now,
+                None,
+                GpuGroupAction.IDLE,
+                reasons.IDLE_TIMEOUT,
+                f"{current.name} idle for longer than {format_duration(current.idle_timeout)}"
+                "; scaling the group to zero",
+                None,
+            )
+        return _finish(
+            state,
+            now,
+            None,
+            GpuGroupAction.IDLE,
+            reasons.NO_DEMAND,
+            "no queued requests; no model holds the GPU",
+            None,
+        )
+
+    winner = queued[0]
+    if current is not None and winner.name == current.name:
+        target, action = current, GpuGroupAction.KEEP
+        reason, message = reasons.KEEP_CURRENT, f"{current.name} serves its own queue"
+    elif current is None:
+        target, action = winner, GpuGroupAction.SWAP
+        reason = reasons.START
+        message = f"starting {winner.name} for {winner.queued} queued request(s)"
+    elif not _is_in_use(state, current, now):
+        target, action = winner, GpuGroupAction.SWAP
+        reason = reasons.SWAP
+        message = (
+            f"swapping {current.name} (idle) for {winner.name} ({winner.queued} queued request(s))"
+        )
+    else:
+        gate = _blocking_gate(state, current, winner, now)
+        if gate is not None:
+            blocked, why = gate
+            target, action = current, GpuGroupAction.KEEP
+            reason, message = blocked, f"{current.name} keeps the GPU: {why}"
+        else:
+            target, action = winner, GpuGroupAction.SWAP
+            reason = reasons.SWAP
+            message = (
+                f"swapping {current.name} for {winner.name} ({winner.queued} queued request(s), "
+                f"priority {winner.priority})"
+            )
+    return _finish(state, now, target, action, reason, message, blocked)
+
+
+def _finish(
+    state: GpuGroupState,
+    now: datetime,
+    target: GpuGroupMember | None,
+    action: GpuGroupAction,
+    reason: str,
+    message: str,
+    blocked: str | None,
+    *,
+    failed: bool = False,
+) -> GpuGroupDecision:
+    swapping = action is GpuGroupAction.SWAP
+    last_swap_time = now if swapping else state.last_swap_time
+    last_swap_reason = message if swapping else state.last_swap_reason
+    swap_count = state.swap_count + 1 if swapping else state.swap_count
+    previous = state.current_model if swapping else None
+
+    # Break-before-make: the holder waits for every other member's pods to be gone
+    # (Graceful: at most the drain timeout after the swap; Immediate: not at all).
+    draining = False
+    waiting_for = ""
+    if target is not None and not target.has_pods:
+        occupied = [m.name for m in state.members if m.name != target.name and m.has_pods]
+        waiting_for = ", ".join(sorted(occupied))
+        if occupied and state.preemption_policy is PreemptionPolicy.GRACEFUL:
+            drain_deadline = (last_swap_time or now) + state.drain_timeout
+            draining = now < drain_deadline
+    if draining and not swapping:
+        action = GpuGroupAction.DRAIN
+        reason = reasons.DRAINING
+        message = f"waiting for the pods of {waiting_for} to be gone before starting the holder"
+
+    desired = tuple(
+        (m.name, 1 if target is not None and m.name == target.name and not draining else 0)
+        for m in sorted(state.members, key=lambda m: m.name)
+    )
+
+    statuses = []
+    for m in sorted(state.members, key=lambda m: m.name):
+        preempted_at, preempted_by = m.preempted_at, m.preempted_by
+        if previous is not None and m.name == previous and target is not None:
+            preempted_at, preempted_by = now, target.name
+        if target is not None and m.name == target.name:
+            preempted_at, preempted_by = None, ""
+            member_state = MemberState.ACTIVE
+        elif m.queued > 0:
+            member_state = MemberState.QUEUED
+        elif preempted_at is not None:
+            member_state = MemberState.PREEMPTED
+        else:
+            member_state = MemberState.IDLE
+        statuses.append(
+            GpuGroupMemberStatus(
+                m.name,
+                member_state,
+                m.queued,
+                m.oldest_waiting,
+                preempted_at,
+                preempted_by,
+            )
+        )
+
+    if failed:
+        phase = GpuGroupPhase.FAILED
+    elif target is None:
+        phase = GpuGroupPhase.IDLE
+    elif draining:
+        phase = GpuGroupPhase.DRAINING
+    elif not target.ready:
+        phase = GpuGroupPhase.SWAPPING
+    else:
+        phase = GpuGroupPhase.ACTIVE
+
+    return GpuGroupDecision(
+        action=action,
+        active_model=target.name if target is not None else None,
+        reason=reason,
+        message=message,
+        blocked_by=blocked,
+        desired_replicas=desired,
+        phase=phase,
+        last_swap_time=last_swap_time,
+        last_swap_reason=last_swap_reason,
+        swap_count=swap_count,
+        member_statuses=tuple(statuses),
+        next_change_at=_gpu_group_next_change(state, now, last_swap_time, statuses),
+    )
+
+
+def _gpu_group_next_change(
+    state: GpuGroupState,
+    now: datetime,
+    last_swap_time: datetime | None,
+    statuses: list[GpuGroupMemberStatus],
+) -> datetime | None:
+    anti = state.anti_thrashing
+    candidates: list[datetime] = []
+    for m in state.members:
+        for t in (m.last_request, last_swap_time):
+            if t is not None:
+                candidates.append(t + m.idle_timeout)
+        if m.oldest_waiting is not None:
+            candidates.append(m.oldest_waiting + anti.hysteresis_window)
+    for s in statuses:
+        if s.preempted_at is not None:
+            candidates.append(s.preempted_at + anti.cooldown_after_preemption)
+    if last_swap_time is not None:
+        candidates += [
+            last_swap_time + anti.minimum_run_duration,
+            last_swap_time + state.drain_timeout,
+        ]
+    return min((c for c in candidates if c > now), default=None)

@@ -1,0 +1,461 @@
+"""One shared group's full decision: election plus what each member should look like.
+
+Spec: spec/election.md 1.3. Given the members as observed, the leases, which
+members still have pods and `now`, this module says, per member: the target
+`sharedGroup` status, phase change, conditions, desired replicas (with
+break-before-make), the `ai.flexinfer/active-services` value and the Events to
+emit; and for the group, `next_change_at`. It also says exactly which of those
+differ from what was observed, so an adapter writes only those, and applying a
+decision then deciding again at the same `now` yields no writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+
+import attrs
+
+from flexinfer_core import reasons
+from flexinfer_core.election import (
+    Election,
+    candidate_rank,
+    elect_leader,
+    group_cooldown,
+    loading_grace,
+)
+from flexinfer_core.leases import lease_holder_label
+from flexinfer_core.snapshot import (
+    DEFAULT_POLICY,
+    Condition,
+    GpuLease,
+    ModelState,
+    Phase,
+    Policy,
+    SharedState,
+)
+
+ACTIVE_SERVICES_ANNOTATION = "ai.flexinfer/active-services"
+CONDITION_ACTIVE = "Active"
+CONDITION_READY = "Ready"
+_TICK = timedelta(microseconds=1)
+
+
+@attrs.frozen
+class Event:
+    """A Kubernetes Event to emit on a member."""
+
+    model: str
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+@attrs.frozen
+class MemberDecision:
+    """The target state of one member."""
+
+    name: str
+    state: SharedState
+    queue_position: int
+    preempted_by: str
+    phase: Phase
+    preempted_at: datetime | None
+    desired_replicas: int
+    active_services: str
+    reason: str
+    message: str
+    conditions: tuple[Condition, ...]
+    events: tuple[Event, ...] = ()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state is SharedState.ACTIVE
+
+
+@attrs.frozen
+class MemberChanges:
+    """Which parts of one member differ from what was observed."""
+
+    name: str
+    status: bool
+    replicas: bool
+    active_services: bool
+    events: tuple[Event, ...]
+
+    @property
+    def any(self) -> bool:
+        return self.status or self.replicas or self.active_services or bool(self.events)
+
+
+@attrs.frozen
+class GroupDecision:
+    """The whole decision for one group."""
+
+    namespace: str
+    group: str
+    election: Election
+    members: tuple[MemberDecision, ...]
+    next_change_at: datetime | None
+
+    @property
+    def leader(self) -> str | None:
+        return self.election.leader_name
+
+    @property
+    def reason(self) -> str:
+        return self.election.reason
+
+    @property
+    def message(self) -> str:
+        return self.election.message
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(e for m in self.members for e in m.events)
+
+    def member(self, name: str) -> MemberDecision:
+        for member in self.members:
+            if member.name == name:
+                return member
+        raise KeyError(name)
+
+    def changes(self, models: Iterable[ModelState]) -> tuple[MemberChanges, ...]:
+        """What an adapter must write to go from `models` (as observed) to this decision."""
+        observed = {m.name: m for m in models}
+        out = []
+        for target in self.members:
+            model = observed[target.name]
+            change = MemberChanges(
+                name=target.name,
+                status=status_differs(model, target),
+                replicas=model.replicas != target.desired_replicas,
+                active_services=model.active_services != target.active_services,
+                events=target.events,
+            )
+            if change.any:
+                out.append(change)
+        return tuple(out)
+
+
+def status_differs(model: ModelState, target: MemberDecision) -> bool:
+    return (
+        model.shared_state,
+        model.queue_position,
+        model.preempted_by,
+        model.phase,
+        model.preempted_at,
+        frozenset(model.conditions),
+    ) != (
+        target.state,
+        target.queue_position,
+        target.preempted_by,
+        target.phase,
+        target.preempted_at,
+        frozenset(target.conditions),
+    )
+
+
+def desired_replicas(model: ModelState, *, now: datetime) -> int:
+    """Replicas for a member that holds the card (spec 1.3); a non-leader wants 0."""
+    serverless = model.serverless
+    if not serverless.enabled:
+        return 1
+    if model.phase is Phase.LOADING:
+        return 1
+    if model.last_active is None:
+        return serverless.min_replicas
+    if now - model.last_active > serverless.idle_timeout:
+        return serverless.min_replicas
+    return max(1, serverless.min_replicas)
+
+
+def group_models(models: Iterable[ModelState]) -> dict[tuple[str, str], tuple[ModelState, ...]]:
+    """Group a flat list of Models into shared groups keyed by (namespace, group).
+
+    Models without `spec.gpu.shared` share no card and are left out; see
+    `standalone_models`.
+    """
+    groups: dict[tuple[str, str], list[ModelState]] = {}
+    for model in models:
+        if model.group:
+            groups.setdefault((model.namespace, model.group), []).append(model)
+    return {key: tuple(sorted(v, key=lambda m: m.name)) for key, v in sorted(groups.items())}
+
+
+def standalone_models(models: Iterable[ModelState]) -> tuple[ModelState, ...]:
+    """Models that share no card; each is decided as a group of one."""
+    return tuple(sorted((m for m in models if not m.group), key=lambda m: m.key))
+
+
+def decide_group(
+    models: Sequence[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease] = (),
+    lease_unreadable: bool = False,
+    policy: Policy = DEFAULT_POLICY,
+    running: Collection[str] = (),
+) -> GroupDecision:
+    """Elect, then say what every member of the group should look like.
+
+    `running` names the members that still have pods (any phase, terminating
+    included); the leader is not scaled up while another member is in it.
+    """
+    election = elect_leader(
+        models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
+    )
+    namespace = models[0].namespace if models else ""
+    group = models[0].group if models else ""
+    leader = election.leader
+    lease = election.lease
+
+    others = sorted(
+        (m for m in models if leader is None or m.name != leader.name),
+        key=lambda m: (-m.priority, m.name),
+    )
+    positions = {m.name: i + 1 for i, m in enumerate(others)}
+    if lease is not None:
+        holder_label = lease_holder_label(lease)
+    else:
+        holder_label = leader.name if leader is not None else ""
+    leader_services = ",".join(leader.service_labels) if leader is not None else ""
+    occupied = sorted(n for n in running if leader is None or n != leader.name)
+
+    members = []
+    for model in sorted(models, key=lambda m: m.name):
+        if leader is not None and model.name == leader.name:
+            members.append(
+                _leader_decision(
+                    model,
+                    election,
+                    occupied=occupied,
+                    now=now,
+                    services=leader_services,
+                    has_pods=model.name in running,
+                )
+            )
+        else:
+            members.append(
+                _parked_decision(
+                    model,
+                    election,
+                    position=positions[model.name],
+                    holder_label=holder_label,
+                    under_lease=lease is not None,
+                    now=now,
+                )
+            )
+    return GroupDecision(
+        namespace=namespace,
+        group=group,
+        election=election,
+        members=tuple(members),
+        next_change_at=next_change_at(
+            models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
+        ),
+    )
+
+
+def _leader_decision(
+    model: ModelState,
+    election: Election,
+    *,
+    occupied: Sequence[str],
+    now: datetime,
+    services: str,
+    has_pods: bool,
+) -> MemberDecision:
+    want = desired_replicas(model, now=now)
+    reason, message = election.reason, election.message
+    if want > 0 and occupied and not has_pods:
+        want = 0
+        reason = reasons.WAITING_FOR_GPU
+        message = (
+            f"{model.name} leads ({election.reason}) and waits for the pods of "
+            f"{', '.join(occupied)} to be gone before scaling up"
+        )
+    # Preemption ended: a member that is Ready again no longer carries its stamp.
+    preempted_at = None if model.phase is Phase.READY else model.preempted_at
+    events: tuple[Event, ...] = ()
+    if model.shared_state is not SharedState.ACTIVE:
+        events = (
+            Event(model.name, reasons.PROMOTED, f"{model.name} holds the GPU: {election.message}"),
+        )
+    return MemberDecision(
+        name=model.name,
+        state=SharedState.ACTIVE,
+        queue_position=0,
+        preempted_by="",
+        phase=model.phase,
+        preempted_at=preempted_at,
+        desired_replicas=want,
+        active_services=services,
+        reason=reason,
+        message=message,
+        conditions=(
+            Condition(CONDITION_ACTIVE, True, reason, message),
+            _ready_condition(model.phase, model.name, reasons.PREEMPTED),
+        ),
+        events=events,
+    )
+
+
+def _parked_decision(
+    model: ModelState,
+    election: Election,
+    *,
+    position: int,
+    holder_label: str,
+    under_lease: bool,
+    now: datetime,
+) -> MemberDecision:
+    evict_reason = reasons.GPU_LEASE_HELD if under_lease else reasons.PREEMPTED
+    phase = model.phase
+    preempted_at = model.preempted_at
+    events: tuple[Event, ...] = ()
+    if model.phase is Phase.READY:
+        phase = Phase.PREEMPTED
+        preempted_at = now
+        events = (
+            Event(
+                model.name,
+                evict_reason,
+                f"{model.name} was preempted by {holder_label}: {election.message}",
+                type="Warning",
+            ),
+        )
+    if under_lease:
+        reason = reasons.GPU_LEASE_HELD
+        message = f"parked: {election.message}"
+    elif phase is Phase.PREEMPTED:
+        reason = reasons.PREEMPTED
+        message = f"preempted; {holder_label} holds the GPU (queue position {position})"
+    else:
+        reason = reasons.QUEUED
+        message = (
+            f"queued behind {holder_label} (queue position {position})"
+            if holder_label
+            else f"queued (position {position}); no member holds the GPU"
+        )
+    return MemberDecision(
+        name=model.name,
+        state=SharedState.QUEUED,
+        queue_position=position,
+        preempted_by=holder_label,
+        phase=phase,
+        preempted_at=preempted_at,
+        desired_replicas=0,
+        active_services="",
+        reason=reason,
+        message=message,
+        conditions=(
+            Condition(CONDITION_ACTIVE, False, reason, message),
+            _ready_condition(phase, model.name, evict_reason),
+        ),
+        events=events,
+    )
+
+
+def _ready_condition(phase: Phase, name: str, preempt_reason: str) -> Condition:
+    if phase is Phase.READY:
+        return Condition(CONDITION_READY, True, "Ready", f"{name} is serving")
+    if phase is Phase.PREEMPTED:
+        why = "a GPU lease" if preempt_reason == reasons.GPU_LEASE_HELD else "another model"
+        return Condition(CONDITION_READY, False, preempt_reason, f"{name} gave the GPU to {why}")
+    return Condition(CONDITION_READY, False, phase.value, f"{name} is {phase.value.lower()}")
+
+
+def next_change_at(
+    models: Iterable[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease] = (),
+    lease_unreadable: bool = False,
+    policy: Policy = DEFAULT_POLICY,
+) -> datetime | None:
+    """The earliest instant after `now` at which the decision could change unaided.
+
+    Every threshold the decision reads is listed: demand and recent windows, the
+    loading grace and idle timeout (both inclusive, so they lapse one tick later),
+    the cooldown and lease expiry. The decision is constant between consecutive
+    thresholds, so nothing changes before the earliest future one.
+    """
+    members = list(models)
+    if not members:
+        return None
+    candidates: list[datetime] = []
+    cooldown = group_cooldown(members, policy)
+    for model in members:
+        if model.last_active is not None:
+            candidates += [
+                model.last_active + policy.demand_window,
+                model.last_active + policy.recent_window,
+                model.last_active + loading_grace(model, policy) + _TICK,
+                model.last_active + model.serverless.idle_timeout + _TICK,
+            ]
+        if model.preempted_at is not None:
+            candidates.append(model.preempted_at + cooldown)
+    if not lease_unreadable:
+        group = members[0].group
+        candidates += [
+            lease.expires_at
+            for lease in leases
+            if lease.expires_at is not None
+            and lease.group == group
+            and lease.namespace == members[0].namespace
+        ]
+    future = [c for c in candidates if c > now]
+    return min(future, default=None)
+
+
+def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tuple[ModelState, ...]:
+    """The models as they would be observed once the decision is written (status, replicas)."""
+    out = []
+    for model in models:
+        target = decision.member(model.name)
+        out.append(
+            attrs.evolve(
+                model,
+                shared_state=target.state,
+                queue_position=target.queue_position,
+                preempted_by=target.preempted_by,
+                phase=target.phase,
+                preempted_at=target.preempted_at,
+                conditions=target.conditions,
+                replicas=target.desired_replicas,
+                active_services=target.active_services,
+            )
+        )
+    return tuple(out)
+
+
+def leader_order(models: Iterable[ModelState]) -> list[str]:
+    """Members best-first by the election's total order (for `flexinfer explain`)."""
+    return [m.name for m in sorted(models, key=candidate_rank)]
+
+
+def running_from_pods(pod_counts: Mapping[str, int]) -> frozenset[str]:
+    """Members with at least one pod, from a member → pod count map."""
+    return frozenset(name for name, count in pod_counts.items() if count > 0)
+
+
+def observed_phase(
+    current: Phase, *, replicas: int, pods: int, ready_pods: int, failed: bool = False
+) -> Phase:
+    """A member's phase from its workload, as the adapter observes it.
+
+    A member scaled to zero keeps `Preempted` (its terminating pods may still be
+    Ready, and must not make it look Ready again, which would preempt it twice);
+    otherwise zero replicas is `Idle`. Scaled up: Ready once a pod is ready,
+    Loading while pods start, Pending before any exists.
+    """
+    if failed:
+        return Phase.FAILED
+    if replicas <= 0:
+        return Phase.PREEMPTED if current is Phase.PREEMPTED else Phase.IDLE
+    if ready_pods > 0:
+        return Phase.READY
+    if pods > 0:
+        return Phase.LOADING
+    return Phase.PENDING

@@ -1,0 +1,64 @@
+"""The one vocabulary of reasons.
+
+Every decision carries one of these CamelCase constants. The controller copies them
+into status conditions, Kubernetes Events and logs; `flexinfer explain` prints
+them. Nothing else in the project invents reason strings.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Why the shared-group election picked its leader (spec/election.md 1.2).
+EMPTY_GROUP: Final = "EmptyGroup"
+GPU_LEASE_HELD_ELECTION: Final = "GpuLeaseHeld"
+FORCE_PROMOTED: Final = "ForcePromoted"
+SWAP_COOLDOWN: Final = "SwapCooldown"
+LOADING_HOLDER: Final = "LoadingHolder"
+DEMAND_PREEMPTION: Final = "DemandPreemption"
+READY_LEADER: Final = "ReadyLeader"
+RECENT_DEMAND: Final = "RecentDemand"
+FALLBACK: Final = "Fallback"
+
+ELECTION_REASONS: Final = frozenset(
+    {
+        EMPTY_GROUP,
+        GPU_LEASE_HELD_ELECTION,
+        FORCE_PROMOTED,
+        SWAP_COOLDOWN,
+        LOADING_HOLDER,
+        DEMAND_PREEMPTION,
+        READY_LEADER,
+        RECENT_DEMAND,
+        FALLBACK,
+    }
+)
+
+# Per-member condition and Event reasons (spec/election.md 1.3). The spelling
+# `GPULeaseHeld` is the user-visible one the spec gives for conditions and Events.
+PREEMPTED: Final = "Preempted"
+GPU_LEASE_HELD: Final = "GPULeaseHeld"
+PROMOTED: Final = "Promoted"
+WAITING_FOR_GPU: Final = "WaitingForGPU"
+QUEUED: Final = "Queued"
+ACTIVE: Final = "Active"
+
+# GPUGroup decisions (spec/election.md section 3).
+KEEP_CURRENT: Final = "KeepCurrent"
+IDLE_TIMEOUT: Final = "IdleTimeout"
+NO_DEMAND: Final = "NoDemand"
+QUEUE_BELOW_THRESHOLD: Final = "QueueBelowThreshold"
+HYSTERESIS: Final = "Hysteresis"
+MINIMUM_RUN: Final = "MinimumRunDuration"
+COOLDOWN_AFTER_PREEMPTION: Final = "CooldownAfterPreemption"
+SWAP: Final = "Swap"
+START: Final = "Start"
+DRAINING: Final = "Draining"
+DRAIN_TIMEOUT: Final = "DrainTimeout"
+
+# Finetune lease lifecycle (spec/election.md section 2).
+LEASE_ACQUIRE: Final = "LeaseAcquire"
+LEASE_REFRESH: Final = "LeaseRefresh"
+LEASE_CURRENT: Final = "LeaseCurrent"
+LEASE_RELEASE: Final = "LeaseRelease"
+LEASE_NOT_NEEDED: Final = "LeaseNotNeeded"

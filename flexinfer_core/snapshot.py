@@ -1,0 +1,205 @@
+"""Frozen snapshots of the cluster as the core sees it.
+
+Snapshots are values: `@attrs.frozen`, tuple fields, changed only through
+`attrs.evolve`. Construction validates ranges and forms (priority 0–1000, no
+negative durations, timezone-aware datetimes) and raises `InvalidFieldError`
+naming the field and the value. Converting Kubernetes JSON into these classes is
+the adapter's job, never this module's.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+
+from flexinfer_core.errors import InvalidFieldError
+
+DEFAULT_PRIORITY = 100
+MIN_PRIORITY = 0
+MAX_PRIORITY = 1000
+
+
+class Phase(enum.StrEnum):
+    """`Model.status.phase`."""
+
+    IDLE = "Idle"
+    PENDING = "Pending"
+    LOADING = "Loading"
+    READY = "Ready"
+    PREEMPTED = "Preempted"
+    FAILED = "Failed"
+
+
+class SharedState(enum.StrEnum):
+    """`Model.status.sharedGroup.state`."""
+
+    ACTIVE = "Active"
+    QUEUED = "Queued"
+
+
+class LeaseSource(enum.StrEnum):
+    """Where a GPU lease was read from; a `GPULease` beats the legacy ConfigMap."""
+
+    GPU_LEASE = "GPULease"
+    CONFIG_MAP = "ConfigMap"
+
+
+# --- validators -----------------------------------------------------------------
+
+
+def _qualified(instance: Any, attribute: attrs.Attribute[Any]) -> str:
+    name = getattr(instance, "name", None)
+    prefix = type(instance).__name__
+    return f"{prefix}({name}).{attribute.name}" if name else f"{prefix}.{attribute.name}"
+
+
+def aware_or_none(instance: Any, attribute: attrs.Attribute[Any], value: datetime | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, datetime):
+        raise InvalidFieldError(_qualified(instance, attribute), value, "is not a datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidFieldError(
+            _qualified(instance, attribute), value, "is a naive datetime; give a timezone (UTC)"
+        )
+
+
+def non_negative_duration(
+    instance: Any, attribute: attrs.Attribute[Any], value: timedelta | None
+) -> None:
+    if value is None:
+        return
+    if not isinstance(value, timedelta):
+        raise InvalidFieldError(_qualified(instance, attribute), value, "is not a duration")
+    if value < timedelta(0):
+        raise InvalidFieldError(
+            _qualified(instance, attribute), value, "is negative; durations must be zero or more"
+        )
+
+
+def int_between(low: int, high: int | None) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidFieldError(_qualified(instance, attribute), value, "is not an integer")
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise InvalidFieldError(_qualified(instance, attribute), value, f"must be {bound}")
+
+    return check
+
+
+def non_empty_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidFieldError(f"{type(instance).__name__}.{attribute.name}", value, "is empty")
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _conditions(value: Any) -> tuple[Condition, ...]:
+    return tuple(value)
+
+
+# --- the Model snapshot -----------------------------------------------------------
+
+
+@attrs.frozen
+class Condition:
+    """A status condition without its transition time (the adapter stamps that)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@attrs.frozen
+class Serverless:
+    """`Model.spec.serverless` with the spec's defaults."""
+
+    enabled: bool = True
+    min_replicas: int = attrs.field(default=0, validator=int_between(0, 10))
+    idle_timeout: timedelta = attrs.field(
+        default=timedelta(minutes=5), validator=non_negative_duration
+    )
+    cold_start_timeout: timedelta = attrs.field(
+        default=timedelta(seconds=60), validator=non_negative_duration
+    )
+
+
+@attrs.frozen
+class ModelState:
+    """One `Model` as observed: its spec, its status and its Deployment's replicas.
+
+    The observed status fields (`shared_state`, `queue_position`, `preempted_by`,
+    `conditions`, `replicas`, `active_services`) let the core say exactly
+    what would change, so that a reconcile that changes nothing writes nothing.
+    """
+
+    name: str = attrs.field(validator=non_empty_name)
+    namespace: str = attrs.field(default="default", validator=non_empty_name)
+    group: str = ""
+    priority: int = attrs.field(
+        default=DEFAULT_PRIORITY, validator=int_between(MIN_PRIORITY, MAX_PRIORITY)
+    )
+    phase: Phase = attrs.field(default=Phase.IDLE, converter=Phase)
+    last_active: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    shared_state: SharedState | None = attrs.field(
+        default=None, converter=attrs.converters.optional(SharedState)
+    )
+    preempted_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    swap_cooldown: timedelta | None = attrs.field(default=None, validator=non_negative_duration)
+    force_promotion: bool = False
+    serverless: Serverless = Serverless()
+    service_labels: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    cache_ready: bool = True
+    # Observed status and workload; None means "not written yet".
+    queue_position: int | None = None
+    preempted_by: str | None = None
+    conditions: tuple[Condition, ...] = attrs.field(default=(), converter=_conditions)
+    replicas: int | None = None
+    active_services: str | None = None
+
+    @property
+    def runnable(self) -> bool:
+        """A member is runnable unless it failed or its model cache is not ready."""
+        return self.phase is not Phase.FAILED and self.cache_ready
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@attrs.frozen
+class GpuLease:
+    """A GPU lease on a shared group, from a `GPULease` or the legacy ConfigMap."""
+
+    name: str = attrs.field(validator=non_empty_name)
+    group: str = attrs.field(validator=non_empty_name)
+    namespace: str = attrs.field(default="default", validator=non_empty_name)
+    owner: str = ""
+    node: str = ""
+    expires_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    source: LeaseSource = attrs.field(default=LeaseSource.GPU_LEASE, converter=LeaseSource)
+
+
+def _positive_window(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
+    non_negative_duration(instance, attribute, value)
+
+
+@attrs.frozen
+class Policy:
+    """Election constants (spec/election.md 1): overridable, with the spec's defaults."""
+
+    demand_window: timedelta = attrs.field(default=timedelta(minutes=2), validator=_positive_window)
+    recent_window: timedelta = attrs.field(default=timedelta(minutes=5), validator=_positive_window)
+    default_swap_cooldown: timedelta = attrs.field(
+        default=timedelta(minutes=5), validator=_positive_window
+    )
+
+
+DEFAULT_POLICY = Policy()

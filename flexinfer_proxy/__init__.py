@@ -1,0 +1,1 @@
+"""flexinfer_proxy: the OpenAI-compatible proxy — routes, queues, signals demand."""

@@ -154,15 +154,11 @@ def _elect(
     if group and not lease_unreadable:
         lease = governing_lease(leases, namespace=namespace, group=group, now=now)
         if lease is not None:
-            until = (
-                "no expiry"
-                if lease.expires_at is None
-                else (f"until {lease.expires_at.isoformat()}")
-            )
+            # No expiry in the text: a refreshed lease must not rewrite every status.
             return Election(
                 None,
                 reasons.GPU_LEASE_HELD_ELECTION,
-                f"GPU lease {lease.name} held by {lease_holder_label(lease)} ({until}); "
+                f"GPU lease {lease.name} held by {lease_holder_label(lease)}; "
                 "every member is parked",
                 lease=lease,
             )

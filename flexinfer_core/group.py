@@ -268,13 +268,25 @@ def _leader_decision(
 ) -> MemberDecision:
     want = desired_replicas(model, now=now)
     reason, message = election.reason, election.message
+    recorded = next((c for c in model.conditions if c.type == CONDITION_ACTIVE), None)
     if want > 0 and occupied and not has_pods:
         want = 0
         reason = reasons.WAITING_FOR_GPU
         message = (
-            f"{model.name} leads ({election.reason}) and waits for the pods of "
+            f"{model.name} holds the GPU and waits for the pods of "
             f"{', '.join(occupied)} to be gone before scaling up"
         )
+    elif (
+        model.shared_state is SharedState.ACTIVE
+        and recorded is not None
+        and recorded.status
+        and recorded.reason != reasons.WAITING_FOR_GPU
+    ):
+        # The condition records why the incumbent took the card. The live rule can
+        # change with no news (a fresh preemption turns DemandPreemption into
+        # SwapCooldown); rewriting it would make applying a decision cause another
+        # write. The live reason is in the election, for logs and `explain`.
+        reason, message = recorded.reason, recorded.message
     # Preemption ended: a member that is Ready again no longer carries its stamp.
     preempted_at = None if model.phase is Phase.READY else model.preempted_at
     events: tuple[Event, ...] = ()

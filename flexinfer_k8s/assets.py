@@ -1,0 +1,353 @@
+"""Find or build the control-plane binaries (etcd, kube-*, kubectl, kwok).
+
+Resolution order: `$FLEXINFER_ASSETS`, then `$KUBEBUILDER_ASSETS` (a directory a person
+already has), then the cache `~/.cache/flexinfer/assets/<key>/` keyed by the pins in
+`asset_versions`. A missing cache entry is compiled once from the Go modules with the
+machine's Go toolchain into a temporary directory and renamed into place, under a
+file lock so concurrent callers build it once. Nothing is downloaded except through
+the Go module proxy.
+
+This module never starts the binaries; `localcluster` does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from flexinfer_k8s import asset_versions as pins
+
+ENV_ASSETS = "FLEXINFER_ASSETS"
+ENV_KUBEBUILDER_ASSETS = "KUBEBUILDER_ASSETS"
+ENV_CACHE = "FLEXINFER_CACHE_DIR"
+MANIFEST = "versions.json"
+LOG_TAIL_LINES = 40
+
+
+class AssetsError(RuntimeError):
+    """The binaries could not be found or built; the message says which and why."""
+
+
+def cache_root() -> Path:
+    """`$FLEXINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/flexinfer`, else `~/.cache/flexinfer`."""
+    explicit = os.environ.get(ENV_CACHE)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "flexinfer"
+
+
+def _go_platform() -> tuple[str, str]:
+    machine = platform.machine().lower()
+    goarch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        machine, machine
+    )
+    return sys.platform if sys.platform != "linux2" else "linux", goarch
+
+
+def current_key() -> str:
+    goos, goarch = _go_platform()
+    return pins.assets_key(goos=goos, goarch=goarch)
+
+
+def missing_binaries(directory: Path) -> list[str]:
+    """The pinned binaries that are not executable files in `directory`."""
+    return [
+        name
+        for name in pins.BINARIES
+        if not (directory / name).is_file() or not os.access(directory / name, os.X_OK)
+    ]
+
+
+def ensure_assets(*, build: bool = True, log: bool = True) -> Path:
+    """Return a directory holding every binary in `asset_versions.BINARIES`.
+
+    With `build=False` a missing cache entry raises instead of compiling.
+    """
+    for variable in (ENV_ASSETS, ENV_KUBEBUILDER_ASSETS):
+        value = os.environ.get(variable)
+        if value:
+            directory = Path(value).expanduser()
+            missing = missing_binaries(directory)
+            if missing:
+                raise AssetsError(
+                    f"${variable}={directory} lacks {', '.join(missing)}; point it at a "
+                    f"directory with all of {', '.join(pins.BINARIES)} or unset it to "
+                    f"build them into {cache_root() / 'assets'}"
+                )
+            return directory
+
+    final = cache_root() / "assets" / current_key()
+    if _is_complete(final):
+        return final
+    if not build:
+        raise AssetsError(
+            f"no control-plane binaries at {final}; run `python -m flexinfer_k8s.assets`"
+        )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(final.parent / f"{final.name}.lock", log=log):
+        if _is_complete(final):  # another process finished while we waited
+            return final
+        _build_into(final, log=log)
+    return final
+
+
+def _is_complete(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() and not missing_binaries(directory)
+
+
+@contextmanager
+def _exclusive_lock(path: Path, *, log: bool) -> Iterator[None]:
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log:
+                _say(f"waiting for another process building into {path.with_suffix('')}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _say(message: str) -> None:
+    print(f"flexinfer assets: {message}", file=sys.stderr, flush=True)
+
+
+def find_go() -> Path:
+    found = shutil.which("go")
+    candidates = [Path(found)] if found else []
+    candidates.append(Path("/usr/local/go/bin/go"))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise AssetsError(
+        "the Go toolchain is needed to build the control-plane binaries but `go` is not "
+        f"on PATH nor at /usr/local/go/bin/go; install Go or set ${ENV_ASSETS}"
+    )
+
+
+def _kubernetes_go_mod() -> str:
+    replaces = "\n".join(
+        f"\tk8s.io/{module} => k8s.io/{module} {pins.KUBERNETES_STAGING_VERSION}"
+        for module in pins.KUBERNETES_STAGING_MODULES
+    )
+    return (
+        "module flexinfer.local/build/kubernetes\n\ngo 1.26.0\n\n"
+        f"require k8s.io/kubernetes {pins.KUBERNETES_VERSION}\n\n"
+        f"replace (\n{replaces}\n)\n"
+    )
+
+
+def _kubernetes_ldflags() -> str:
+    major, minor = pins.KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    # Without these the binaries report v0.0.0 and kubectl warns about version skew.
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={pins.KUBERNETES_VERSION}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+            f"-X {package}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(flags)
+
+
+class _Step:
+    """One `go build` in its own throwaway module."""
+
+    def __init__(
+        self,
+        *,
+        module_dir: str,
+        go_mod: str,
+        binaries: Sequence[str],
+        packages: Sequence[str],
+        ldflags: str,
+    ) -> None:
+        self.module_dir = module_dir
+        self.go_mod = go_mod
+        self.binaries = tuple(binaries)
+        self.packages = tuple(packages)
+        self.ldflags = ldflags
+
+
+def _steps() -> list[_Step]:
+    return [
+        _Step(
+            module_dir="etcd",
+            go_mod=(
+                "module flexinfer.local/build/etcd\n\ngo 1.26.0\n\n"
+                f"require go.etcd.io/etcd/server/v3 {pins.ETCD_VERSION}\n"
+            ),
+            binaries=["etcd"],
+            packages=["go.etcd.io/etcd/server/v3"],
+            ldflags="-s -w",
+        ),
+        _Step(
+            module_dir="kubernetes",
+            go_mod=_kubernetes_go_mod(),
+            binaries=["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"],
+            packages=[
+                f"k8s.io/kubernetes/cmd/{name}"
+                for name in (
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                    "kubectl",
+                )
+            ],
+            ldflags=_kubernetes_ldflags(),
+        ),
+        _Step(
+            module_dir="kwok",
+            go_mod=(
+                "module flexinfer.local/build/kwok\n\ngo 1.26.0\n\n"
+                f"require sigs.k8s.io/kwok {pins.KWOK_VERSION}\n"
+            ),
+            binaries=["kwok"],
+            packages=["sigs.k8s.io/kwok/cmd/kwok"],
+            ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={pins.KWOK_VERSION}",
+        ),
+    ]
+
+
+def build_log_path(key: str | None = None) -> Path:
+    return cache_root() / "build" / (key or current_key()) / "build.log"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _build_into(final: Path, *, log: bool) -> None:
+    go = find_go()
+    key = final.name
+    work = cache_root() / "build" / key
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = work / "build.log"
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
+    env = dict(os.environ)
+    env.update(
+        {
+            "GOFLAGS": "-mod=mod -buildvcs=false",
+            "GOTOOLCHAIN": "local",
+            "GOWORK": "off",
+            "CGO_ENABLED": "0",
+        }
+    )
+    env["PATH"] = f"{go.parent}{os.pathsep}{env.get('PATH', '')}"
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        with log_path.open("w") as log_file:
+            for step in _steps():
+                module = work / step.module_dir
+                module.mkdir(exist_ok=True)
+                (module / "go.mod").write_text(step.go_mod)
+                names = ", ".join(step.binaries)
+                if log:
+                    _say(f"building {names} (log: {log_path}); this takes minutes once")
+                log_file.write(f"== building {names} at {time.strftime('%H:%M:%S')}\n")
+                log_file.flush()
+                step_started = time.monotonic()
+                output = staging / step.binaries[0] if len(step.binaries) == 1 else staging
+                command = [
+                    str(go),
+                    "build",
+                    "-trimpath",
+                    "-ldflags",
+                    step.ldflags,
+                    "-o",
+                    f"{output}{'/' if output == staging else ''}",
+                    *step.packages,
+                ]
+                result = subprocess.run(
+                    command,
+                    cwd=module,
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+                log_file.flush()
+                if result.returncode != 0:
+                    raise AssetsError(
+                        f"building {names} from Go modules failed (go build exit "
+                        f"{result.returncode}); last lines of {log_path}:\n{_tail(log_path)}"
+                    )
+                timings[names] = round(time.monotonic() - step_started, 1)
+                log_file.write(f"== built {names} in {timings[names]}s\n")
+        missing = missing_binaries(staging)
+        if missing:
+            raise AssetsError(
+                f"build finished without {', '.join(missing)}; see {log_path}:\n{_tail(log_path)}"
+            )
+        manifest = {
+            "kubernetes": pins.KUBERNETES_VERSION,
+            "kubernetes_staging": pins.KUBERNETES_STAGING_VERSION,
+            "etcd": pins.ETCD_VERSION,
+            "kwok": pins.KWOK_VERSION,
+            "go": subprocess.run(
+                [str(go), "version"], capture_output=True, text=True, check=False
+            ).stdout.strip(),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "step_seconds": timings,
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        staging.chmod(0o755)
+        if final.exists():  # an incomplete leftover; the lock says nobody else uses it
+            shutil.rmtree(final)
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if log:
+        _say(f"built {', '.join(pins.BINARIES)} in {manifest['build_seconds']}s into {final}")
+
+
+def manifest(directory: Path) -> dict[str, object]:
+    """The build record next to cached binaries ({} for a user-supplied directory)."""
+    try:
+        loaded = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(
+            "usage: python -m flexinfer_k8s.assets\n\nBuild (once) and print the directory "
+            f"holding {', '.join(pins.BINARIES)}."
+        )
+        return 0
+    try:
+        directory = ensure_assets()
+    except AssetsError as error:
+        print(f"flexinfer assets: {error}", file=sys.stderr)
+        return 1
+    print(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ names the field and the value so a user can find the bad line of YAML.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 
@@ -21,7 +22,14 @@ class InvalidFieldError(FlexinferError, ValueError):
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"{field}: {value!r} {problem}")
+        super().__init__(f"{field}: {_show(value)} {problem}")
+
+
+def _show(value: Any) -> str:
+    # A timedelta's repr ("days=-1, seconds=86395") hides the value a user wrote.
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}s"
+    return repr(value)
 
 
 class DurationError(InvalidFieldError):

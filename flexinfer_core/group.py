@@ -24,7 +24,7 @@ from flexinfer_core.election import (
     group_cooldown,
     loading_grace,
 )
-from flexinfer_core.leases import lease_holder_label
+from flexinfer_core.leases import governing_lease, lease_holder_label
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     Condition,
@@ -202,6 +202,7 @@ def decide_group(
     `running` names the members that still have pods (any phase, terminating
     included); the leader is not scaled up while another member is in it.
     """
+    leases = tuple(leases)
     election = elect_leader(
         models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
     )
@@ -394,9 +395,29 @@ def next_change_at(
     thresholds, so nothing changes before the earliest future one.
     """
     members = list(models)
+    leases = tuple(leases)
     if not members:
         return None
-    candidates: list[datetime] = []
+    namespace, group = members[0].namespace, members[0].group
+    lease_ends = (
+        []
+        if lease_unreadable
+        else [
+            lease.expires_at
+            for lease in leases
+            if lease.expires_at is not None
+            and lease.group == group
+            and lease.namespace == namespace
+        ]
+    )
+    if (
+        group
+        and not lease_unreadable
+        and governing_lease(leases, namespace=namespace, group=group, now=now)
+    ):
+        # Under a lease only the leases themselves can change the decision.
+        return min((end for end in lease_ends if end > now), default=None)
+    candidates: list[datetime] = list(lease_ends)
     cooldown = group_cooldown(members, policy)
     for model in members:
         if model.last_active is not None:
@@ -408,15 +429,6 @@ def next_change_at(
             ]
         if model.preempted_at is not None:
             candidates.append(model.preempted_at + cooldown)
-    if not lease_unreadable:
-        group = members[0].group
-        candidates += [
-            lease.expires_at
-            for lease in leases
-            if lease.expires_at is not None
-            and lease.group == group
-            and lease.namespace == members[0].namespace
-        ]
     future = [c for c in candidates if c > now]
     return min(future, default=None)
 

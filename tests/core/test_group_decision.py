@@ -1,0 +1,252 @@
+"""spec/election.md 1.3: what the decision says for each member."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flexinfer_core import (
+    GpuLease,
+    Phase,
+    Serverless,
+    SharedState,
+    apply_decision,
+    decide_group,
+    desired_replicas,
+    group_models,
+    observed_phase,
+    reasons,
+    standalone_models,
+)
+
+from .builders import T0, ago, member
+
+READY = Phase.READY
+ACTIVE = SharedState.ACTIVE
+QUEUED = SharedState.QUEUED
+
+
+def swap_scenario() -> list:  # type: ignore[type-arg]
+    return [
+        member(
+            "chat",
+            priority=100,
+            phase=READY,
+            shared_state=ACTIVE,
+            last_active=ago(minutes=3),
+            service_labels=("chat", "default"),
+        ),
+        member("coder", priority=200, last_active=ago(2), service_labels=("code",)),
+        member("embed", priority=50),
+        member("vision", priority=200),
+    ]
+
+
+def test_leader_and_queue_positions() -> None:
+    decision = decide_group(swap_scenario(), now=T0)
+    assert decision.leader == "coder"
+    leader = decision.member("coder")
+    assert (leader.state, leader.queue_position, leader.preempted_by) == (ACTIVE, 0, "")
+    # Non-leaders ranked by priority desc, then name asc, 1-based.
+    positions = {m.name: m.queue_position for m in decision.members if m.name != "coder"}
+    assert positions == {"vision": 1, "chat": 2, "embed": 3}
+    assert all(decision.member(n).preempted_by == "coder" for n in positions)
+    assert all(decision.member(n).state is QUEUED for n in positions)
+
+
+def test_ready_member_losing_the_card_is_preempted_with_event() -> None:
+    decision = decide_group(swap_scenario(), now=T0)
+    chat = decision.member("chat")
+    assert chat.phase is Phase.PREEMPTED
+    assert chat.preempted_at == T0
+    ready = next(c for c in chat.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == (False, reasons.PREEMPTED)
+    assert [e.reason for e in chat.events] == [reasons.PREEMPTED]
+    # Members that were not Ready are not "evicted": no stamp, no event.
+    embed = decision.member("embed")
+    assert embed.phase is Phase.IDLE and embed.preempted_at is None and embed.events == ()
+
+
+def test_new_leader_gets_promoted_event_once() -> None:
+    models = swap_scenario()
+    first = decide_group(models, now=T0)
+    assert [e.reason for e in first.member("coder").events] == [reasons.PROMOTED]
+    second = decide_group(apply_decision(models, first), now=T0)
+    assert second.events == ()
+
+
+def test_under_lease_preempted_reason_is_gpu_lease_held() -> None:
+    lease = GpuLease(name="ft", group="homelab-gpu", owner="finetune")
+    decision = decide_group(swap_scenario(), now=T0, leases=[lease])
+    assert decision.leader is None
+    chat = decision.member("chat")
+    assert chat.phase is Phase.PREEMPTED
+    assert chat.reason == reasons.GPU_LEASE_HELD == "GPULeaseHeld"
+    assert [e.reason for e in chat.events] == [reasons.GPU_LEASE_HELD]
+    assert {m.preempted_by for m in decision.members} == {"gpu-lease/finetune"}
+    assert all(m.desired_replicas == 0 for m in decision.members)
+    # Everyone is queued, ranked by priority then name.
+    assert [m.queue_position for m in sorted(decision.members, key=lambda m: m.queue_position)] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+def test_preempted_at_cleared_when_ready_again() -> None:
+    back = member("chat", phase=READY, shared_state=ACTIVE, preempted_at=ago(minutes=30))
+    decision = decide_group([back], now=T0)
+    assert decision.member("chat").preempted_at is None
+
+
+def test_preempted_at_kept_while_not_ready() -> None:
+    models = [
+        member("chat", phase=Phase.PREEMPTED, preempted_at=ago(minutes=30)),
+        member("coder", phase=READY, shared_state=ACTIVE),
+    ]
+    decision = decide_group(models, now=T0)
+    assert decision.member("chat").preempted_at == ago(minutes=30)
+
+
+def test_active_services_annotation() -> None:
+    decision = decide_group(swap_scenario(), now=T0)
+    assert decision.member("coder").active_services == "code"
+    assert {decision.member(n).active_services for n in ("chat", "embed", "vision")} == {""}
+
+
+def test_active_services_joined_with_commas() -> None:
+    models = [member("chat", phase=READY, service_labels=("chat", "default"))]
+    assert decide_group(models, now=T0).member("chat").active_services == "chat,default"
+
+
+# --- desired replicas ---------------------------------------------------------------
+
+
+def test_desired_replicas_table() -> None:
+    cases = [
+        (member("a", serverless=Serverless(enabled=False)), 1),
+        (member("a", phase=Phase.LOADING), 1),
+        (member("a"), 0),
+        (member("a", serverless=Serverless(min_replicas=2)), 2),
+        (member("a", last_active=ago(minutes=6)), 0),
+        (member("a", last_active=ago(minutes=6), serverless=Serverless(min_replicas=1)), 1),
+        (member("a", last_active=ago(minutes=5)), 1),  # idle timeout is inclusive
+        (member("a", last_active=ago(10)), 1),
+        (member("a", last_active=ago(10), serverless=Serverless(min_replicas=3)), 3),
+    ]
+    for model, expected in cases:
+        assert desired_replicas(model, now=T0) == expected, model
+
+
+def test_non_leaders_want_zero() -> None:
+    decision = decide_group(swap_scenario(), now=T0)
+    assert [m.name for m in decision.members if m.desired_replicas > 0] == ["coder"]
+
+
+def test_break_before_make_waits_for_old_pods() -> None:
+    decision = decide_group(swap_scenario(), now=T0, running={"chat"})
+    coder = decision.member("coder")
+    assert coder.desired_replicas == 0
+    assert coder.reason == reasons.WAITING_FOR_GPU
+    assert "chat" in coder.message
+    after = decide_group(apply_decision(swap_scenario(), decision), now=T0, running=())
+    assert after.member("coder").desired_replicas == 1
+
+
+def test_break_before_make_does_not_scale_down_a_leader_that_has_pods() -> None:
+    models = [
+        member("a", phase=READY, shared_state=ACTIVE, last_active=ago(1)),
+        member("b", phase=Phase.PREEMPTED),
+    ]
+    decision = decide_group(models, now=T0, running={"a", "b"})
+    assert decision.member("a").desired_replicas == 1
+
+
+# --- writes --------------------------------------------------------------------------
+
+
+def test_applying_then_deciding_again_writes_nothing() -> None:
+    models = swap_scenario()
+    first = decide_group(models, now=T0, running={"chat"})
+    assert first.changes(models)
+    applied = apply_decision(models, first)
+    second = decide_group(applied, now=T0, running={"chat"})
+    assert second.changes(applied) == ()
+
+
+def test_changes_name_only_what_differs() -> None:
+    models = swap_scenario()
+    applied = apply_decision(models, decide_group(models, now=T0))
+    # Someone scaled embed by hand: only its replicas differ.
+    tampered = [
+        m if m.name != "embed" else m.__class__(**{**_fields(m), "replicas": 3}) for m in applied
+    ]
+    changes = decide_group(tampered, now=T0).changes(tampered)
+    assert [(c.name, c.status, c.replicas, c.active_services) for c in changes] == [
+        ("embed", False, True, False)
+    ]
+
+
+def _fields(m: object) -> dict:  # type: ignore[type-arg]
+    import attrs
+
+    return attrs.asdict(m, recurse=False)  # type: ignore[arg-type]
+
+
+# --- next_change_at ------------------------------------------------------------------
+
+
+def test_next_change_at_is_the_earliest_future_threshold() -> None:
+    models = [
+        member("a", phase=READY, shared_state=ACTIVE, last_active=ago(90)),
+        member("b", preempted_at=ago(minutes=4)),
+    ]
+    decision = decide_group(models, now=T0)
+    # a's demand window (2m after ago(90)) lapses in 30 s, before b's cooldown (1m).
+    assert decision.next_change_at == T0 + timedelta(seconds=30)
+
+
+def test_next_change_at_includes_lease_expiry() -> None:
+    lease = GpuLease(name="ft", group="homelab-gpu", expires_at=T0 + timedelta(seconds=7))
+    decision = decide_group([member("a", phase=READY)], now=T0, leases=[lease])
+    assert decision.next_change_at == T0 + timedelta(seconds=7)
+
+
+def test_quiet_group_has_no_deadline() -> None:
+    decision = decide_group([member("a", phase=READY, last_active=ago(minutes=60))], now=T0)
+    assert decision.next_change_at is None
+
+
+# --- grouping and observed phase -------------------------------------------------------
+
+
+def test_group_models_by_namespace_and_group() -> None:
+    models = [
+        member("a"),
+        member("b"),
+        member("c", namespace="lab"),
+        member("solo", group=""),
+    ]
+    groups = group_models(models)
+    assert sorted(groups) == [("default", "homelab-gpu"), ("lab", "homelab-gpu")]
+    assert [m.name for m in groups[("default", "homelab-gpu")]] == ["a", "b"]
+    assert [m.name for m in standalone_models(models)] == ["solo"]
+
+
+def test_standalone_model_is_a_group_of_one() -> None:
+    solo = member("solo", group="", last_active=ago(1))
+    decision = decide_group([solo], now=T0)
+    assert decision.leader == "solo"
+    assert decision.member("solo").desired_replicas == 1
+
+
+def test_observed_phase() -> None:
+    assert observed_phase(Phase.IDLE, replicas=1, pods=0, ready_pods=0) is Phase.PENDING
+    assert observed_phase(Phase.PENDING, replicas=1, pods=1, ready_pods=0) is Phase.LOADING
+    assert observed_phase(Phase.LOADING, replicas=1, pods=1, ready_pods=1) is Phase.READY
+    assert observed_phase(Phase.READY, replicas=0, pods=0, ready_pods=0) is Phase.IDLE
+    # Terminating pods of a preempted member may still be ready: it stays Preempted.
+    assert observed_phase(Phase.PREEMPTED, replicas=0, pods=1, ready_pods=1) is Phase.PREEMPTED
+    assert (
+        observed_phase(Phase.READY, replicas=1, pods=1, ready_pods=1, failed=True) is Phase.FAILED
+    )

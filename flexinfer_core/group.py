@@ -126,15 +126,11 @@ class GroupDecision:
         out = []
         for target in self.members:
             model = observed[target.name]
-            change = MemberChanges(
-                name=target.name,
-                status=status_differs(model, target),
-                replicas=model.replicas != target.desired_replicas,
-                active_services=model.active_services != target.active_services,
-                events=target.events,
-            )
-            if change.any:
-                out.append(change)
+            status = status_differs(model, target)
+            replicas = model.replicas != target.desired_replicas
+            services = model.active_services != target.active_services
+            if status or replicas or services or target.events:
+                out.append(MemberChanges(target.name, status, replicas, services, target.events))
         return tuple(out)
 
 

@@ -71,5 +71,5 @@ def format_duration(value: timedelta) -> str:
     if minutes:
         out += f"{minutes}m"
     if secs or frac or not out:
-        out += f"{secs + frac:g}s"
+        out += f"{secs + frac:.6f}".rstrip("0").rstrip(".") + "s"
     return out

@@ -1,0 +1,1 @@
+"""flexinfer_cli: the `flexinfer` command. Thin: parses, calls the packages, prints."""

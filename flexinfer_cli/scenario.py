@@ -1,0 +1,152 @@
+"""Read a `flexinfer simulate` scenario (YAML) into the core simulator's inputs.
+
+A scenario names one shared group's models (with the same field names as a
+Model's `spec.gpu` / `spec.serverless`), the requests that arrive and the GPU
+leases that come and go, all at offsets from the start (`90s`, `5m`). Errors name
+the field path and the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from flexinfer_core import (
+    GpuLease,
+    InvalidFieldError,
+    ModelState,
+    Serverless,
+    parse_duration,
+)
+from flexinfer_core.simulate import LeaseWindow, Request
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@attrs.frozen
+class Scenario:
+    models: tuple[ModelState, ...]
+    requests: tuple[Request, ...]
+    leases: tuple[LeaseWindow, ...]
+    until: datetime
+    load_time: timedelta
+    termination_time: timedelta
+    start: datetime = EPOCH
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise InvalidFieldError(str(path), "<file>", f"is not valid YAML: {err}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidFieldError(str(path), type(data).__name__, "must be a mapping")
+    return scenario_from_dict(data)
+
+
+def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
+    group = _str(data, "group", default="shared")
+    namespace = _str(data, "namespace", default="default")
+    models = tuple(
+        _model(item, f"models[{i}]", group=group, namespace=namespace)
+        for i, item in enumerate(_list(data, "models"))
+    )
+    if not models:
+        raise InvalidFieldError("models", [], "must list at least one model")
+    requests = tuple(
+        Request(
+            EPOCH + _duration(item, "at", f"requests[{i}]"),
+            _str(item, "model", where=f"requests[{i}]"),
+        )
+        for i, item in enumerate(_list(data, "requests"))
+    )
+    leases = tuple(
+        _lease(item, f"leases[{i}]", group=group, namespace=namespace)
+        for i, item in enumerate(_list(data, "leases"))
+    )
+    return Scenario(
+        models=models,
+        requests=requests,
+        leases=leases,
+        until=EPOCH + _duration(data, "until", "", default="30m"),
+        load_time=_duration(data, "loadTime", "", default="30s"),
+        termination_time=_duration(data, "terminationTime", "", default="5s"),
+    )
+
+
+def _model(item: Any, where: str, *, group: str, namespace: str) -> ModelState:
+    if not isinstance(item, Mapping):
+        raise InvalidFieldError(where, item, "must be a mapping")
+    serverless = item.get("serverless") or {}
+    return ModelState(
+        name=_str(item, "name", where=where),
+        namespace=namespace,
+        group=group,
+        priority=_int(item, "priority", where, default=100),
+        swap_cooldown=_duration(item, "swapCooldown", where) if "swapCooldown" in item else None,
+        force_promotion=bool(item.get("forcePromotion", False)),
+        serverless=Serverless(
+            enabled=bool(serverless.get("enabled", True)),
+            min_replicas=_int(serverless, "minReplicas", f"{where}.serverless", default=0),
+            idle_timeout=_duration(serverless, "idleTimeout", f"{where}.serverless", default="5m"),
+            cold_start_timeout=_duration(
+                serverless, "coldStartTimeout", f"{where}.serverless", default="60s"
+            ),
+        ),
+        service_labels=tuple(str(s) for s in item.get("serviceLabels", ())),
+    )
+
+
+def _lease(item: Any, where: str, *, group: str, namespace: str) -> LeaseWindow:
+    if not isinstance(item, Mapping):
+        raise InvalidFieldError(where, item, "must be a mapping")
+    start = EPOCH + _duration(item, "start", where, default="0s")
+    end = EPOCH + _duration(item, "end", where) if "end" in item else None
+    expires = EPOCH + _duration(item, "expiresAt", where) if "expiresAt" in item else None
+    lease = GpuLease(
+        name=_str(item, "name", where=where, default="lease"),
+        group=group,
+        namespace=namespace,
+        owner=_str(item, "owner", where=where, default=""),
+        expires_at=expires,
+    )
+    return LeaseWindow(lease, start=start, end=end)
+
+
+def _field(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _list(data: Mapping[str, Any], key: str) -> Sequence[Any]:
+    value = data.get(key) or []
+    if not isinstance(value, list):
+        raise InvalidFieldError(key, value, "must be a list")
+    return value
+
+
+def _str(data: Mapping[str, Any], key: str, *, where: str = "", default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str) or (default is None and not value):
+        raise InvalidFieldError(_field(where, key), value, "must be a non-empty string")
+    return value
+
+
+def _int(data: Mapping[str, Any], key: str, where: str, *, default: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidFieldError(_field(where, key), value, "must be an integer")
+    return value
+
+
+def _duration(
+    data: Mapping[str, Any], key: str, where: str, *, default: str | None = None
+) -> timedelta:
+    value = data.get(key, default)
+    if value is None:
+        raise InvalidFieldError(_field(where, key), value, "is required")
+    return parse_duration(str(value), field=_field(where, key))

@@ -1,0 +1,75 @@
+"""`flexinfer simulate`: scenarios from examples/ through the core, printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flexinfer_cli.__main__ import main
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], path: Path) -> dict:  # type: ignore[type-arg]
+    assert main(["simulate", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_swap_loop_scenario_is_held_by_the_cooldown(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    guarded = run_json(capsys, SCENARIOS / "swap-loop.yaml")
+    data = yaml.safe_load((SCENARIOS / "swap-loop.yaml").read_text())
+    for model in data["models"]:
+        model["swapCooldown"] = "0s"
+    unguarded_file = tmp_path / "no-cooldown.yaml"
+    unguarded_file.write_text(yaml.safe_dump(data))
+    unguarded = run_json(capsys, unguarded_file)
+    assert guarded["swaps"] < unguarded["swaps"]
+    assert unguarded["swaps"] >= 8
+    assert guarded["max_members_with_pods"] == unguarded["max_members_with_pods"] == 1
+
+
+def test_priority_and_lease_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    timeline = run_json(capsys, SCENARIOS / "priority-and-lease.yaml")
+    by_time = {step["at"]: step for step in timeline["steps"]}
+    assert by_time["2m"]["leader"] == "coder"
+    assert by_time["2m"]["reason"] == "DemandPreemption"
+    assert by_time["8m"]["leader"] is None
+    assert by_time["8m"]["reason"] == "GpuLeaseHeld"
+    assert [e["reason"] for e in by_time["8m"]["events"]] == ["GPULeaseHeld"]
+
+
+def test_table_output_names_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", str(SCENARIOS / "priority-and-lease.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["AT", "LEADER", "REASON"]
+    assert "event Preempted on chat" in out
+    assert out.rstrip().endswith("most members with pods at once: 1")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("models: [{name: a, priority: 5000}]", "priority: 5000 must be between 0 and 1000"),
+        ("models: [{name: a, swapCooldown: 3x}]", "models[0].swapCooldown: '3x'"),
+        ("models: []", "models: [] must list at least one model"),
+        ("models: [{name: a}]\nrequests: [{at: 1m, model: b}]", "requests.model: 'b'"),
+        ("models: [{name: a}]\nrequests: [{model: a}]", "requests[0].at: None is required"),
+    ],
+)
+def test_bad_scenarios_name_the_field(
+    content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    assert main(["simulate", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["simulate", str(tmp_path / "nope.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

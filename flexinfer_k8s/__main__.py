@@ -1,0 +1,153 @@
+"""`python -m flexinfer_k8s`: run the controller.
+
+Reads a kubeconfig (`--kubeconfig`), else the in-cluster config, else
+~/.kube/config; watches the given namespaces (`--namespace`, repeatable; default
+all); serves /metrics and /healthz + /readyz; with `--leader-elect` only the replica
+holding the coordination.k8s.io Lease acts, and losing it ends the process.
+Logs are JSON lines. This module parses arguments and wires; nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from prometheus_client import CollectorRegistry
+
+from flexinfer_k8s import logs
+from flexinfer_k8s.controller import Controller
+from flexinfer_k8s.kubeapi import KubeApi, new_api_client
+from flexinfer_k8s.leader import run_leader_election
+from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+
+log = logging.getLogger("flexinfer.main")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m flexinfer_k8s", description="The flexinfer controller."
+    )
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
+    parser.add_argument("--context", default=None)
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to watch (repeatable; default: all namespaces)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=8080)
+    parser.add_argument("--health-port", type=int, default=8081)
+    parser.add_argument("--bind-address", default="0.0.0.0")
+    parser.add_argument("--leader-elect", action="store_true")
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "flexinfer-system",
+    )
+    parser.add_argument("--leader-election-id", default="flexinfer-controller")
+    parser.add_argument("--lease-duration", type=int, default=15)
+    parser.add_argument("--renew-deadline", type=int, default=10)
+    parser.add_argument("--retry-period", type=int, default=2)
+    parser.add_argument("--identity", default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--resync-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.configure(args.log_level)
+    identity = (
+        args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    )
+
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    api = KubeApi(
+        new_api_client(args.kubeconfig, context=args.context),
+        on_request=metrics.count_request,
+    )
+    controller = Controller(
+        api,
+        metrics=metrics,
+        namespaces=args.namespace,
+        workers=args.workers,
+        resync_seconds=args.resync_seconds,
+        identity=identity,
+    )
+    leading = threading.Event()
+
+    def ready() -> tuple[bool, str]:
+        if args.leader_elect and not leading.is_set():
+            return True, "standby"
+        return controller.ready()
+
+    endpoints = [
+        HttpEndpoints(args.metrics_port, registry=registry, host=args.bind_address).start()
+    ]
+    if args.health_port != args.metrics_port:
+        endpoints.append(
+            HttpEndpoints(
+                args.health_port, healthz=controller.healthy, readyz=ready, host=args.bind_address
+            ).start()
+        )
+    log.info(
+        "listening",
+        extra={"fields": {"ports": [e.port for e in endpoints], "identity": identity}},
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if args.leader_elect:
+
+        def started() -> None:
+            log.info("became leader", extra={"fields": {"identity": identity}})
+            leading.set()
+            controller.start()
+            stop.wait()
+
+        def stopped() -> None:
+            # Another replica may already be acting: stop at once, never overlap.
+            log.error("lost leadership; exiting", extra={"fields": {"identity": identity}})
+            os._exit(1)
+
+        run_leader_election(
+            new_api_client(args.kubeconfig, context=args.context),
+            name=args.leader_election_id,
+            namespace=args.leader_election_namespace,
+            identity=identity,
+            on_started=started,
+            on_stopped=stopped,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    else:
+        leading.set()
+        controller.start()
+
+    stop.wait()
+    log.info("shutting down")
+    controller.stop()
+    for endpoint in endpoints:
+        endpoint.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

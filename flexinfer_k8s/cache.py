@@ -1,0 +1,130 @@
+"""The controller's view of the cluster: one `Store` per watched resource, and lookups.
+
+Reconcilers read only from here (plus one live Pod list before a scale-up, see
+`reconcile_shared`). The lookups encode the naming conventions the controller
+relies on until the rendering issue lands: a Model's or ModelDeployment's
+Deployment and Service share its name; a Deployment's pods are those its
+selector matches. Reads only; no writes, no decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flexinfer_core import GpuLease
+from flexinfer_k8s import convert
+from flexinfer_k8s.informers import Informer, Store
+from flexinfer_k8s.kubeapi import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    GPU_GROUPS,
+    GPU_LEASES,
+    JOBS,
+    JSON,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    PODS,
+    SERVICES,
+    Resource,
+)
+
+WATCHED: tuple[Resource, ...] = (
+    MODELS,
+    GPU_LEASES,
+    CONFIG_MAPS,
+    GPU_GROUPS,
+    MODEL_DEPLOYMENTS,
+    MODEL_CACHES,
+    DEPLOYMENTS,
+    PODS,
+    SERVICES,
+    JOBS,
+)
+LEASE_SOURCES: tuple[Resource, ...] = (GPU_LEASES, CONFIG_MAPS)
+
+
+class ClusterCache:
+    def __init__(self) -> None:
+        self.stores: dict[Resource, Store] = {r: Store(r) for r in WATCHED}
+        self.informers: list[Informer] = []
+
+    def store(self, resource: Resource) -> Store:
+        return self.stores[resource]
+
+    def get(self, resource: Resource, namespace: str, name: str) -> JSON | None:
+        return self.stores[resource].get(namespace, name)
+
+    def objects(self, resource: Resource, namespace: str | None = None) -> list[JSON]:
+        return self.stores[resource].objects(namespace)
+
+    # -- shared groups ------------------------------------------------------------
+
+    def shared_group_models(self, namespace: str, group: str) -> list[JSON]:
+        return sorted(
+            (
+                m
+                for m in self.objects(MODELS, namespace)
+                if str(((m.get("spec") or {}).get("gpu") or {}).get("shared") or "") == group
+            ),
+            key=convert.name_of,
+        )
+
+    def pods_of(self, deployment: Mapping[str, Any] | None) -> list[JSON]:
+        if deployment is None:
+            return []
+        return convert.pods_of(deployment, self.objects(PODS, convert.namespace_of(deployment)))
+
+    def deployments_selecting(self, pod: Mapping[str, Any]) -> list[JSON]:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return [
+            d
+            for d in self.objects(DEPLOYMENTS, convert.namespace_of(pod))
+            if convert.selector_matches((d.get("spec") or {}).get("selector"), labels)
+        ]
+
+    def leases(self, namespace: str) -> list[GpuLease]:
+        out: list[GpuLease] = []
+        for obj in self.objects(GPU_LEASES, namespace):
+            lease = convert.gpu_lease_from_k8s(obj)
+            if lease is not None:
+                out.append(lease)
+        for obj in self.objects(CONFIG_MAPS, namespace):
+            lease = convert.gpu_lease_from_config_map(obj)
+            if lease is not None:
+                out.append(lease)
+        return out
+
+    def unreadable_lease_sources(self, namespace: str) -> list[str]:
+        """Lease carriers whose informer for `namespace` cannot list right now."""
+        return sorted(
+            {
+                informer.resource.plural
+                for informer in self.informers
+                if informer.resource in LEASE_SOURCES
+                and informer.namespace in (None, namespace)
+                and not informer.healthy
+            }
+        )
+
+    # -- GPUGroups ------------------------------------------------------------------
+
+    def gpu_groups_with_member(self, namespace: str, member: str) -> list[str]:
+        names = []
+        for group in self.objects(GPU_GROUPS, namespace):
+            models = (group.get("spec") or {}).get("models") or []
+            if any(entry.get("name") == member for entry in models):
+                names.append(convert.name_of(group))
+        return names
+
+    def model_cache_ready(self, namespace: str, name: str) -> bool:
+        if not name:
+            return True
+        return convert.model_cache_is_ready(self.get(MODEL_CACHES, namespace, name))
+
+    def job(self, namespace: str, name: str) -> JSON | None:
+        return self.get(JOBS, namespace, name)
+
+    def services(self) -> Store:
+        return self.stores[SERVICES]

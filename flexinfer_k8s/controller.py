@@ -1,0 +1,351 @@
+"""The controller: informers -> keys -> work queue -> reconcilers, with timers.
+
+Every watched change is mapped to the keys it can affect and queued; workers take
+keys one at a time (never one key on two workers) and run the matching reconciler;
+the reconciler's `next_change_at` arms that key's timer. Keys:
+
+- ("shared", namespace, group): a Model shared group;
+- ("model", namespace, name): a Model without a shared group (a group of one);
+- ("gpugroup", namespace, name): a GPUGroup;
+- ("finetune", namespace, name): a ModelCache's finetune GPU lease.
+
+A slow resync (default 5 min) re-queues every key as a safety net; correctness
+never depends on it. Failures back off per key. The controller owns threads and
+wiring; decisions are the core's, writes are `apply`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from flexinfer_core import DEFAULT_POLICY, FlexinferError, Policy
+from flexinfer_k8s import convert
+from flexinfer_k8s.apply import RetryNow, Writer
+from flexinfer_k8s.cache import WATCHED, ClusterCache
+from flexinfer_k8s.clock import Clock, SystemClock
+from flexinfer_k8s.informers import Informer, wait_all
+from flexinfer_k8s.kubeapi import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    GPU_GROUPS,
+    GPU_LEASES,
+    JOBS,
+    JSON,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    PODS,
+    SERVICES,
+    KubeApi,
+    KubeError,
+    Resource,
+)
+from flexinfer_k8s.leases import FinetuneLeaseReconciler
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
+from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
+from flexinfer_k8s.workqueue import WorkQueue
+
+log = logging.getLogger("flexinfer.controller")
+
+WorkKey = tuple[str, str, str]
+TIMER_SLACK = timedelta(milliseconds=5)
+MAX_BACKOFF = 30.0
+
+
+class Controller:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        metrics: ControllerMetrics,
+        namespaces: Sequence[str] = (),
+        clock: Clock | None = None,
+        policy: Policy = DEFAULT_POLICY,
+        workers: int = 2,
+        resync_seconds: float = 300.0,
+        watch_timeout: int = 60,
+        identity: str = "flexinfer-controller",
+    ) -> None:
+        self.api = api
+        self.metrics = metrics
+        self.namespaces: tuple[str | None, ...] = tuple(namespaces) or (None,)
+        self.clock: Clock = clock or SystemClock()
+        self.cache = ClusterCache()
+        self.queue: WorkQueue[WorkKey] = WorkQueue()
+        self.writer = Writer(api, self.cache.stores, identity=identity)
+        self.shared = SharedGroupReconciler(
+            self.cache, self.writer, api, metrics, self.clock, policy=policy
+        )
+        self.gpugroups = GpuGroupReconciler(self.cache, self.writer, api, metrics, self.clock)
+        self.finetune = FinetuneLeaseReconciler(self.cache, self.writer, self.clock)
+        self._workers = workers
+        self._resync_seconds = resync_seconds
+        self._failures: dict[WorkKey, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._stopped = threading.Event()
+        self._started = threading.Event()
+        for namespace in self.namespaces:
+            for resource in WATCHED:
+                self.cache.informers.append(
+                    Informer(
+                        api,
+                        resource,
+                        self.cache.store(resource),
+                        namespace=namespace,
+                        on_change=self._handler(resource),
+                        on_health=self._health_changed,
+                        label_selector=(
+                            convert.GPU_LEASE_LABEL if resource is CONFIG_MAPS else None
+                        ),
+                        watch_timeout=watch_timeout,
+                    )
+                )
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self, *, sync_timeout: float = 60.0) -> Controller:
+        for informer in self.cache.informers:
+            informer.start()
+        # Decide only on a full view: every informer has listed, or failed to (a lease
+        # source that cannot be read fails open; one that was never tried must not).
+        if not wait_all(self.cache.informers, timeout=sync_timeout, attempted_only=True):
+            log.warning("some informers have not listed yet; starting anyway")
+        self.enqueue_all()
+        for index in range(self._workers):
+            self._spawn(self._work, f"worker-{index}")
+        self._spawn(self._timers, "timers")
+        if self._resync_seconds > 0:
+            self._spawn(self._resync, "resync")
+        self._started.set()
+        self.metrics.leading.set(1)
+        log.info("controller started", extra={"fields": {"namespaces": self.namespace_names}})
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        self.queue.shutdown()
+        for informer in self.cache.informers:
+            informer.stop()
+        for thread in self._threads:
+            thread.join(timeout)
+        self.metrics.leading.set(0)
+
+    @property
+    def namespace_names(self) -> list[str]:
+        return [n or "*" for n in self.namespaces]
+
+    def healthy(self) -> tuple[bool, str]:
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead and not self._stopped.is_set():
+            return False, f"threads stopped: {', '.join(dead)}"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._started.is_set():
+            return False, "not started"
+        unsynced = [i.name for i in self.cache.informers if not i.attempted.is_set()]
+        if unsynced:
+            return False, f"informers not listed yet: {', '.join(unsynced)}"
+        return True, "ok"
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- keys -------------------------------------------------------------------------
+
+    def enqueue_all(self) -> None:
+        for key in self.all_keys():
+            self.queue.add(key)
+
+    def all_keys(self) -> set[WorkKey]:
+        keys: set[WorkKey] = set()
+        for model in self.cache.objects(MODELS):
+            keys |= self._model_keys(model)
+        for group in self.cache.objects(GPU_GROUPS):
+            keys.add(("gpugroup", convert.namespace_of(group), convert.name_of(group)))
+        for cache in self.cache.objects(MODEL_CACHES):
+            keys.add(("finetune", convert.namespace_of(cache), convert.name_of(cache)))
+        return keys
+
+    def _model_keys(self, model: JSON) -> set[WorkKey]:
+        namespace, name = convert.namespace_of(model), convert.name_of(model)
+        group = convert.model_state_group(model)
+        return {("shared", namespace, group) if group else ("model", namespace, name)}
+
+    def _workload_keys(self, namespace: str, name: str) -> set[WorkKey]:
+        """Keys whose decision reads the Deployment/Service/pods named `name`."""
+        keys: set[WorkKey] = set()
+        model = self.cache.get(MODELS, namespace, name)
+        if model is not None:
+            keys |= self._model_keys(model)
+        for group in self.cache.gpu_groups_with_member(namespace, name):
+            keys.add(("gpugroup", namespace, group))
+        return keys
+
+    def keys_for(self, resource: Resource, obj: JSON) -> set[WorkKey]:
+        namespace, name = convert.namespace_of(obj), convert.name_of(obj)
+        if resource is MODELS:
+            return self._model_keys(obj)
+        if resource in (DEPLOYMENTS, SERVICES):
+            return self._workload_keys(namespace, name)
+        if resource is PODS:
+            keys: set[WorkKey] = set()
+            for deployment in self.cache.deployments_selecting(obj):
+                keys |= self._workload_keys(namespace, convert.name_of(deployment))
+            return keys
+        if resource is GPU_LEASES:
+            keys = set()
+            lease = convert.gpu_lease_from_k8s(obj)
+            if lease is not None:
+                keys.add(("shared", namespace, lease.group))
+            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+                if ref.get("kind") == MODEL_CACHES.kind:
+                    keys.add(("finetune", namespace, str(ref.get("name"))))
+            return keys
+        if resource is CONFIG_MAPS:
+            lease = convert.gpu_lease_from_config_map(obj)
+            return {("shared", namespace, lease.group)} if lease is not None else set()
+        if resource is GPU_GROUPS:
+            return {("gpugroup", namespace, name)}
+        if resource is MODEL_DEPLOYMENTS:
+            return {
+                ("gpugroup", namespace, g)
+                for g in self.cache.gpu_groups_with_member(namespace, name)
+            }
+        if resource is MODEL_CACHES:
+            keys = {("finetune", namespace, name)}
+            for model in self.cache.objects(MODELS, namespace):
+                if convert.model_cache_ref(model) == name:
+                    keys |= self._model_keys(model)
+            return keys
+        if resource is JOBS:
+            return {
+                ("finetune", namespace, str(ref.get("name")))
+                for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                if ref.get("kind") == MODEL_CACHES.kind
+            }
+        return set()
+
+    def _handler(self, resource: Resource) -> Any:
+        def on_change(old: JSON | None, new: JSON | None) -> None:
+            keys: set[WorkKey] = set()
+            for obj in (old, new):
+                if obj is not None:
+                    keys |= self.keys_for(resource, obj)
+            for key in keys:
+                self.queue.add(key)
+
+        return on_change
+
+    def _health_changed(self, informer: Informer) -> None:
+        if informer.resource in (GPU_LEASES, CONFIG_MAPS):
+            log.warning(
+                "lease source health changed",
+                extra={
+                    "fields": {
+                        "informer": informer.name,
+                        "healthy": informer.healthy,
+                        "error": informer.last_error,
+                    }
+                },
+            )
+            for model in self.cache.objects(MODELS, informer.namespace):
+                for key in self._model_keys(model):
+                    self.queue.add(key)
+
+    # -- loops ------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stopped.is_set():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            try:
+                self.process(key)
+            finally:
+                self.queue.done(key)
+
+    def process(self, key: WorkKey) -> Outcome | None:
+        """Reconcile one key now (workers call this; tests may too)."""
+        kind, namespace, name = key
+        queued_at = self.queue.queued_since(key)
+        began = time.monotonic()
+        outcome: Outcome | None = None
+        try:
+            outcome = self._reconcile(kind, namespace, name)
+        except RetryNow as retry:
+            self.metrics.reconcile_errors.labels(kind=kind, error="Conflict").inc()
+            log.info(
+                "conflict; reconciling again",
+                extra={"fields": {"key": list(key), "why": str(retry)}},
+            )
+            self.queue.add(key)
+            return None
+        except (KubeError, FlexinferError) as error:
+            self._failed(key, error)
+            return None
+        except Exception as error:
+            log.exception("reconcile crashed", extra={"fields": {"key": list(key)}})
+            self._failed(key, error)
+            return None
+        finally:
+            self.metrics.reconcile_seconds.labels(kind=kind).observe(time.monotonic() - began)
+        self._failures.pop(key, None)
+        if outcome.wrote and queued_at is not None:
+            self.metrics.decision_applied_seconds.labels(kind=kind).observe(
+                time.monotonic() - queued_at
+            )
+        when = outcome.next_change_at
+        self.queue.arm(key, None if when is None else when + TIMER_SLACK)
+        return outcome
+
+    def _reconcile(self, kind: str, namespace: str, name: str) -> Outcome:
+        if kind == "shared":
+            return self.shared.reconcile_group(namespace, name)
+        if kind == "model":
+            return self.shared.reconcile_standalone(namespace, name)
+        if kind == "gpugroup":
+            return self.gpugroups.reconcile(namespace, name)
+        if kind == "finetune":
+            return self.finetune.reconcile(namespace, name)
+        raise ValueError(f"unknown key kind {kind!r}")
+
+    def _failed(self, key: WorkKey, error: Exception) -> None:
+        count = self._failures.get(key, 0) + 1
+        self._failures[key] = count
+        delay = min(0.1 * 2 ** (count - 1), MAX_BACKOFF)
+        self.metrics.reconcile_errors.labels(kind=key[0], error=type(error).__name__).inc()
+        log.warning(
+            "reconcile failed; retrying",
+            extra={"fields": {"key": list(key), "error": str(error), "retry_in": delay}},
+        )
+        self.queue.arm(key, self.clock.now() + timedelta(seconds=delay))
+
+    def _timers(self) -> None:
+        while not self._stopped.is_set():
+            now = self.clock.now()
+            upcoming = self.queue.fire_due(now)
+            wait = 1.0 if upcoming is None else (upcoming - now).total_seconds()
+            self.queue.wait_for_timers(min(max(wait, 0.001), 1.0))
+
+    def _resync(self) -> None:
+        while not self._stopped.wait(self._resync_seconds):
+            self.enqueue_all()
+
+    # -- test helpers -----------------------------------------------------------------
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.queue.is_idle():
+                return True
+            time.sleep(0.02)
+        return False

@@ -1,0 +1,167 @@
+"""Reconcile one GPUGroup: members' demand and pods -> `decide_gpu_group` -> apply the diff.
+
+Members are ModelDeployments named in `spec.models`; each runs as the Deployment of
+the same name. Demand is the `demand.ai.flexinfer/<member>` annotations the proxy
+writes (docs/resources.md). The decision records a swap at once in the status
+(`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
+Graceful drain from that record and the members' pods, so the writes here are:
+the status (conditional on the observed resourceVersion) with a Swap/Start Event,
+scale-downs, then scale-ups — the latter only when a live Pod list agrees with the
+cache about which other members still have pods. Nothing else is written; a
+reconcile that changes nothing writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, reasons
+from flexinfer_k8s import convert
+from flexinfer_k8s.apply import Writer
+from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.clock import Clock
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, JSON, MODEL_DEPLOYMENTS, PODS, KubeApi
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.reconcile_shared import Outcome
+
+log = logging.getLogger("flexinfer.gpugroup")
+
+RECHECK_AFTER = timedelta(milliseconds=500)
+
+
+class GpuGroupReconciler:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        writer: Writer,
+        api: KubeApi,
+        metrics: ControllerMetrics,
+        clock: Clock,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.api = api
+        self.metrics = metrics
+        self.clock = clock
+
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        group = self.cache.get(GPU_GROUPS, namespace, name)
+        if group is None:
+            return Outcome(None, False)
+        now = self.clock.now()
+        members = [
+            str(entry.get("name") or "")
+            for entry in (group.get("spec") or {}).get("models") or []
+            if entry.get("name")
+        ]
+        model_deployments: dict[str, JSON] = {}
+        member_pods: dict[str, list[JSON]] = {}
+        replicas: dict[str, int | None] = {}
+        for member in members:
+            md = self.cache.get(MODEL_DEPLOYMENTS, namespace, member)
+            if md is not None:
+                model_deployments[member] = md
+            deployment = self.cache.get(DEPLOYMENTS, namespace, member)
+            member_pods[member] = self.cache.pods_of(deployment)
+            replicas[member] = convert.deployment_replicas(deployment)
+
+        state = convert.gpu_group_state_from_k8s(
+            group, model_deployments=model_deployments, member_pods=member_pods, now=now
+        )
+        decision = decide_gpu_group(state, now=now)
+        wrote = False
+
+        wanted = convert.gpu_group_status(group, decision, now=now)
+        if (
+            convert.status_differs(group.get("status"), wanted)
+            and self.writer.patch_status(GPU_GROUPS, group, wanted) is not None
+        ):
+            wrote = True
+            if decision.action is GpuGroupAction.SWAP:
+                self._record_swap(namespace, group, state.current_model, decision, now)
+
+        for member in members:
+            want = decision.replicas_for(member)
+            have = replicas[member]
+            if have is not None and want < have:
+                wrote = self.writer.scale(namespace, member, want) or wrote
+
+        ups = [
+            m
+            for m in members
+            if replicas[m] is not None and decision.replicas_for(m) > (replicas[m] or 0)
+        ]
+        deferred = False
+        if ups:
+            cached = {m for m in members if convert.live_pods(member_pods[m])}
+            live = self._members_with_live_pods(namespace, members)
+            for member in ups:
+                surprise = sorted((live - cached) - {member})
+                if surprise:
+                    # The cache had not seen these pods when the core decided.
+                    log.info(
+                        "scale-up deferred: the cache was behind on pods",
+                        extra={"fields": {"gpugroup": name, "model": member, "pods_of": surprise}},
+                    )
+                    deferred = True
+                    break
+                wrote = self.writer.scale(namespace, member, decision.replicas_for(member)) or wrote
+
+        next_at = decision.next_change_at
+        expiry = convert.demand_reports_expire_at(group, now=now)
+        candidates = [t for t in (next_at, expiry) if t is not None]
+        if deferred:
+            candidates.append(now + RECHECK_AFTER)
+        if wrote:
+            log.info(
+                "applied GPUGroup decision",
+                extra={
+                    "fields": {
+                        "namespace": namespace,
+                        "gpugroup": name,
+                        "action": decision.action.value,
+                        "active": decision.active_model,
+                        "phase": decision.phase.value,
+                        "reason": decision.reason,
+                        "message": decision.message,
+                        "replicas": dict(decision.desired_replicas),
+                    }
+                },
+            )
+        return Outcome(min(candidates, default=None), wrote, decision.reason)
+
+    def _record_swap(
+        self,
+        namespace: str,
+        group: JSON,
+        previous: str | None,
+        decision: GpuGroupDecision,
+        now: datetime,
+    ) -> None:
+        name = convert.name_of(group)
+        self.metrics.swaps.labels(namespace=namespace, group=name, kind="gpugroup").inc()
+        self.writer.event(group, reason=decision.reason, message=decision.message, now=now)
+        if previous and previous != decision.active_model:
+            self.metrics.preemptions.labels(
+                namespace=namespace, group=name, reason=reasons.PREEMPTED
+            ).inc()
+            md = self.cache.get(MODEL_DEPLOYMENTS, namespace, previous)
+            if md is not None:
+                self.writer.event(
+                    md,
+                    reason=reasons.PREEMPTED,
+                    message=f"{previous} was preempted by {decision.active_model}: "
+                    f"{decision.message}",
+                    type="Warning",
+                    now=now,
+                )
+
+    def _members_with_live_pods(self, namespace: str, members: list[str]) -> set[str]:
+        pods = self.api.list(PODS, namespace).get("items") or []
+        occupied = set()
+        for member in members:
+            deployment = self.cache.get(DEPLOYMENTS, namespace, member)
+            if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
+                occupied.add(member)
+        return occupied

@@ -1,0 +1,299 @@
+"""Reconcile one shared group (or one standalone Model): snapshot, decide, apply the diff.
+
+Observe from the cache (Models, their Deployments, Pods and Services, leases),
+call `flexinfer_core.decide_group` with `now` from the clock, then write only what
+`GroupDecision.changes` (plus the recorded phase/generation) says differs:
+
+1. Model status through the status subresource, then that member's Events;
+2. scale-downs through `deployments/scale`;
+3. the `ai.flexinfer/active-services` annotation on each member's Service;
+4. scale-ups, only after a *live* Pod list (not the cache) confirms no other
+   member of the group has a pod left — break-before-make must not rest on a
+   watch that is a few milliseconds behind.
+
+A reconcile that changes nothing writes nothing. A lease source that cannot be
+listed fails open toward serving, logged and counted. The caller arms a timer at
+the returned `next_change_at`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import attrs
+
+from flexinfer_core import (
+    ACTIVE_SERVICES_ANNOTATION,
+    DEFAULT_POLICY,
+    GroupDecision,
+    ModelState,
+    Policy,
+    decide_group,
+    governing_lease,
+    reasons,
+)
+from flexinfer_k8s import convert
+from flexinfer_k8s.apply import Writer
+from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.clock import Clock
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, JSON, MODELS, PODS, SERVICES, KubeApi
+from flexinfer_k8s.metrics import ControllerMetrics
+
+log = logging.getLogger("flexinfer.shared")
+
+EVICTION_REASONS = frozenset({reasons.PREEMPTED, reasons.GPU_LEASE_HELD})
+RECHECK_AFTER = timedelta(milliseconds=500)
+
+
+@attrs.frozen
+class Outcome:
+    next_change_at: datetime | None
+    wrote: bool
+    reason: str = ""
+
+
+class SharedGroupReconciler:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        writer: Writer,
+        api: KubeApi,
+        metrics: ControllerMetrics,
+        clock: Clock,
+        *,
+        policy: Policy = DEFAULT_POLICY,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.api = api
+        self.metrics = metrics
+        self.clock = clock
+        self.policy = policy
+        self._lease_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._governing: dict[tuple[str, str], str] = {}
+
+    def reconcile_standalone(self, namespace: str, name: str) -> Outcome:
+        model = self.cache.get(MODELS, namespace, name)
+        if model is None or convert.model_state_group(model):
+            return Outcome(None, False)
+        return self._reconcile(namespace, "", [model])
+
+    def reconcile_group(self, namespace: str, group: str) -> Outcome:
+        models = self.cache.shared_group_models(namespace, group)
+        if not models:
+            self._forget_group(namespace, group)
+            return Outcome(None, False)
+        return self._reconcile(namespace, group, models)
+
+    # -- the reconcile ----------------------------------------------------------------
+
+    def _reconcile(self, namespace: str, group: str, objs: list[JSON]) -> Outcome:
+        now = self.clock.now()
+        states: list[ModelState] = []
+        running: set[str] = set()
+        for obj in objs:
+            name = convert.name_of(obj)
+            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+            pods = self.cache.pods_of(deployment)
+            if convert.live_pods(pods):
+                running.add(name)
+            states.append(
+                convert.model_state_from_k8s(
+                    obj,
+                    deployment=deployment,
+                    pods=pods,
+                    service=self.cache.get(SERVICES, namespace, name),
+                    cache_ready=self.cache.model_cache_ready(
+                        namespace, convert.model_cache_ref(obj)
+                    ),
+                )
+            )
+
+        leases = self.cache.leases(namespace) if group else []
+        unreadable = self.cache.unreadable_lease_sources(namespace) if group else []
+        governing = governing_lease(leases, namespace=namespace, group=group, now=now)
+        lease_unreadable = bool(unreadable) and governing is None
+        if lease_unreadable:
+            for source in unreadable:
+                self.metrics.lease_read_errors.labels(namespace=namespace, source=source).inc()
+            log.warning(
+                "GPU leases unreadable; failing open toward serving",
+                extra={"fields": {"namespace": namespace, "group": group, "sources": unreadable}},
+            )
+
+        decision = decide_group(
+            states,
+            now=now,
+            leases=leases,
+            lease_unreadable=lease_unreadable,
+            policy=self.policy,
+            running=running,
+        )
+        if group:
+            self._record_metrics(namespace, group, decision)
+        wrote = self._apply(namespace, group, objs, states, decision, now=now)
+        next_at = decision.next_change_at
+        if wrote == "deferred":
+            recheck = now + RECHECK_AFTER
+            next_at = recheck if next_at is None else min(next_at, recheck)
+        if wrote:
+            log.info(
+                "applied decision",
+                extra={
+                    "fields": {
+                        "namespace": namespace,
+                        "group": group or None,
+                        "leader": decision.leader,
+                        "reason": decision.reason,
+                        "message": decision.message,
+                        "members": {
+                            m.name: {
+                                "state": m.state.value,
+                                "phase": m.phase.value,
+                                "replicas": m.desired_replicas,
+                                "reason": m.reason,
+                            }
+                            for m in decision.members
+                        },
+                    }
+                },
+            )
+        return Outcome(next_at, bool(wrote), decision.reason)
+
+    def _apply(
+        self,
+        namespace: str,
+        group: str,
+        objs: list[JSON],
+        states: list[ModelState],
+        decision: GroupDecision,
+        *,
+        now: datetime,
+    ) -> str:
+        by_name = {convert.name_of(o): o for o in objs}
+        observed = {s.name: s for s in states}
+        changes = {c.name: c for c in decision.changes(states)}
+        wrote = ""
+
+        # 1. status (conditional on the observed resourceVersion), then its Events.
+        for member in decision.members:
+            obj = by_name[member.name]
+            change = changes.get(member.name)
+            if not (
+                (change is not None and change.status)
+                or convert.model_status_stale(obj, member, group=group)
+            ):
+                continue
+            status = convert.model_status(obj, member, group=group, now=now)
+            if self.writer.patch_status(MODELS, obj, status) is None:
+                continue
+            wrote = "yes"
+            for event in member.events:
+                self.writer.event(
+                    obj,
+                    reason=event.reason,
+                    message=event.message,
+                    type=event.type,
+                    now=now,
+                )
+                if group and event.reason in EVICTION_REASONS:
+                    self.metrics.preemptions.labels(
+                        namespace=namespace, group=group, reason=event.reason
+                    ).inc()
+                if group and event.reason == reasons.PROMOTED:
+                    self.metrics.swaps.labels(namespace=namespace, group=group, kind="shared").inc()
+
+        # 2. scale-downs.
+        for member in decision.members:
+            current = observed[member.name].replicas
+            if (
+                current is not None
+                and member.desired_replicas < current
+                and self.writer.scale(namespace, member.name, member.desired_replicas)
+            ):
+                wrote = "yes"
+
+        # 3. Service annotations.
+        for member in decision.members:
+            change = changes.get(member.name)
+            if change is None or not change.active_services:
+                continue
+            if self.cache.get(SERVICES, namespace, member.name) is None:
+                continue  # nothing to annotate until the Service exists
+            if self.writer.annotate(
+                SERVICES,
+                namespace,
+                member.name,
+                {ACTIVE_SERVICES_ANNOTATION: member.active_services},
+            ):
+                wrote = "yes"
+
+        # 4. scale-ups, after a live check that no other member still has a pod.
+        ups = [
+            m
+            for m in decision.members
+            if observed[m.name].replicas is not None
+            and m.desired_replicas > (observed[m.name].replicas or 0)
+        ]
+        if ups:
+            occupied = self._members_with_live_pods(namespace, objs)
+            for member in ups:
+                others = sorted(occupied - {member.name})
+                if others:
+                    log.info(
+                        "scale-up deferred: other members still have pods",
+                        extra={
+                            "fields": {
+                                "namespace": namespace,
+                                "group": group,
+                                "model": member.name,
+                                "occupied": others,
+                            }
+                        },
+                    )
+                    return "deferred"
+                if self.writer.scale(namespace, member.name, member.desired_replicas):
+                    wrote = "yes"
+        return wrote
+
+    def _members_with_live_pods(self, namespace: str, objs: list[JSON]) -> set[str]:
+        pods = self.api.list(PODS, namespace).get("items") or []
+        occupied = set()
+        for obj in objs:
+            name = convert.name_of(obj)
+            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+            if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
+                occupied.add(name)
+        return occupied
+
+    # -- metrics ----------------------------------------------------------------------
+
+    def _record_metrics(self, namespace: str, group: str, decision: GroupDecision) -> None:
+        for member in decision.members:
+            self.metrics.member_active.labels(
+                namespace=namespace, group=group, model=member.name
+            ).set(1 if member.is_leader else 0)
+        key = (namespace, group)
+        lease = decision.election.lease
+        previous = self._lease_labels.get(key)
+        if lease is not None:
+            labels = (group, namespace, lease.owner or lease.name)
+            if previous is not None and previous != labels:
+                self.metrics.lease_active.labels(*previous).set(0)
+            self.metrics.lease_active.labels(*labels).set(1)
+            self._lease_labels[key] = labels
+            if self._governing.get(key) != lease.name:
+                self._governing[key] = lease.name
+                self.metrics.lease_acquired.labels(*labels).inc()
+        else:
+            if previous is not None:
+                self.metrics.lease_active.labels(*previous).set(0)
+                del self._lease_labels[key]
+            self._governing.pop(key, None)
+
+    def _forget_group(self, namespace: str, group: str) -> None:
+        previous = self._lease_labels.pop((namespace, group), None)
+        if previous is not None:
+            self.metrics.lease_active.labels(*previous).set(0)
+        self._governing.pop((namespace, group), None)

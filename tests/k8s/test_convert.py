@@ -1,0 +1,301 @@
+"""Kubernetes JSON <-> core snapshots, without a cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flexinfer_core import (
+    ACTIVE_SERVICES_ANNOTATION,
+    GpuGroupPhase,
+    LeaseSource,
+    Phase,
+    SharedState,
+    decide_gpu_group,
+    decide_group,
+)
+from flexinfer_k8s import convert
+
+NOW = datetime(2026, 11, 29, 17, 0, 0, 123456, tzinfo=UTC)
+
+
+def model(
+    name: str, *, priority: int = 100, status: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": "ns", "generation": 1, "resourceVersion": "1"},
+        "spec": {
+            "backend": "vllm",
+            "source": "HF://org/m",
+            "gpu": {"shared": "g", "priority": priority, "swapCooldown": "10s"},
+            "serverless": {"idleTimeout": "1m", "coldStartTimeout": "30s"},
+            "serviceLabels": [f"{name}-chat"],
+        },
+        "status": status or {},
+    }
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "5"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}},
+    }
+
+
+def pod(app: str, *, ready: bool, terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"{app}-x", "namespace": "ns", "labels": {"app": app}}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-11-29T17:00:00Z"
+    return {
+        "metadata": meta,
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_times_round_trip_with_microseconds() -> None:
+    assert convert.parse_time(convert.format_time(NOW)) == NOW
+    assert convert.format_time(NOW.replace(microsecond=0)) == "2026-11-29T17:00:00Z"
+    assert convert.parse_time("2026-11-29T17:00:00Z") == NOW.replace(microsecond=0)
+    assert convert.parse_time("garbage") is None
+    assert convert.parse_time(None) is None
+
+
+def test_selector_matching() -> None:
+    labels = {"app": "a", "tier": "gpu"}
+    assert convert.selector_matches({"matchLabels": {"app": "a"}}, labels)
+    assert not convert.selector_matches({"matchLabels": {"app": "b"}}, labels)
+    assert convert.selector_matches(
+        {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}]}, labels
+    )
+    assert not convert.selector_matches(
+        {"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels
+    )
+    assert not convert.selector_matches({}, labels)
+
+
+def test_model_state_reads_spec_status_and_workload() -> None:
+    obj = model(
+        "a",
+        priority=200,
+        status={
+            "phase": "Loading",
+            "lastActiveTime": "2026-11-29T16:59:00Z",
+            "sharedGroup": {
+                "groupName": "g",
+                "state": "Active",
+                "queuePosition": 0,
+                "preemptedBy": "",
+            },
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Ready",
+                    "message": "m",
+                    "lastTransitionTime": "2026-11-29T16:00:00Z",
+                },
+                {
+                    "type": "Other",
+                    "status": "True",
+                    "reason": "X",
+                    "message": "",
+                    "lastTransitionTime": "2026-11-29T16:00:00Z",
+                },
+            ],
+        },
+    )
+    service = {"metadata": {"name": "a", "annotations": {ACTIVE_SERVICES_ANNOTATION: "a-chat"}}}
+    state = convert.model_state_from_k8s(
+        obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)], service=service
+    )
+    assert state.group == "g"
+    assert state.priority == 200
+    assert state.phase is Phase.READY  # from the ready pod, not the recorded Loading
+    assert state.last_active == datetime(2026, 11, 29, 16, 59, tzinfo=UTC)
+    assert state.shared_state is SharedState.ACTIVE
+    assert state.swap_cooldown == timedelta(seconds=10)
+    assert state.serverless.idle_timeout == timedelta(minutes=1)
+    assert state.replicas == 1
+    assert state.active_services == "a-chat"
+    assert [c.type for c in state.conditions] == ["Ready"]  # only the conditions we own
+
+
+def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> None:
+    obj = model("a", status={"phase": "Preempted"})
+    state = convert.model_state_from_k8s(
+        obj,
+        deployment=deployment("a", 0),
+        pods=[pod("a", ready=True, terminating=True)],
+        service=None,
+    )
+    assert state.phase is Phase.PREEMPTED
+    assert state.active_services is None
+
+
+def test_no_deployment_means_no_replicas_and_idle() -> None:
+    state = convert.model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
+    assert state.replicas is None
+    assert state.phase is Phase.IDLE
+
+
+def store_status(obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """What the API server keeps after a merge patch of `status` (nulls delete)."""
+    out = copy.deepcopy(obj)
+
+    def merge(target: dict[str, Any], source: dict[str, Any]) -> None:
+        for key, value in source.items():
+            if value is None:
+                target.pop(key, None)
+            elif isinstance(value, dict):
+                merge(target.setdefault(key, {}), value)
+            else:
+                target[key] = value
+
+    merge(out.setdefault("status", {}), patch)
+    return out
+
+
+def test_writing_the_status_then_deciding_again_writes_nothing() -> None:
+    objs = [
+        model("a", priority=100, status={"phase": "Ready"}),
+        model("b", priority=200, status={"lastActiveTime": convert.format_time(NOW)}),
+    ]
+    deployments = {"a": deployment("a", 1), "b": deployment("b", 0)}
+    pods = {"a": [pod("a", ready=True)], "b": []}
+
+    def states(objs: list[dict[str, Any]]) -> list[Any]:
+        return [
+            convert.model_state_from_k8s(
+                o,
+                deployment=deployments[convert.name_of(o)],
+                pods=pods[convert.name_of(o)],
+                service=None,
+            )
+            for o in objs
+        ]
+
+    first = decide_group(states(objs), now=NOW, running={"a"})
+    assert first.leader == "b"
+    a = first.member("a")
+    assert a.phase is Phase.PREEMPTED and a.events
+    written = [
+        store_status(
+            o, convert.model_status(o, first.member(convert.name_of(o)), group="g", now=NOW)
+        )
+        for o in objs
+    ]
+    assert written[0]["status"]["sharedGroup"]["preemptedAt"] == convert.format_time(NOW)
+    deployments["a"] = deployment("a", 0)
+    again = decide_group(states(written), now=NOW, running={"a"})
+    changes = {c.name: c for c in again.changes(states(written))}
+    assert all(not c.status for c in changes.values())
+    assert not any(c.events for c in changes.values())
+    for o in written:
+        member = again.member(convert.name_of(o))
+        assert not convert.model_status_stale(o, member, group="g")
+        status = convert.model_status(o, member, group="g", now=NOW + timedelta(seconds=5))
+        # Transition times are kept when a condition's status does not change.
+        assert status["conditions"] == o["status"]["conditions"]
+
+
+def test_gpu_lease_and_config_map() -> None:
+    lease = convert.gpu_lease_from_k8s(
+        {
+            "metadata": {"name": "l", "namespace": "ns"},
+            "spec": {"group": "g", "owner": "train", "expiresAt": "2026-11-29T18:00:00Z"},
+        }
+    )
+    assert lease is not None
+    assert (lease.group, lease.owner, lease.source) == ("g", "train", LeaseSource.GPU_LEASE)
+    assert lease.expires_at == datetime(2026, 11, 29, 18, tzinfo=UTC)
+    legacy = convert.gpu_lease_from_config_map(
+        {
+            "metadata": {
+                "name": "gpu-lease-g",
+                "namespace": "ns",
+                "labels": {convert.GPU_LEASE_LABEL: "g"},
+            },
+            "data": {"owner": "job"},
+        }
+    )
+    assert legacy is not None
+    assert (legacy.group, legacy.source, legacy.expires_at) == ("g", LeaseSource.CONFIG_MAP, None)
+    assert convert.gpu_lease_from_k8s({"metadata": {"name": "x"}, "spec": {}}) is None
+
+
+def test_demand_annotations() -> None:
+    fresh = json.dumps(
+        {"queued": 3, "oldestWaiting": "2026-11-29T16:59:50Z", "reportedAt": "2026-11-29T16:59:55Z"}
+    )
+    assert convert.demand_from_annotation(fresh, now=NOW) == (
+        3,
+        datetime(2026, 11, 29, 16, 59, 50, tzinfo=UTC),
+        datetime(2026, 11, 29, 16, 59, 55, tzinfo=UTC),
+    )
+    stale = json.dumps({"queued": 3, "reportedAt": "2026-11-29T16:50:00Z"})
+    assert convert.demand_from_annotation(stale, now=NOW)[0] == 0  # type: ignore[index]
+    assert convert.demand_from_annotation("{not json", now=NOW) is None
+    assert convert.demand_from_annotation(json.dumps({"queued": -1}), now=NOW) is None
+
+
+def test_gpu_group_state_and_status_round_trip() -> None:
+    group = {
+        "metadata": {
+            "name": "gg",
+            "namespace": "ns",
+            "generation": 2,
+            "annotations": {
+                "demand.ai.flexinfer/b": json.dumps(
+                    {
+                        "queued": 5,
+                        "oldestWaiting": "2026-11-29T16:59:00Z",
+                        "reportedAt": "2026-11-29T16:59:59Z",
+                    }
+                ),
+                "demand.ai.flexinfer/stranger": json.dumps({"queued": 9}),
+            },
+        },
+        "spec": {
+            "models": [{"name": "a", "priority": 100}, {"name": "b", "priority": 200}],
+            "scalingPolicy": {"preemptionPolicy": "Immediate", "drainTimeoutSeconds": 5},
+            "antiThrashing": {"requestQueueThreshold": 2, "hysteresisWindowSeconds": 0},
+        },
+        "status": {},
+    }
+    mds = {
+        "a": {
+            "metadata": {"name": "a"},
+            "spec": {"idleTimeoutSeconds": 60},
+            "status": {"lastAccessTime": "2026-11-29T16:59:30Z"},
+        },
+        "b": {"metadata": {"name": "b"}, "spec": {}},
+    }
+    state = convert.gpu_group_state_from_k8s(
+        group, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
+    )
+    assert [m.name for m in state.members] == ["a", "b"]
+    a, b = state.members
+    assert a.has_pods and a.ready and a.idle_timeout == timedelta(seconds=60)
+    assert b.queued == 5 and b.priority == 200 and not b.has_pods
+    assert state.anti_thrashing.request_queue_threshold == 2
+    decision = decide_gpu_group(state, now=NOW)
+    assert decision.active_model == "b"
+    status = convert.gpu_group_status(group, decision, now=NOW)
+    assert status["swapCount"] == 1
+    assert status["observedGeneration"] == 2
+    stored = store_status(group, status)
+    assert not convert.status_differs(stored["status"], status)
+    again = convert.gpu_group_state_from_k8s(
+        stored, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
+    )
+    assert again.current_model == "b" and again.swap_count == 1
+    second = decide_gpu_group(again, now=NOW)
+    assert second.phase is GpuGroupPhase.SWAPPING
+    assert second.swap_count == 1

@@ -1,0 +1,60 @@
+"""The proxy's one source of wall-clock time.
+
+Demand timestamps (`lastActiveTime`, `oldestWaiting`, `reportedAt`) and the
+once-a-minute refresh limit read `now` through an injected `Clock`, so tests move
+time by hand. Queue wait limits use the event loop's monotonic timer instead: a
+wall clock that jumps must not expire or extend a client's wait. This module owns
+time and nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current instant, timezone-aware UTC."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that moves only when told to (thread-safe)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, delta: timedelta) -> datetime:
+        with self._lock:
+            self._now += delta
+            return self._now
+
+
+def format_rfc3339(value: datetime) -> str:
+    """`2026-11-29T17:00:04Z`: UTC, whole seconds, as the CRDs' date-time fields hold."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(value: object) -> datetime | None:
+    """An RFC 3339 instant as an aware UTC datetime; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.astimezone(UTC)

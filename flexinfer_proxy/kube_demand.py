@@ -1,0 +1,168 @@
+"""The cluster-backed `DemandSink`: the proxy's only writes to the API server.
+
+- `mark_active`: `status.lastActiveTime` of a Model or `status.lastAccessTime` of
+  a ModelDeployment, through the status subresource, as a JSON merge patch that
+  carries the resourceVersion it read — so a concurrent writer makes it fail with
+  409 Conflict, and it re-reads and tries again (at most 3 attempts). After three
+  conflicts the demand still counts as recorded when someone else set the field
+  within the last 30 s (spec/election.md 1.4). The field never moves backwards.
+- `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
+  GPUGroup, a merge patch touching only that key (null removes it).
+
+Blocking client calls run in worker threads (`asyncio.to_thread`). This module
+touches nothing else: no spec, no other status field, no other annotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from flexinfer_proxy.clock import format_rfc3339, parse_rfc3339
+from flexinfer_proxy.demand import (
+    ALREADY_CURRENT,
+    CONFLICTED,
+    FAILED,
+    NOT_FOUND,
+    SET_BY_OTHER,
+    WRITTEN,
+    MarkOutcome,
+    QueueReport,
+    demand_annotation_key,
+    demand_annotation_value,
+)
+from flexinfer_proxy.directory import ModelEntry, ModelKind
+from flexinfer_proxy.kube_directory import GROUP, MODEL_DEPLOYMENTS, MODELS
+
+log = logging.getLogger("flexinfer.proxy.demand")
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+MAX_ATTEMPTS = 3
+OTHER_WRITER_WINDOW = timedelta(seconds=30)
+GPUGROUPS_VERSION = "v1alpha1"
+
+
+def activity_field(kind: ModelKind) -> str:
+    return "lastActiveTime" if kind is ModelKind.MODEL else "lastAccessTime"
+
+
+class KubeDemandSink:
+    """Writes demand with the given `kubernetes.client.ApiClient`.
+
+    `before_write(obj)` runs between the read and the write of each attempt; it
+    exists so tests can provoke the conflict the retry loop is there for.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        before_write: Callable[[JSON], None] | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        self._api = k8s_client.CustomObjectsApi(api_client)
+        self._before_write = before_write
+        self._max_attempts = max_attempts
+
+    async def mark_active(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
+        return await asyncio.to_thread(self.mark_active_blocking, entry, now=now)
+
+    async def report_queue(
+        self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
+    ) -> None:
+        await asyncio.to_thread(self.report_queue_blocking, entry, report, now=now)
+
+    def mark_active_blocking(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
+        field = activity_field(entry.kind)
+        now = now.replace(microsecond=0)
+        conflicts = 0
+        try:
+            for _ in range(self._max_attempts):
+                obj = self._read_status(entry)
+                current = parse_rfc3339((obj.get("status") or {}).get(field))
+                if current is not None and current >= now:
+                    return MarkOutcome(ALREADY_CURRENT, conflicts)
+                if self._before_write is not None:
+                    self._before_write(obj)
+                if self._patch_status(entry, obj, field, now):
+                    return MarkOutcome(WRITTEN, conflicts)
+                conflicts += 1
+            current = parse_rfc3339((self._read_status(entry).get("status") or {}).get(field))
+        except ApiException as error:
+            if error.status == 404:
+                return MarkOutcome(NOT_FOUND, conflicts)
+            log.warning("writing %s of %s/%s: %s", field, entry.namespace, entry.name, error)
+            return MarkOutcome(FAILED, conflicts)
+        if current is not None and now - current <= OTHER_WRITER_WINDOW:
+            return MarkOutcome(SET_BY_OTHER, conflicts)
+        return MarkOutcome(CONFLICTED, conflicts)
+
+    def report_queue_blocking(
+        self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
+    ) -> None:
+        if not entry.gpu_group:
+            return
+        value = demand_annotation_value(report, now=now) if report is not None else None
+        body = {"metadata": {"annotations": {demand_annotation_key(entry.name): value}}}
+        try:
+            self._api.patch_namespaced_custom_object(
+                GROUP,
+                GPUGROUPS_VERSION,
+                entry.namespace,
+                "gpugroups",
+                entry.gpu_group,
+                body,
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            log.warning(
+                "GPUGroup %s/%s of %s does not exist; queue not reported",
+                entry.namespace,
+                entry.gpu_group,
+                entry.name,
+            )
+
+    def _resource(self, entry: ModelEntry) -> tuple[str, str]:
+        resource = MODELS if entry.kind is ModelKind.MODEL else MODEL_DEPLOYMENTS
+        return resource.version, resource.plural
+
+    def _read_status(self, entry: ModelEntry) -> JSON:
+        version, plural = self._resource(entry)
+        obj = self._api.get_namespaced_custom_object_status(
+            GROUP, version, entry.namespace, plural, entry.name
+        )
+        if not isinstance(obj, dict):
+            raise TypeError(f"unexpected answer reading {plural}/{entry.name}: {obj!r}")
+        return obj
+
+    def _patch_status(self, entry: ModelEntry, obj: JSON, field: str, now: datetime) -> bool:
+        """One optimistic write; False on 409 Conflict (someone wrote since the read)."""
+        version, plural = self._resource(entry)
+        body = {
+            "metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
+            "status": {field: format_rfc3339(now)},
+        }
+        try:
+            self._api.patch_namespaced_custom_object_status(
+                GROUP,
+                version,
+                entry.namespace,
+                plural,
+                entry.name,
+                body,
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True

@@ -1,0 +1,60 @@
+"""The proxy's Prometheus metrics, created against an injected registry.
+
+One `ProxyMetrics` per proxy (and per test): queued requests per model, requests
+by outcome, time spent queued, and demand writes and conflicts. Label values are
+model names the directory knows; a name a client made up is recorded as "" so a
+stranger cannot grow the label set. This module counts; it decides nothing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Outcomes of a client request, as `flexinfer_proxy_requests_total{outcome}`.
+OUTCOME_SERVED = "served"
+OUTCOME_BACKEND_UNAVAILABLE = "backend_unavailable"
+OUTCOME_QUEUE_TIMEOUT = "queue_timeout"
+OUTCOME_CLIENT_DISCONNECTED = "client_disconnected"
+OUTCOME_UNKNOWN_MODEL = "unknown_model"
+OUTCOME_BAD_REQUEST = "bad_request"
+
+QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.queued = Gauge(
+            "flexinfer_proxy_queued_requests",
+            "Requests waiting in the proxy for their model to become Ready.",
+            ["model"],
+            registry=registry,
+        )
+        self.requests = Counter(
+            "flexinfer_proxy_requests",
+            "Client requests by model and outcome.",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "flexinfer_proxy_queue_wait_seconds",
+            "Time a request spent queued before it was dispatched, timed out or abandoned.",
+            ["model"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.demand_writes = Counter(
+            "flexinfer_proxy_demand_writes",
+            "Demand signals sent to the cluster, by model, kind of signal and result.",
+            ["model", "signal", "result"],
+            registry=registry,
+        )
+        self.demand_conflicts = Counter(
+            "flexinfer_proxy_demand_conflicts",
+            "409 Conflict answers met while writing demand (each is re-read and retried).",
+            ["model"],
+            registry=registry,
+        )
+
+    def request_done(self, model: str, outcome: str) -> None:
+        self.requests.labels(model=model, outcome=outcome).inc()

@@ -1,0 +1,158 @@
+"""Per-model FIFO queues of requests waiting for their model to become Ready.
+
+A request for a model that is not Ready (or that already has others waiting, so
+nobody jumps the line) takes a `Ticket` and waits. When the directory says the model
+is Ready, a drain task admits tickets oldest first; each admitted request signals
+`dispatched()` once its request headers reached the backend (or it gave up), and
+only then is the next one admitted, so the backend sees them in arrival order.
+A drain stops as soon as the model is no longer Ready and resumes on the next
+change. Every change of a queue is reported to the `DemandSignaller`.
+
+This module owns waiting and ordering; it neither forwards requests nor decides
+the wait limit's length (the caller passes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from datetime import datetime
+
+from flexinfer_proxy.clock import Clock
+from flexinfer_proxy.demand import DemandSignaller, QueueReport
+from flexinfer_proxy.directory import ModelDirectory, ModelEntry
+from flexinfer_proxy.metrics import ProxyMetrics
+
+log = logging.getLogger("flexinfer.proxy.queues")
+
+# How long a drain waits for an admitted request to reach its backend before it
+# admits the next anyway (a stuck connect must not stall the whole queue).
+DISPATCH_GRACE_SECONDS = 10.0
+
+
+class Ticket:
+    """One queued request: admitted by the drain, dispatched by its handler."""
+
+    def __init__(self, model: str, *, arrived: datetime, enqueued_at: float) -> None:
+        self.model = model
+        self.arrived = arrived
+        self.enqueued_at = enqueued_at
+        self.admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._dispatched = asyncio.Event()
+
+    def dispatched(self) -> None:
+        """The request reached its backend (or never will): the next may go."""
+        self._dispatched.set()
+
+    async def wait_dispatched(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._dispatched.wait(), timeout)
+
+
+class RequestQueues:
+    def __init__(
+        self,
+        directory: ModelDirectory,
+        signaller: DemandSignaller,
+        *,
+        clock: Clock,
+        metrics: ProxyMetrics,
+        dispatch_grace: float = DISPATCH_GRACE_SECONDS,
+    ) -> None:
+        self._directory = directory
+        self._signaller = signaller
+        self._clock = clock
+        self._metrics = metrics
+        self._dispatch_grace = dispatch_grace
+        self._queues: dict[str, deque[Ticket]] = {}
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
+        directory.subscribe(self.model_changed)
+
+    def depth(self, model: str) -> int:
+        return len(self._queues.get(model, ()))
+
+    def enqueue(self, entry: ModelEntry) -> Ticket:
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(entry.name, arrived=self._clock.now(), enqueued_at=loop.time())
+        self._queues.setdefault(entry.name, deque()).append(ticket)
+        self._changed(entry)
+        self.model_changed(entry.name)
+        return ticket
+
+    async def wait(self, ticket: Ticket, *, limit: float) -> bool:
+        """Wait until admitted (True) or the limit passed (False, and the ticket is gone).
+
+        A cancelled wait (the client went away) removes the ticket, or, if it was
+        admitted in the meantime, releases the drain, and re-raises.
+        """
+        try:
+            await asyncio.wait({ticket.admitted}, timeout=limit)
+        except asyncio.CancelledError:
+            if not self._discard(ticket):
+                ticket.dispatched()
+            raise
+        if ticket.admitted.done():
+            return True
+        self._discard(ticket)
+        return False
+
+    def waited(self, ticket: Ticket) -> float:
+        return asyncio.get_running_loop().time() - ticket.enqueued_at
+
+    def model_changed(self, name: str) -> None:
+        """Directory listener: start a drain when a model with waiters is Ready."""
+        entry = self._directory.lookup(name)
+        if entry is None or not entry.ready or not self._queues.get(name):
+            return
+        if self._closed or name in self._drains:
+            return
+        self._drains[name] = asyncio.create_task(self._drain(name))
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._drains.values():
+            task.cancel()
+        for task in list(self._drains.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _drain(self, name: str) -> None:
+        try:
+            while True:
+                entry = self._directory.lookup(name)
+                queue = self._queues.get(name)
+                if entry is None or not entry.ready or not queue:
+                    return
+                ticket = queue.popleft()
+                self._changed(entry)
+                ticket.admitted.set_result(None)
+                await ticket.wait_dispatched(self._dispatch_grace)
+        finally:
+            self._drains.pop(name, None)
+            # A change may have arrived while this drain was finishing.
+            self._restart_if_needed(name)
+
+    def _restart_if_needed(self, name: str) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            asyncio.get_running_loop().call_soon(self.model_changed, name)
+
+    def _discard(self, ticket: Ticket) -> bool:
+        queue = self._queues.get(ticket.model)
+        if queue is None or ticket not in queue:
+            return False
+        queue.remove(ticket)
+        entry = self._directory.lookup(ticket.model)
+        if entry is not None:
+            self._changed(entry)
+        else:
+            self._metrics.queued.labels(model=ticket.model).set(len(queue))
+        return True
+
+    def _changed(self, entry: ModelEntry) -> None:
+        queue = self._queues.get(entry.name) or deque()
+        self._metrics.queued.labels(model=entry.name).set(len(queue))
+        oldest = queue[0].arrived if queue else None
+        self._signaller.queue_changed(entry, QueueReport(queued=len(queue), oldest_waiting=oldest))

@@ -1,0 +1,189 @@
+"""Running the proxy in-process on a loopback port, and the backends as processes.
+
+`BackendProcess` starts `tests.proxy.fake_backend` and reads the port it printed.
+`running_proxy` serves a `Proxy` over an `InMemoryDirectory` and a `RecordingSink`
+on 127.0.0.1 inside the test's event loop, so a test can flip readiness and look
+at the recorded demand between real HTTP calls. Waits are bounded loops on events
+or state, never assertions about how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import attrs
+from prometheus_client import CollectorRegistry
+
+from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.clock import Clock, ManualClock
+from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
+from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+TEST_DEADLINE = 60.0
+
+
+def async_test(coro_fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an async test body in its own event loop, bounded by a deadline."""
+
+    @functools.wraps(coro_fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def bounded() -> None:
+            await asyncio.wait_for(coro_fn(*args, **kwargs), TEST_DEADLINE)
+
+        asyncio.run(bounded())
+
+    return wrapper
+
+
+async def eventually(probe: Callable[[], T], *, what: str, attempts: int = 2000) -> T:
+    """Yield to the loop until `probe()` is truthy (bounded number of tries)."""
+    for _ in range(attempts):
+        value = probe()
+        if value:
+            return value
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"gave up waiting for {what}; last: {probe()!r}")
+
+
+class BackendProcess:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.proxy.fake_backend", "--name", name],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise AssertionError(f"backend {name} did not start: {line!r}")
+        self.port = int(line.split()[1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{self.base}/v1"
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    async def arrivals(self, session: aiohttp.ClientSession) -> list[str]:
+        async with session.get(f"{self.base}/control/arrivals") as response:
+            body = await response.json()
+            return list(body["arrivals"])
+
+    async def release(self, session: aiohttp.ClientSession, tag: str) -> None:
+        async with session.post(f"{self.base}/control/release", json={"tag": tag}) as response:
+            assert response.status == 200
+
+
+@attrs.define
+class RecordingSink:
+    """A DemandSink that remembers every write, in order."""
+
+    marks: list[tuple[str, datetime]] = attrs.field(factory=list)
+    reports: list[tuple[str, QueueReport | None]] = attrs.field(factory=list)
+
+    async def mark_active(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
+        self.marks.append((entry.name, now))
+        return MarkOutcome(WRITTEN)
+
+    async def report_queue(
+        self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
+    ) -> None:
+        self.reports.append((entry.name, report))
+
+    def marks_for(self, name: str) -> list[datetime]:
+        return [when for model, when in self.marks if model == name]
+
+    def reports_for(self, name: str) -> list[QueueReport | None]:
+        return [report for model, report in self.reports if model == name]
+
+
+def entry(
+    name: str,
+    endpoint: str,
+    *,
+    ready: bool = True,
+    kind: ModelKind = ModelKind.MODEL,
+    gpu_group: str | None = None,
+    cold_start: timedelta = timedelta(0),
+) -> ModelEntry:
+    return ModelEntry(
+        name=name,
+        namespace="test",
+        kind=kind,
+        ready=ready,
+        endpoint=endpoint,
+        phase="Ready" if ready else "Idle",
+        cold_start_timeout=cold_start,
+        gpu_group=gpu_group,
+    )
+
+
+@attrs.define
+class RunningProxy:
+    proxy: Proxy
+    directory: InMemoryDirectory
+    sink: RecordingSink
+    clock: ManualClock
+    registry: CollectorRegistry
+    url: str
+    session: aiohttp.ClientSession
+
+    def post(self, path: str, payload: Any, **kwargs: Any) -> Any:
+        return self.session.post(f"{self.url}{path}", json=payload, **kwargs)
+
+    async def chat(self, model: str, **body: Any) -> tuple[int, dict[str, Any]]:
+        async with self.post("/v1/chat/completions", {"model": model, **body}) as response:
+            return response.status, await response.json()
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    async def queued(self, model: str, depth: int) -> None:
+        await eventually(
+            lambda: self.proxy.queues.depth(model) == depth, what=f"{depth} queued for {model}"
+        )
+
+
+@asynccontextmanager
+async def running_proxy(
+    entries: Iterable[ModelEntry],
+    *,
+    config: ProxyConfig | None = None,
+    clock: Clock | None = None,
+) -> AsyncIterator[RunningProxy]:
+    directory = InMemoryDirectory(entries)
+    sink = RecordingSink()
+    manual = clock if isinstance(clock, ManualClock) else ManualClock()
+    registry = CollectorRegistry()
+    proxy = Proxy(directory, sink, clock=manual, registry=registry, config=config)
+    runner, port = await serve(proxy, host="127.0.0.1", port=0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield RunningProxy(
+                proxy, directory, sink, manual, registry, f"http://127.0.0.1:{port}", session
+            )
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,149 @@
+"""Routing, streaming and error answers over real HTTP, proxy ↔ backend processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+
+from .harness import BackendProcess, async_test, entry, running_proxy
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@async_test
+async def test_requests_go_to_the_backend_of_the_named_model(
+    backends: dict[str, BackendProcess],
+) -> None:
+    alpha, beta = backends["alpha"], backends["beta"]
+    async with running_proxy([entry("a", alpha.endpoint), entry("b", beta.endpoint)]) as p:
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+            for model, backend in (("a", "alpha"), ("b", "beta")):
+                async with p.post(path, {"model": model, "tag": _tag()}) as response:
+                    body = await response.json()
+                    assert response.status == 200
+                    assert response.headers["X-Backend"] == backend
+                    assert (body["backend"], body["path"], body["model"]) == (
+                        backend,
+                        path,
+                        model,
+                    )
+
+
+@async_test
+async def test_status_headers_and_query_pass_through(backends: dict[str, BackendProcess]) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
+        async with p.session.post(
+            f"{p.url}/v1/completions?api-version=2",
+            json={"model": "a", "status": 418, "tag": _tag()},
+            headers={"Authorization": "Bearer secret-token"},
+        ) as response:
+            body = await response.json()
+        assert response.status == 418
+        assert body["authorization"] == "Bearer secret-token"
+        assert body["query"] == "api-version=2"
+
+
+@async_test
+async def test_a_stream_is_relayed_chunk_by_chunk(backends: dict[str, BackendProcess]) -> None:
+    alpha = backends["alpha"]
+    tag = _tag()
+    async with running_proxy([entry("a", alpha.endpoint)]) as p:
+        payload = {"model": "a", "stream": True, "hold": True, "tag": tag}
+        async with p.post("/v1/chat/completions", payload) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            # The backend holds everything after its first event until released: the
+            # first event can only reach us here if the proxy does not buffer.
+            first = await response.content.readuntil(b"\n\n")
+            assert json.loads(first.removeprefix(b"data: "))["index"] == 0
+            await alpha.release(p.session, tag)
+            rest = (await response.content.read()).decode()
+        events = [e for e in rest.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert [json.loads(e.removeprefix("data: "))["index"] for e in events[:-1]] == [1, 2]
+
+
+@async_test
+async def test_unknown_model_is_a_404_naming_it(backends: dict[str, BackendProcess]) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
+        status, body = await p.chat("no-such-model")
+        assert status == 404
+        assert body["error"]["code"] == "model_not_found"
+        assert body["error"]["param"] == "model"
+        assert "'no-such-model'" in body["error"]["message"]
+        assert p.metric("flexinfer_proxy_requests_total", model="", outcome="unknown_model") == 1
+
+
+@async_test
+async def test_bad_json_and_missing_model_are_400s(backends: dict[str, BackendProcess]) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
+        async with p.session.post(
+            f"{p.url}/v1/chat/completions",
+            data=b"{not json",
+            headers={"Content-Type": "application/json"},
+        ) as response:
+            body = await response.json()
+        assert response.status == 400
+        assert "not valid JSON" in body["error"]["message"]
+
+        async with p.post("/v1/chat/completions", {"messages": []}) as response:
+            body = await response.json()
+        assert response.status == 400
+        assert body["error"]["param"] == "model"
+        assert "'model'" in body["error"]["message"]
+
+        async with p.post("/v1/embeddings", {"model": 7}) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["param"] == "model"
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@async_test
+async def test_an_unreachable_backend_is_a_502() -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}/v1"
+    async with running_proxy([entry("down", endpoint)]) as p:
+        status, body = await p.chat("down")
+        assert status == 502
+        assert body["error"]["code"] == "backend_unavailable"
+        assert "'down'" in body["error"]["message"]
+        assert (
+            p.metric("flexinfer_proxy_requests_total", model="down", outcome="backend_unavailable")
+            == 1
+        )
+
+
+@async_test
+async def test_models_health_readiness_and_metrics_over_http(
+    backends: dict[str, BackendProcess],
+) -> None:
+    entries = [entry("a", backends["alpha"].endpoint), entry("b", "http://x/v1", ready=False)]
+    async with running_proxy(entries) as p:
+        async with p.session.get(f"{p.url}/v1/models") as response:
+            listing = await response.json()
+        assert listing["object"] == "list"
+        assert [(m["id"], m["object"]) for m in listing["data"]] == [
+            ("a", "model"),
+            ("b", "model"),
+        ]
+        assert [m["flexinfer"]["ready"] for m in listing["data"]] == [True, False]
+        for path in ("/healthz", "/readyz"):
+            async with p.session.get(f"{p.url}{path}") as response:
+                assert response.status == 200
+
+        await p.chat("a", tag=_tag())
+        await p.proxy.signaller.flush()
+        async with p.session.get(f"{p.url}/metrics") as response:
+            text = await response.text()
+        assert 'flexinfer_proxy_requests_total{model="a",outcome="served"} 1.0' in text
+        assert "flexinfer_proxy_queued_requests" in text
+        assert "flexinfer_proxy_queue_wait_seconds" in text
+        written = 'model="a",result="written",signal="served"'
+        assert f"flexinfer_proxy_demand_writes_total{{{written}}} 1.0" in text

@@ -1,0 +1,187 @@
+"""`python -m flexinfer_proxy` end to end: real control plane, real backend, real HTTP.
+
+A request for a Model that is not Ready waits while the proxy records the demand in
+the cluster; when the Model's phase turns Ready the request reaches the backend.
+A GPUGroup member's queue shows up as its demand annotation and is cleared on drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flexinfer_k8s.localcluster import LocalCluster
+
+from ..k8s.kubectl import Kubectl, create_namespace, delete_namespace, install_crds, kubectl_for
+from .harness import ROOT, BackendProcess, async_test
+from .test_kube import apply, model, model_deployment
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture(scope="module")
+def kubectl(local_cluster: LocalCluster) -> Kubectl:
+    return kubectl_for(local_cluster)
+
+
+@pytest.fixture(scope="module")
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    install_crds(kubectl)
+    name = create_namespace(kubectl, "proxy-e2e")
+    yield name
+    delete_namespace(kubectl, name)
+
+
+@pytest.fixture()
+def proxy(
+    local_cluster: LocalCluster, namespace: str, backends: dict[str, BackendProcess]
+) -> Iterator[str]:
+    endpoint = backends["alpha"].endpoint
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy",
+            "--host", "127.0.0.1", "--port", "0",
+            "--kubeconfig", str(local_cluster.kubeconfig),
+            "--namespace", namespace,
+            "--endpoint", f"e2e-model={endpoint}",
+            "--endpoint", f"e2e-member={endpoint}",
+            "--min-queue-wait", "5m",
+            "--log-level", "DEBUG",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        assert line.startswith("listening on 127.0.0.1:"), f"proxy did not start: {line!r}"
+        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(timeout=60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+async def _until(probe: Any, *, what: str, attempts: int = 300) -> Any:
+    for _ in range(attempts):
+        value = await probe()
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def _get(kubectl: Kubectl, namespace: str, resource: str) -> dict[str, Any]:
+    return kubectl.json("get", "-n", namespace, resource)
+
+
+@async_test
+async def test_a_queued_request_signals_demand_and_is_served_once_ready(
+    kubectl: Kubectl, namespace: str, proxy: str
+) -> None:
+    await asyncio.to_thread(apply, kubectl, namespace, model("e2e-model"))
+    async with aiohttp.ClientSession() as session:
+
+        async def ready() -> bool:
+            async with session.get(f"{proxy}/readyz") as response:
+                return response.status == 200
+
+        async def known() -> bool:
+            async with session.get(f"{proxy}/v1/models") as response:
+                ids = [m["id"] for m in (await response.json())["data"]]
+                return "e2e-model" in ids
+
+        await _until(ready, what="the proxy's initial lists")
+        await _until(known, what="the proxy to see the Model")
+
+        async def chat() -> tuple[int, dict[str, Any]]:
+            payload = {"model": "e2e-model", "messages": [], "tag": "e2e"}
+            async with session.post(f"{proxy}/v1/chat/completions", json=payload) as response:
+                return response.status, await response.json()
+
+        request = asyncio.create_task(chat())
+
+        async def demanded() -> bool:
+            obj = await asyncio.to_thread(_get, kubectl, namespace, "model/e2e-model")
+            return bool((obj.get("status") or {}).get("lastActiveTime"))
+
+        await _until(demanded, what="lastActiveTime on the Model")
+        assert not request.done()
+
+        await asyncio.to_thread(
+            kubectl.patch_status, namespace, "model/e2e-model", {"status": {"phase": "Ready"}}
+        )
+        status, body = await request
+        assert status == 200
+        assert (body["backend"], body["model"]) == ("alpha", "e2e-model")
+
+        async with session.get(f"{proxy}/metrics") as response:
+            metrics = await response.text()
+        assert 'flexinfer_proxy_requests_total{model="e2e-model",outcome="served"} 1.0' in metrics
+
+
+@async_test
+async def test_a_gpugroup_members_queue_is_reported_and_cleared(
+    kubectl: Kubectl, namespace: str, proxy: str
+) -> None:
+    group = {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "GPUGroup",
+        "metadata": {"name": "e2e-group"},
+        "spec": {"models": [{"name": "e2e-member"}]},
+    }
+    await asyncio.to_thread(apply, kubectl, namespace, group)
+    await asyncio.to_thread(
+        apply, kubectl, namespace, model_deployment("e2e-member", gpuGroupRef="e2e-group")
+    )
+    key = "demand.ai.flexinfer/e2e-member"
+
+    async def annotation() -> dict[str, Any] | None:
+        obj = await asyncio.to_thread(_get, kubectl, namespace, "gpugroup/e2e-group")
+        value = (obj["metadata"].get("annotations") or {}).get(key)
+        return json.loads(value) if value else None
+
+    async with aiohttp.ClientSession() as session:
+
+        async def known() -> bool:
+            async with session.get(f"{proxy}/v1/models") as response:
+                return "e2e-member" in [m["id"] for m in (await response.json())["data"]]
+
+        await _until(known, what="the proxy to see the ModelDeployment")
+        payload = {"model": "e2e-member", "tag": "member"}
+        request = asyncio.create_task(session.post(f"{proxy}/v1/completions", json=payload))
+        report = await _until(annotation, what="the member's demand annotation")
+        assert report["queued"] == 1
+        assert {"oldestWaiting", "reportedAt"} <= set(report)
+
+        await asyncio.to_thread(
+            kubectl.patch_status,
+            namespace,
+            "modeldeployment/e2e-member",
+            {"status": {"readyReplicas": 1}},
+        )
+        response = await request
+        assert response.status == 200
+        assert (await response.json())["model"] == "e2e-member"
+        response.release()
+
+        async def cleared() -> bool:
+            return await annotation() is None
+
+        await _until(cleared, what="the annotation to be removed")

@@ -1,0 +1,286 @@
+"""The kubernetes-backed directory and demand sink against the real local control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_proxy.clock import format_rfc3339
+from flexinfer_proxy.demand import (
+    ALREADY_CURRENT,
+    CONFLICTED,
+    SET_BY_OTHER,
+    WRITTEN,
+    QueueReport,
+)
+from flexinfer_proxy.directory import ModelEntry, ModelKind
+from flexinfer_proxy.kube_demand import KubeDemandSink
+from flexinfer_proxy.kube_directory import KubeDirectory
+
+from ..k8s.kubectl import Kubectl, create_namespace, delete_namespace, install_crds, kubectl_for
+from .harness import async_test
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture(scope="module")
+def kubectl(local_cluster: LocalCluster) -> Kubectl:
+    return kubectl_for(local_cluster)
+
+
+@pytest.fixture(scope="module")
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    install_crds(kubectl)
+    name = create_namespace(kubectl, "proxy")
+    yield name
+    delete_namespace(kubectl, name)
+
+
+@pytest.fixture()
+def api_client(local_cluster: LocalCluster) -> Iterator[Any]:
+    client = local_cluster.new_api_client()
+    yield client
+    client.close()
+
+
+def apply(kubectl: Kubectl, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl.ok("apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+
+def model(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {"backend": "vllm", "source": "HF://org/model", **spec},
+    }
+
+
+def model_deployment(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {"backend": "vllm", "model": "org/model", **spec},
+    }
+
+
+def entry_for(
+    name: str, namespace: str, kind: ModelKind, gpu_group: str | None = None
+) -> ModelEntry:
+    return ModelEntry(
+        name=name,
+        namespace=namespace,
+        kind=kind,
+        ready=False,
+        endpoint="http://unused/v1",
+        gpu_group=gpu_group,
+    )
+
+
+def status_of(kubectl: Kubectl, namespace: str, resource: str) -> dict[str, Any]:
+    status: dict[str, Any] = kubectl.json("get", "-n", namespace, resource).get("status") or {}
+    return status
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def test_a_model_gets_last_active_time_through_the_status_subresource(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    apply(kubectl, namespace, model("demand-a"))
+    target = entry_for("demand-a", namespace, ModelKind.MODEL)
+    sink = KubeDemandSink(api_client)
+    now = _now()
+
+    assert sink.mark_active_blocking(target, now=now).result == WRITTEN
+    assert status_of(kubectl, namespace, "model/demand-a")["lastActiveTime"] == format_rfc3339(now)
+    # Never backwards, and no write when it already says so.
+    earlier = now - timedelta(minutes=1)
+    assert sink.mark_active_blocking(target, now=earlier).result == ALREADY_CURRENT
+    assert sink.mark_active_blocking(target, now=now).result == ALREADY_CURRENT
+    assert status_of(kubectl, namespace, "model/demand-a")["lastActiveTime"] == format_rfc3339(now)
+
+
+def test_a_model_deployment_gets_last_access_time(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    apply(kubectl, namespace, model_deployment("demand-md"))
+    target = entry_for("demand-md", namespace, ModelKind.MODEL_DEPLOYMENT)
+    now = _now()
+    assert KubeDemandSink(api_client).mark_active_blocking(target, now=now).result == WRITTEN
+    status = status_of(kubectl, namespace, "modeldeployment/demand-md")
+    assert status["lastAccessTime"] == format_rfc3339(now)
+
+
+def _bump(kubectl: Kubectl, namespace: str, resource: str, **status: str) -> Any:
+    """A hook that changes the object between the sink's read and its write."""
+    count = 0
+
+    def hook(obj: dict[str, Any]) -> None:
+        nonlocal count
+        count += 1
+        kubectl.ok("label", "-n", namespace, resource, f"bump={count}", "--overwrite")
+        if status:
+            kubectl.patch_status(namespace, resource, {"status": status})
+
+    return hook
+
+
+def test_a_conflict_is_reread_and_retried(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    apply(kubectl, namespace, model("conflict-once"))
+    target = entry_for("conflict-once", namespace, ModelKind.MODEL)
+    bump = _bump(kubectl, namespace, "model/conflict-once")
+    calls = 0
+
+    def once(obj: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            bump(obj)
+
+    now = _now()
+    outcome = KubeDemandSink(api_client, before_write=once).mark_active_blocking(target, now=now)
+    assert (outcome.result, outcome.conflicts) == (WRITTEN, 1)
+    status = status_of(kubectl, namespace, "model/conflict-once")
+    assert status["lastActiveTime"] == format_rfc3339(now)
+
+
+def test_three_conflicts_still_count_when_someone_else_set_it_recently(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    apply(kubectl, namespace, model("conflict-other"))
+    target = entry_for("conflict-other", namespace, ModelKind.MODEL)
+    now = _now()
+    recent = format_rfc3339(now - timedelta(seconds=10))
+    hook = _bump(kubectl, namespace, "model/conflict-other", lastActiveTime=recent)
+    outcome = KubeDemandSink(api_client, before_write=hook).mark_active_blocking(target, now=now)
+    assert (outcome.result, outcome.conflicts) == (SET_BY_OTHER, 3)
+    assert outcome.done
+
+
+def test_three_conflicts_without_recent_activity_are_not_done(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    apply(kubectl, namespace, model("conflict-stale"))
+    target = entry_for("conflict-stale", namespace, ModelKind.MODEL)
+    hook = _bump(kubectl, namespace, "model/conflict-stale")
+    outcome = KubeDemandSink(api_client, before_write=hook).mark_active_blocking(target, now=_now())
+    assert (outcome.result, outcome.conflicts) == (CONFLICTED, 3)
+    assert not outcome.done
+    assert "lastActiveTime" not in status_of(kubectl, namespace, "model/conflict-stale")
+
+
+def test_a_gpugroup_member_queue_is_an_annotation_that_is_cleared(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    group = {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "GPUGroup",
+        "metadata": {"name": "grp", "annotations": {"team": "ml"}},
+        "spec": {"models": [{"name": "member-a"}, {"name": "member-b"}]},
+    }
+    apply(kubectl, namespace, group)
+    sink = KubeDemandSink(api_client)
+    now = _now()
+    oldest = now - timedelta(seconds=5)
+    member_a = entry_for("member-a", namespace, ModelKind.MODEL_DEPLOYMENT, gpu_group="grp")
+    member_b = entry_for("member-b", namespace, ModelKind.MODEL_DEPLOYMENT, gpu_group="grp")
+
+    sink.report_queue_blocking(member_a, QueueReport(queued=3, oldest_waiting=oldest), now=now)
+    sink.report_queue_blocking(member_b, QueueReport(queued=1, oldest_waiting=now), now=now)
+    annotations = kubectl.json("get", "-n", namespace, "gpugroup/grp")["metadata"]["annotations"]
+    assert json.loads(annotations["demand.ai.flexinfer/member-a"]) == {
+        "queued": 3,
+        "oldestWaiting": format_rfc3339(oldest),
+        "reportedAt": format_rfc3339(now),
+    }
+    assert annotations["team"] == "ml"
+
+    sink.report_queue_blocking(member_a, None, now=now)
+    annotations = kubectl.json("get", "-n", namespace, "gpugroup/grp")["metadata"]["annotations"]
+    assert "demand.ai.flexinfer/member-a" not in annotations
+    assert json.loads(annotations["demand.ai.flexinfer/member-b"])["queued"] == 1
+    assert annotations["team"] == "ml"
+
+
+async def _until(probe: Any, *, what: str, attempts: int = 600) -> Any:
+    for _ in range(attempts):
+        value = probe()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}; last: {probe()!r}")
+
+
+@async_test
+async def test_the_directory_follows_models_deployments_and_services(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    directory = KubeDirectory(api_client, namespaces=[namespace], watch_timeout_seconds=5)
+    changes: list[str] = []
+    directory.subscribe(changes.append)
+    await directory.start()
+    try:
+        await _until(lambda: directory.synced, what="the initial lists")
+        await asyncio.to_thread(
+            apply, kubectl, namespace, model("watched", serverless={"coldStartTimeout": "3m"})
+        )
+        first = await _until(lambda: directory.lookup("watched"), what="the Model to appear")
+        assert (first.kind, first.ready, first.namespace) == (ModelKind.MODEL, False, namespace)
+        assert first.cold_start_timeout == timedelta(minutes=3)
+        assert first.endpoint == f"http://watched.{namespace}.svc:8000/v1"
+
+        await asyncio.to_thread(
+            kubectl.patch_status, namespace, "model/watched", {"status": {"phase": "Ready"}}
+        )
+        ready = await _until(
+            lambda: (e := directory.lookup("watched")) is not None and e.ready and e,
+            what="the Model to turn Ready",
+        )
+        assert ready.phase == "Ready"
+        assert "watched" in changes
+
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "watched"},
+            "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": "x"}},
+        }
+        await asyncio.to_thread(apply, kubectl, namespace, service)
+        await _until(
+            lambda: (
+                (e := directory.lookup("watched")) is not None
+                and e.endpoint == f"http://watched.{namespace}.svc:8080/v1"
+            ),
+            what="the Service's port in the endpoint",
+        )
+
+        await asyncio.to_thread(
+            apply,
+            kubectl,
+            namespace,
+            model_deployment("member", gpuGroupRef="grp2", coldStartTimeoutSeconds=120),
+        )
+        member = await _until(lambda: directory.lookup("member"), what="the ModelDeployment")
+        assert (member.kind, member.gpu_group, member.ready) == (
+            ModelKind.MODEL_DEPLOYMENT,
+            "grp2",
+            False,
+        )
+        assert member.cold_start_timeout == timedelta(seconds=120)
+
+        await asyncio.to_thread(kubectl.ok, "delete", "-n", namespace, "model/watched")
+        await _until(lambda: directory.lookup("watched") is None, what="the Model to go")
+    finally:
+        await directory.stop()

@@ -355,13 +355,32 @@ def test_examples_cover_the_documented_scenarios() -> None:
 def deploy_documents() -> list[dict[str, Any]]:
     (kustomization,) = load_documents(DEPLOY_DIR / "kustomization.yaml")
     assert "../crds" in kustomization["resources"]
-    assert kustomization["namespace"] == "flexinfer-system"
     return [
         doc
         for name in kustomization["resources"]
         if name.endswith(".yaml")
         for doc in load_documents(DEPLOY_DIR / name)
     ]
+
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def test_deploy_objects_live_in_flexinfer_system() -> None:
+    for document in deploy_documents():
+        metadata = document["metadata"]
+        if document["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in metadata, metadata["name"]
+        else:
+            assert metadata.get("namespace") == "flexinfer-system", metadata["name"]
+        for subject in document.get("subjects", []):
+            assert subject["namespace"] == "flexinfer-system"
 
 
 def rules_of(documents: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

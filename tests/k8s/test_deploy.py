@@ -40,6 +40,8 @@ def kubectl(local_cluster: LocalCluster) -> Kubectl:
 
 @pytest.fixture(scope="module")
 def deployed(kubectl: Kubectl) -> Iterator[None]:
+    # A server-side dry run cannot create the namespace the rest is checked in.
+    kubectl.ok("apply", "-f", str(DEPLOY_DIR / "namespace.yaml"))
     kubectl.ok("apply", "--dry-run=server", "-k", str(DEPLOY_DIR))
     kubectl.ok("apply", "-k", str(DEPLOY_DIR))
     kubectl.ok(
@@ -76,6 +78,27 @@ def controller(
 @pytest.fixture(scope="module")
 def proxy(kubectl: Kubectl, deployed: None, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     return kubectl.as_token(token_for(kubectl, PROXY_SA), tmp_path_factory.mktemp("sa"))
+
+
+@pytest.fixture(scope="module")
+def proxy_policy_active(kubectl: Kubectl, proxy: Kubectl, namespace: str) -> None:
+    """Wait until the API server enforces the freshly created admission policy.
+
+    Policies reach the admission chain asynchronously, a moment after creation.
+    """
+    apply(kubectl, namespace, GROUP)
+    probe = json.dumps({"metadata": {"labels": {"policy-probe": "x"}}})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = proxy.run(
+            "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge", "-p", probe
+        )
+        if "flexinfer-proxy-writes" in result.stderr:
+            return
+        if result.returncode == 0:  # admitted before the policy was active: undo
+            kubectl.ok("label", "-n", namespace, "gpugroup/rbac-group", "policy-probe-")
+        time.sleep(0.5)
+    pytest.fail("the flexinfer-proxy-writes policy never took effect")
 
 
 def assert_forbidden(result: Any) -> None:
@@ -115,9 +138,18 @@ def test_base_renders_with_kubectls_kustomize(kubectl: Kubectl) -> None:
     assert kinds.count("ServiceAccount") == 2
     assert kinds.count("ClusterRole") == 2
     assert "Namespace" in kinds
-    cluster_scoped = {"CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "CustomResourceDefinition",
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for doc in rendered:
-        if doc["kind"] not in cluster_scoped:
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in doc["metadata"], doc["metadata"]
+        else:
             assert doc["metadata"]["namespace"] == SYSTEM_NAMESPACE, doc["metadata"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "flexinfer"
     images = {
@@ -234,7 +266,7 @@ def test_controller_is_refused_what_it_must_not_do(
 
 
 def test_proxy_signals_demand_and_nothing_more(
-    kubectl: Kubectl, proxy: Kubectl, namespace: str
+    kubectl: Kubectl, proxy: Kubectl, namespace: str, proxy_policy_active: None
 ) -> None:
     apply(kubectl, namespace, MODEL)
     apply(kubectl, namespace, MODEL_DEPLOYMENT)
@@ -264,6 +296,45 @@ def test_proxy_signals_demand_and_nothing_more(
     assert_forbidden(proxy.run("get", "gpuleases.ai.flexinfer", "-n", namespace))
     kubectl.ok("create", "deployment", "rbac-scaled", "-n", namespace, "--image=flexinfer:0.1.0")
     assert_forbidden(proxy.run("scale", "-n", namespace, "deployment/rbac-scaled", "--replicas=0"))
+
+
+def test_proxy_writes_are_narrowed_to_its_fields(
+    kubectl: Kubectl, proxy: Kubectl, namespace: str, proxy_policy_active: None
+) -> None:
+    """RBAC allows the patch; the admission policy allows only the proxy's fields."""
+    apply(kubectl, namespace, MODEL)
+    apply(kubectl, namespace, MODEL_DEPLOYMENT)
+    apply(kubectl, namespace, GROUP)
+
+    def refused(result: Any, message: str) -> None:
+        assert result.returncode != 0, result.stdout
+        assert "flexinfer-proxy-writes" in result.stderr, result.stderr
+        assert message in result.stderr, result.stderr
+
+    only_demand = "may change only demand.ai.flexinfer/* annotations"
+    for patch in (
+        {"metadata": {"annotations": {"ai.flexinfer/other": "x"}}},
+        {"metadata": {"labels": {"team": "x"}}},
+        {"spec": {"antiThrashing": {"enabled": False}}},
+    ):
+        result = proxy.run(
+            "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge", "-p", json.dumps(patch)
+        )
+        refused(result, only_demand)
+    result = proxy.patch_status(
+        namespace, "model/rbac-model", {"status": {"phase": "Ready"}}, check=False
+    )
+    refused(result, "may change only status.lastActiveTime of a Model")
+    result = proxy.patch_status(
+        namespace, "modeldeployment/rbac-deployment", {"status": {"phase": "Running"}}, check=False
+    )
+    refused(result, "may change only status.lastAccessTime of a ModelDeployment")
+    # The controller is not narrowed by the policy.
+    controller_patch = {"metadata": {"annotations": {"ai.flexinfer/other": "x"}}}
+    kubectl.ok(
+        "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge",
+        "-p", json.dumps(controller_patch),
+    )  # fmt: skip
 
 
 def pod_manifest() -> dict[str, Any]:

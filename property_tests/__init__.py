@@ -1,0 +1,1 @@
+"""Property-based tests of flexinfer_core (hypothesis); profiles in conftest.py."""

@@ -1,0 +1,67 @@
+"""The spec's small definitions, written out again independently of the core.
+
+Properties state their preconditions with these (spec/election.md 1.1–1.3), so a
+bug in the core's own helpers (its ordering, its cooldown, its windows) cannot
+hide by being used on both sides of an assertion. Only definitions live here; the
+rules under test are asserted in the test modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from flexinfer_core import ModelState, Phase, SharedState
+
+DEMAND_WINDOW = timedelta(minutes=2)
+RECENT_WINDOW = timedelta(minutes=5)
+DEFAULT_SWAP_COOLDOWN = timedelta(minutes=5)
+
+
+def rank(model: ModelState) -> tuple[int, float, str]:
+    """spec 1.1 `better`: priority desc, then latest lastActiveTime (absent oldest), then name."""
+    active = model.last_active.timestamp() if model.last_active is not None else float("-inf")
+    return (-model.priority, -active, model.name)
+
+
+def best(models: Iterable[ModelState]) -> ModelState | None:
+    return min(models, key=rank, default=None)
+
+
+def runnable(model: ModelState) -> bool:
+    return model.phase is not Phase.FAILED and model.cache_ready
+
+
+def demanded(model: ModelState, now: datetime) -> bool:
+    """lastActiveTime younger than the demand window."""
+    return model.last_active is not None and now - model.last_active < DEMAND_WINDOW
+
+
+def cooldown(models: Iterable[ModelState]) -> timedelta:
+    """The largest swapCooldown; a member without one contributes the 5m default."""
+    return max(
+        (m.swap_cooldown if m.swap_cooldown is not None else DEFAULT_SWAP_COOLDOWN) for m in models
+    )
+
+
+def cooldown_holds(models: Iterable[ModelState], now: datetime) -> bool:
+    """Some member's preemptedAt is younger than the group cooldown (rule 4's first half)."""
+    members = list(models)
+    if not members:
+        return False
+    window = cooldown(members)
+    return any(m.preempted_at is not None and now - m.preempted_at < window for m in members)
+
+
+def active_members(models: Iterable[ModelState]) -> list[ModelState]:
+    return [m for m in models if m.shared_state is SharedState.ACTIVE]
+
+
+def leader_replicas(model: ModelState, now: datetime) -> int:
+    """spec 1.3 desired replicas for the leader, before break-before-make."""
+    serverless = model.serverless
+    if not serverless.enabled or model.phase is Phase.LOADING:
+        return 1
+    if model.last_active is None or now - model.last_active > serverless.idle_timeout:
+        return serverless.min_replicas
+    return max(1, serverless.min_replicas)

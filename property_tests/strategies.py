@@ -1,0 +1,385 @@
+"""Hypothesis strategies for the election core: the one place inputs are generated.
+
+Everything is built around a fixed epoch so failures replay as readable
+datetimes. Ages and durations favour the spec's thresholds (the 2m demand
+window, the 5m recent window and default cooldown, 60s cold start) and their
+one-microsecond neighbours, because that is where a `<` written as `<=` hides.
+Priorities come from a small set so that ties (and the tie-breaks of spec 1.1)
+happen often. This module generates; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import attrs
+from hypothesis import strategies as st
+
+from flexinfer_core import (
+    AntiThrashing,
+    GpuGroupMember,
+    GpuGroupState,
+    GpuLease,
+    GroupDecision,
+    LeaseSource,
+    ModelState,
+    Phase,
+    PreemptionPolicy,
+    Serverless,
+    SharedState,
+    apply_decision,
+    decide_group,
+)
+
+EPOCH = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+NAMESPACE = "team-a"
+GROUP = "card-0"
+OTHER_GROUP = "card-1"
+MEMBER_NAMES = ("alpha", "beta", "gamma", "delta", "eps", "zeta", "eta")
+PRIORITIES = (0, 50, 100, 100, 500, 1000)
+
+# Seconds at which some rule of the spec changes its mind.
+_THRESHOLD_SECONDS = (0, 1, 30, 59, 60, 61, 119, 120, 121, 299, 300, 301, 600, 601)
+_ONE_US = timedelta(microseconds=1)
+
+
+def durations(max_seconds: int = 1800) -> st.SearchStrategy[timedelta]:
+    """Non-negative durations up to `max_seconds`, dense around the spec's thresholds.
+
+    Two draws per value: hypothesis's per-draw cost dominates these tests.
+    """
+    marks = sorted(
+        {
+            max(timedelta(0), timedelta(seconds=s) + nudge)
+            for s in _THRESHOLD_SECONDS
+            if s <= max_seconds
+            for nudge in (timedelta(0), _ONE_US, -_ONE_US)
+        }
+    )
+    anywhere = st.integers(min_value=0, max_value=max_seconds * 1_000_000).map(
+        lambda us: timedelta(microseconds=us)
+    )
+    return st.one_of(st.sampled_from(marks), anywhere)
+
+
+# Built once: constructing strategies inside a draw costs more than the test itself.
+AGES = durations(1800)
+SHORT_AGES = durations(900)
+DEMANDED_AGES = durations(119)  # always younger than the 2m demand window
+LONG_AGES = durations(3600)
+MAYBE_AGE = st.one_of(st.none(), AGES)
+
+
+def instants() -> st.SearchStrategy[datetime]:
+    """Aware UTC instants within a day after the epoch."""
+    return st.integers(min_value=0, max_value=86_400 * 1_000_000).map(
+        lambda us: EPOCH + timedelta(microseconds=us)
+    )
+
+
+INSTANTS = instants()
+
+
+def ago(now: datetime, age: timedelta | None) -> datetime | None:
+    return None if age is None else now - age
+
+
+# serverless and swapCooldown in one draw: they matter less often than the rest, and
+# every draw costs hypothesis about 50µs.
+_SETTINGS = st.sampled_from(
+    [
+        (
+            cooldown,
+            Serverless(
+                enabled=enabled,
+                min_replicas=min_replicas,
+                idle_timeout=timedelta(seconds=idle),
+                cold_start_timeout=timedelta(seconds=cold),
+            ),
+        )
+        for cooldown in (
+            None,
+            timedelta(minutes=5),
+            timedelta(0),
+            timedelta(seconds=60),
+            timedelta(minutes=10),
+        )
+        for enabled in (True, False)
+        for min_replicas in (0, 1)
+        for idle in (300, 60, 0, 119, 600)
+        for cold in (60, 0, 300, 301, 900)
+        if enabled or (idle == 300 and cold == 60)
+    ]
+)
+_PRIORITY = st.sampled_from(PRIORITIES)
+_PHASE = st.sampled_from(tuple(Phase))
+_SHARED_STATE = st.sampled_from((None, SharedState.QUEUED, SharedState.QUEUED, SharedState.ACTIVE))
+_PREEMPTED_AGE = st.one_of(st.none(), st.none(), SHORT_AGES)
+_FORCE = st.sampled_from((False, False, False, False, False, True))
+_CACHE_READY = st.sampled_from((True, True, True, True, False))
+
+
+@st.composite
+def model_states(draw: st.DrawFn, name: str, *, now: datetime) -> ModelState:
+    """One member of the group as observed at `now` (status not yet written by us)."""
+    swap_cooldown, serverless = draw(_SETTINGS)
+    return ModelState(
+        name=name,
+        namespace=NAMESPACE,
+        group=GROUP,
+        priority=draw(_PRIORITY),
+        phase=draw(_PHASE),
+        last_active=ago(now, draw(MAYBE_AGE)),
+        shared_state=draw(_SHARED_STATE),
+        preempted_at=ago(now, draw(_PREEMPTED_AGE)),
+        swap_cooldown=swap_cooldown,
+        force_promotion=draw(_FORCE),
+        serverless=serverless,
+        service_labels=(f"svc-{name}",),
+        cache_ready=draw(_CACHE_READY),
+    )
+
+
+@functools.cache
+def _member_names(min_size: int, max_size: int) -> st.SearchStrategy[list[str]]:
+    return st.lists(
+        st.sampled_from(MEMBER_NAMES), min_size=min_size, max_size=max_size, unique=True
+    )
+
+
+@st.composite
+def group_members(
+    draw: st.DrawFn, *, now: datetime, min_size: int = 0, max_size: int = 6
+) -> tuple[ModelState, ...]:
+    """Members of one shared group: unique names, in no particular order."""
+    names = draw(_member_names(min_size, max_size))
+    return tuple(draw(model_states(name, now=now)) for name in names)
+
+
+_LEASE_EXPIRY = st.one_of(
+    st.none(),
+    LONG_AGES.filter(lambda d: d > timedelta(0)),  # still ahead of now
+    LONG_AGES.map(lambda d: -d),  # already expired, at exactly now too
+)
+_LEASE_SOURCE = st.sampled_from(tuple(LeaseSource))
+_LEASE_OWNER = st.sampled_from(("finetune-a", "finetune-b", ""))
+
+
+@st.composite
+def leases(draw: st.DrawFn, *, now: datetime, group: str = GROUP) -> GpuLease:
+    """A lease on `group`: without expiry, still active, or already expired (at `now` too)."""
+    ahead = draw(_LEASE_EXPIRY)
+    source = draw(_LEASE_SOURCE)
+    owner = draw(_LEASE_OWNER)
+    name = f"gpu-lease-{group}" if source is LeaseSource.CONFIG_MAP else f"{owner or 'x'}-lease"
+    return GpuLease(
+        name=name,
+        group=group,
+        namespace=NAMESPACE,
+        owner=owner,
+        node="node-1",
+        expires_at=None if ahead is None else now + ahead,
+        source=source,
+    )
+
+
+@st.composite
+def lease_sets(draw: st.DrawFn, *, now: datetime) -> tuple[GpuLease, ...]:
+    """Usually none; otherwise a few, some of them on another group (which must not count)."""
+    if not draw(st.booleans()):
+        return ()
+    ours = [draw(leases(now=now)) for _ in range(draw(st.integers(0, 2)))]
+    theirs = [draw(leases(now=now, group=OTHER_GROUP)) for _ in range(draw(st.integers(0, 1)))]
+    return (*ours, *theirs)
+
+
+def active_lease(leases_: Sequence[GpuLease], now: datetime) -> bool:
+    """Spec section 2, written out independently of the core: does a lease park GROUP?"""
+    return any(
+        lease.group == GROUP
+        and lease.namespace == NAMESPACE
+        and (lease.expires_at is None or now < lease.expires_at)
+        for lease in leases_
+    )
+
+
+_BOOLS = st.booleans()
+
+
+@attrs.frozen
+class GroupScenario:
+    """One decide_group input: members, leases, which members have pods, and `now`."""
+
+    models: tuple[ModelState, ...]
+    now: datetime
+    leases: tuple[GpuLease, ...] = ()
+    running: frozenset[str] = frozenset()
+    lease_unreadable: bool = False
+
+    def decide(self, *, now: datetime | None = None) -> GroupDecision:
+        return decide_group(
+            self.models,
+            now=self.now if now is None else now,
+            leases=self.leases,
+            lease_unreadable=self.lease_unreadable,
+            running=self.running,
+        )
+
+    def member(self, name: str) -> ModelState:
+        return next(m for m in self.models if m.name == name)
+
+
+_RUNNING_PICKS = st.lists(st.integers(0, 6), max_size=2)
+
+
+@st.composite
+def running_sets(draw: st.DrawFn, models: Sequence[ModelState]) -> frozenset[str]:
+    """Which members still have pods (any phase, terminating included)."""
+    chosen = draw(_RUNNING_PICKS)
+    return frozenset(models[i % len(models)].name for i in chosen) if models else frozenset()
+
+
+@st.composite
+def group_scenarios(
+    draw: st.DrawFn,
+    *,
+    min_size: int = 0,
+    max_size: int = 6,
+    with_leases: bool = True,
+    lease_unreadable: bool | None = False,
+) -> GroupScenario:
+    """A group at `now`; sometimes already settled by a decision taken a little earlier.
+
+    Settling gives members the status a controller would have written (one Active
+    holder, Preempted victims with `preemptedAt`, recorded conditions), which is
+    what the cluster mostly looks like; the raw draw covers odd observed states.
+    """
+    now = draw(INSTANTS)
+    models = draw(group_members(now=now, min_size=min_size, max_size=max_size))
+    leases_ = draw(lease_sets(now=now)) if with_leases else ()
+    settle = draw(_BOOLS)
+    if models and settle:
+        earlier = now - draw(SHORT_AGES)
+        models = apply_decision(
+            models, decide_group(models, now=earlier, running=draw(running_sets(models)))
+        )
+    unreadable = draw(_BOOLS) if lease_unreadable is None else lease_unreadable
+    return GroupScenario(
+        models=models,
+        now=now,
+        leases=leases_,
+        running=draw(running_sets(models)),
+        lease_unreadable=unreadable,
+    )
+
+
+# --- GPUGroup (v1alpha1) -------------------------------------------------------------
+
+
+_QUEUED = st.sampled_from((0, 0, 1, 2, 3, 5))
+_WAIT_AGES = durations(120)
+_GG_IDLE = st.sampled_from((timedelta(seconds=300), timedelta(seconds=20)))
+_GG_PREEMPTED_AGE = st.one_of(st.none(), durations(180))
+_GG_PREEMPTED_BY = st.sampled_from(("", "alpha"))
+_EXISTS = st.sampled_from((True, True, True, True, False))
+_GG_NAMES = st.lists(st.sampled_from(MEMBER_NAMES[:5]), min_size=1, max_size=4, unique=True)
+_SWAP_AGE = st.one_of(st.none(), durations(600))
+_ANTI_THRASHING = st.builds(
+    AntiThrashing,
+    enabled=st.sampled_from((True, True, True, False)),
+    hysteresis_window=st.sampled_from((timedelta(seconds=10), timedelta(0))),
+    request_queue_threshold=st.sampled_from((1, 3, 3)),
+    minimum_run_duration=st.sampled_from((timedelta(seconds=30), timedelta(0))),
+    cooldown_after_preemption=st.sampled_from((timedelta(seconds=60), timedelta(0))),
+)
+
+
+@st.composite
+def gpu_group_members(draw: st.DrawFn, name: str, *, now: datetime) -> GpuGroupMember:
+    queued = draw(_QUEUED)
+    return GpuGroupMember(
+        name=name,
+        priority=draw(_PRIORITY),
+        queued=queued,
+        oldest_waiting=now - draw(_WAIT_AGES) if queued else None,
+        last_request=ago(now, draw(_SWAP_AGE)),
+        idle_timeout=draw(_GG_IDLE),
+        preempted_at=ago(now, draw(_GG_PREEMPTED_AGE)),
+        preempted_by=draw(_GG_PREEMPTED_BY),
+        exists=draw(_EXISTS),
+        has_pods=draw(_BOOLS),
+        ready=draw(_BOOLS),
+    )
+
+
+@st.composite
+def gpu_group_states(draw: st.DrawFn) -> tuple[GpuGroupState, datetime]:
+    """A GPUGroup with its recorded status and the proxy's demand, and `now`."""
+    now = draw(INSTANTS)
+    names = draw(_GG_NAMES)
+    members = tuple(draw(gpu_group_members(name, now=now)) for name in names)
+    current = draw(st.sampled_from((None, *names)))
+    last_swap = ago(now, draw(_SWAP_AGE)) if current is not None else None
+    state = GpuGroupState(
+        name="gg",
+        namespace=NAMESPACE,
+        members=members,
+        current_model=current,
+        last_swap_time=last_swap,
+        last_swap_reason="earlier swap" if last_swap else "",
+        swap_count=draw(st.integers(min_value=0, max_value=5)),
+        preemption_policy=draw(st.sampled_from(tuple(PreemptionPolicy))),
+        drain_timeout=draw(st.sampled_from((timedelta(seconds=60), timedelta(0)))),
+        anti_thrashing=draw(_ANTI_THRASHING),
+    )
+    return state, now
+
+
+# --- the simulated group (test_group_machine) ---------------------------------------
+
+
+@attrs.frozen
+class SimMember:
+    """A member of the simulated group: its spec, and how its pods behave."""
+
+    model: ModelState
+    load_time: timedelta
+    termination_time: timedelta
+
+
+_LOAD_TIMES = st.sampled_from(tuple(timedelta(seconds=s) for s in (0, 5, 30, 90, 180)))
+_TERMINATION_TIMES = st.sampled_from(tuple(timedelta(seconds=s) for s in (0, 1, 30, 90)))
+
+
+# Below the 1000 maximum, so the liveness rule can raise one member above the rest.
+_SIM_PRIORITY = st.sampled_from((0, 50, 100, 100, 500))
+_SIM_FORCE = st.sampled_from((False,) * 11 + (True,))
+
+
+@st.composite
+def sim_members(draw: st.DrawFn, name: str) -> SimMember:
+    swap_cooldown, serverless = draw(_SETTINGS)
+    return SimMember(
+        model=ModelState(
+            name=name,
+            namespace=NAMESPACE,
+            group=GROUP,
+            priority=draw(_SIM_PRIORITY),
+            swap_cooldown=swap_cooldown,
+            force_promotion=draw(_SIM_FORCE),
+            serverless=serverless,
+            service_labels=(f"svc-{name}",),
+            cache_ready=draw(_CACHE_READY),
+        ),
+        load_time=draw(_LOAD_TIMES),
+        termination_time=draw(_TERMINATION_TIMES),
+    )
+
+
+@st.composite
+def sim_groups(draw: st.DrawFn) -> tuple[SimMember, ...]:
+    """Two to four members, idle, with no pods: the group as first created."""
+    names = draw(_member_names(2, 4))
+    return tuple(draw(sim_members(name)) for name in names)

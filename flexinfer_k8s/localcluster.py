@@ -1,0 +1,661 @@
+"""A real Kubernetes control plane on loopback, for tests, benchmarks and the demo.
+
+`LocalCluster` runs etcd, kube-apiserver (RBAC on), kube-controller-manager, kube-scheduler
+and kwok from `assets.ensure_assets()` in a private temporary directory on free ports,
+with freshly generated certificates. kwok plays the kubelet for nodes that advertise
+`amd.com/gpu`: a pod bound to one starts at once and becomes Ready after the delay in its
+`flexinfer.test/ready-delay` annotation (the simulated model load time); a deleted pod
+disappears after `flexinfer.test/terminate-delay`; a Job's pod succeeds after
+`flexinfer.test/complete-delay`.
+
+Each process runs in its own process group with its log in the directory; `stop()` (also
+run at interpreter exit) ends the groups and removes the directory. This module owns
+process lifecycle only; it makes no flexinfer decisions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import attrs
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from flexinfer_k8s import localpki
+from flexinfer_k8s.assets import ensure_assets
+
+READY_DELAY_ANNOTATION = "flexinfer.test/ready-delay"
+"""Pod annotation: Go duration ("3s") from container start to Ready. Default 0s."""
+TERMINATE_DELAY_ANNOTATION = "flexinfer.test/terminate-delay"
+"""Pod annotation: Go duration from deletion request to the pod being gone. Default 1s."""
+COMPLETE_DELAY_ANNOTATION = "flexinfer.test/complete-delay"
+"""Pod annotation (Job pods): Go duration from Ready to Succeeded. Default 1s."""
+
+GPU_RESOURCE = "amd.com/gpu"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE = "fake"
+KWOK_NODE_LABEL = "type"
+KWOK_NODE_LABEL_VALUE = "kwok"
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "pod-garbage-collector-controller",
+    "ttl-after-finished-controller",
+)
+LOG_TAIL_LINES = 30
+
+_T = TypeVar("_T")
+
+
+class LocalClusterError(RuntimeError):
+    """The control plane failed to start or misbehaved; the message names the binary."""
+
+
+@attrs.frozen
+class KwokNode:
+    """A simulated node; `gpus` becomes `amd.com/gpu` capacity and allocatable."""
+
+    name: str
+    gpus: int = 1
+    cpu: str = "32"
+    memory: str = "256Gi"
+    pods: int = 110
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+
+    def manifest(self) -> dict[str, Any]:
+        resources_ = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": str(self.pods),
+            GPU_RESOURCE: str(self.gpus),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "annotations": {KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE},
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE,
+                    **self.labels,
+                },
+            },
+            "status": {"capacity": resources_, "allocatable": dict(resources_)},
+        }
+
+
+def default_nodes(count: int = 2, *, gpus: int = 1) -> tuple[KwokNode, ...]:
+    return tuple(KwokNode(name=f"kwok-gpu-{index}", gpus=gpus) for index in range(count))
+
+
+@attrs.define
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+_live_clusters: set[LocalCluster] = set()
+_live_lock = threading.Lock()
+
+
+def _stop_live_clusters() -> None:
+    with _live_lock:
+        clusters = list(_live_clusters)
+    for cluster in clusters:
+        cluster.stop()
+
+
+atexit.register(_stop_live_clusters)
+
+
+class LocalCluster:
+    """One loopback control plane. Use as a context manager or call `start()`/`stop()`.
+
+    After `start()`: `kubeconfig` (admin, system:masters), `server`, `api_client`
+    (a ready `kubernetes.client.ApiClient`), `workdir`, `pids()`.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: Sequence[KwokNode] | None = None,
+        assets_dir: Path | None = None,
+        startup_timeout: float = 90.0,
+        name: str = "flexinfer-local",
+    ) -> None:
+        self._nodes = tuple(default_nodes() if nodes is None else nodes)
+        self._assets_dir = assets_dir
+        self._startup_timeout = startup_timeout
+        self.name = name
+        self._workdir: Path | None = None
+        self._processes: list[_Process] = []
+        self._api_client: Any = None
+        self._server: str | None = None
+        self._ca: localpki.CertPair | None = None
+        self._admin: localpki.CertPair | None = None
+        self.started_seconds: float | None = None
+        """Seconds `start()` took to a usable cluster (for the benchmark)."""
+
+    # -- public surface -------------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        return self._require(self._workdir, "workdir")
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return self._require(self._server, "server")
+
+    @property
+    def api_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` authenticated as a cluster admin."""
+        if self._api_client is None:
+            self._api_client = self.new_api_client()
+        return self._api_client
+
+    def new_api_client(self) -> Any:
+        """A fresh admin ApiClient (for a thread or a component under test)."""
+        load: Any = k8s_config.new_client_from_config  # untyped in the client
+        return load(config_file=str(self.kubeconfig), persist_config=False)
+
+    def api_client_for_token(self, token: str) -> Any:
+        """An ApiClient that authenticates with a bearer token (e.g. a ServiceAccount's)."""
+        configuration = k8s_client.Configuration()
+        configuration.host = self.server
+        configuration.ssl_ca_cert = str(self._require(self._ca, "ca").cert)
+        configuration.api_key = {"authorization": f"Bearer {token}"}
+        return k8s_client.ApiClient(configuration)
+
+    def pids(self) -> dict[str, int]:
+        return {process.name: process.popen.pid for process in self._processes}
+
+    def log_path(self, binary: str) -> Path:
+        return self.workdir / f"{binary}.log"
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self._assets() / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def add_node(self, node: KwokNode, *, wait: bool = True, timeout: float = 30.0) -> None:
+        """Register a kwok node; with `wait`, return once kwok has marked it Ready."""
+        core: Any = k8s_client.CoreV1Api(self.api_client)
+        core.create_node(node.manifest())
+        if wait:
+            self._wait(
+                lambda: _node_is_ready(core, node.name),
+                timeout=timeout,
+                what=f"kwok to mark node {node.name} Ready",
+                blame=("kwok",),
+            )
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the control plane: the sum over its live processes."""
+        return sum(self.rss_by_process().values())
+
+    def rss_by_process(self) -> dict[str, int]:
+        """Resident bytes per binary (each process group summed, from /proc)."""
+        return {process.name: _rss_of_group(process.popen.pid) for process in self._processes}
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> LocalCluster:
+        if self._workdir is not None:
+            raise LocalClusterError(f"{self.name} is already started at {self._workdir}")
+        began = time.monotonic()
+        assets = self._assets()
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
+        with _live_lock:
+            _live_clusters.add(self)
+        try:
+            self._start_processes(assets)
+            core: Any = k8s_client.CoreV1Api(self.api_client)
+            for node in self._nodes:
+                core.create_node(node.manifest())
+            self._wait(
+                lambda: all(_node_is_ready(core, node.name) for node in self._nodes),
+                timeout=self._startup_timeout,
+                what="kwok to mark the nodes Ready",
+                blame=("kwok",),
+            )
+            self._wait(
+                lambda: _exists(lambda: core.read_namespaced_service_account("default", "default")),
+                timeout=self._startup_timeout,
+                what="the controller manager to create ServiceAccount default/default",
+                blame=("kube-controller-manager",),
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.started_seconds = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """End every process group this cluster started and remove its directory."""
+        with _live_lock:
+            _live_clusters.discard(self)
+        if self._api_client is not None:
+            with contextlib.suppress(Exception):
+                self._api_client.close()
+            self._api_client = None
+        for process in reversed(self._processes):
+            _terminate_group(process.popen)
+        self._processes = []
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        self._workdir = None
+        self._server = None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _assets(self) -> Path:
+        if self._assets_dir is None:
+            self._assets_dir = ensure_assets()
+        return self._assets_dir
+
+    @staticmethod
+    def _require(value: _T | None, what: str) -> _T:
+        if value is None:
+            raise LocalClusterError(f"the cluster is not started (no {what} yet)")
+        return value
+
+    def _start_processes(self, assets: Path) -> None:
+        work = self.workdir
+        pki = work / "pki"
+        pki.mkdir()
+        authority = localpki.create_authority(pki, common_name=f"{self.name}-ca")
+        self._ca = authority.pair
+        serving = authority.issue(
+            pki,
+            "apiserver",
+            common_name="kube-apiserver",
+            server_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            server_ips=("127.0.0.1", "10.0.0.1"),
+        )
+        self._admin = authority.issue(
+            pki, "admin", common_name="flexinfer-admin", organizations=("system:masters",)
+        )
+        controller_manager = authority.issue(
+            pki, "kube-controller-manager", common_name="system:kube-controller-manager"
+        )
+        scheduler = authority.issue(pki, "kube-scheduler", common_name="system:kube-scheduler")
+        # kwok writes status for many nodes and their pods; the Node authorizer would only
+        # let a kubelet identity touch its own node, so kwok runs as an admin.
+        kwok = authority.issue(pki, "kwok", common_name="kwok", organizations=("system:masters",))
+        service_accounts = localpki.create_signing_key(pki, "service-account")
+
+        etcd_port, etcd_peer_port, apiserver_port = _free_ports(3)
+        self._server = f"https://127.0.0.1:{apiserver_port}"
+        for name, pair in (
+            ("admin", self._admin),
+            ("kube-controller-manager", controller_manager),
+            ("kube-scheduler", scheduler),
+            ("kwok", kwok),
+        ):
+            _write_kubeconfig(
+                work / f"{name}.kubeconfig",
+                server=self._server,
+                ca=authority.pair.cert,
+                client=pair,
+                user=name,
+                cluster=self.name,
+            )
+        stages = work / "kwok-stages.yaml"
+        stages.write_text(resources.files("flexinfer_k8s").joinpath("kwok_stages.yaml").read_text())
+
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self._launch(
+            assets,
+            "etcd",
+            [
+                "--name=default",
+                f"--data-dir={work / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer_port}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._launch(
+            assets,
+            "kube-apiserver",
+            [
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={apiserver_port}",
+                f"--cert-dir={work / 'apiserver-certs'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={authority.pair.cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={service_accounts.cert}",
+                f"--service-account-signing-key-file={service_accounts.key}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                # 127.0.0.1 may not back the `kubernetes` Service's endpoints; nothing here
+                # reaches the API server through that Service.
+                "--endpoint-reconciler-type=none",
+                # That plugin taints new nodes not-ready until the node lifecycle controller
+                # lifts it; kwok nodes are Ready at once and that controller is not run.
+                "--disable-admission-plugins=TaintNodesByCondition",
+                "--profiling=false",
+            ],
+        )
+        # The others wait for the API server themselves; starting them now overlaps
+        # their start-up with its.
+        self._launch(
+            assets,
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={work / 'kube-controller-manager.kubeconfig'}",
+                "--secure-port=0",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={service_accounts.key}",
+                f"--root-ca-file={authority.pair.cert}",
+                "--profiling=false",
+            ],
+        )
+        self._launch(
+            assets,
+            "kube-scheduler",
+            [
+                f"--kubeconfig={work / 'kube-scheduler.kubeconfig'}",
+                "--secure-port=0",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+        self._launch(
+            assets,
+            "kwok",
+            [
+                f"--kubeconfig={work / 'kwok.kubeconfig'}",
+                f"--config={stages}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector="
+                f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+            ],
+        )
+        self._wait(
+            self._apiserver_ready,
+            timeout=self._startup_timeout,
+            what=f"kube-apiserver {self._server}/readyz",
+            blame=("kube-apiserver", "etcd"),
+        )
+
+    def _launch(self, assets: Path, binary: str, args: list[str]) -> None:
+        log = self.log_path(binary)
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        # kwok merges ~/.kwok/kwok.yaml if it exists; a private HOME keeps runs hermetic.
+        env["HOME"] = str(self.workdir)
+        with log.open("wb") as log_file:
+            try:
+                popen = subprocess.Popen(
+                    [str(assets / binary), *args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.workdir,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent_hook(),
+                )
+            except OSError as error:
+                raise LocalClusterError(
+                    f"cannot start {binary} ({assets / binary}): {error}"
+                ) from error
+        self._processes.append(_Process(name=binary, popen=popen, log=log))
+
+    def _apiserver_ready(self) -> bool:
+        ca = self._require(self._ca, "ca")
+        admin = self._require(self._admin, "admin")
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        context.load_cert_chain(str(admin.cert), str(admin.key))
+        try:
+            with urllib.request.urlopen(f"{self.server}/readyz", context=context, timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        *,
+        timeout: float,
+        what: str,
+        blame: Sequence[str],
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            self.check_alive()
+            if condition():
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(self._tail(name) for name in blame)
+                raise LocalClusterError(
+                    f"timed out after {timeout:.0f}s waiting for {what}\n{tails}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def check_alive(self) -> None:
+        """Raise LocalClusterError naming the first process that has exited."""
+        for process in self._processes:
+            code = process.popen.poll()
+            if code is not None:
+                raise LocalClusterError(
+                    f"{process.name} exited with code {code} while {self.name} was running\n"
+                    f"{self._tail(process.name)}"
+                )
+
+    def _tail(self, binary: str) -> str:
+        path = self.log_path(binary)
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            lines = ["(no log)"]
+        return f"--- last lines of {path} ---\n" + "\n".join(lines)
+
+
+def _node_is_ready(core: Any, name: str) -> bool:
+    try:
+        node = core.read_node(name)
+    except k8s_client.ApiException:
+        return False
+    conditions = node.status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _exists(read: Callable[[], object]) -> bool:
+    try:
+        read()
+    except k8s_client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel has just handed out on loopback (held together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _write_kubeconfig(
+    path: Path, *, server: str, ca: Path, client: localpki.CertPair, user: str, cluster: str
+) -> None:
+    def encoded(file: Path) -> str:
+        return base64.b64encode(file.read_bytes()).decode()
+
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": cluster,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": encoded(ca),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": encoded(client.cert),
+                    "client-key-data": encoded(client.key),
+                },
+            }
+        ],
+        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
+        "current-context": cluster,
+    }
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(document))
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """On Linux, ask the kernel to kill a child if the starting thread dies.
+
+    That covers a test run killed with SIGKILL, where atexit cannot run. The kernel ties
+    it to the *thread*, so it is only used when starting from the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return hook
+
+
+def _terminate_group(popen: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        popen.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+    # The leader is reaped; anything else left in its group goes too.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
+def _rss_of_group(pid: int) -> int:
+    total = 0
+    for member in _group_members(pid):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def _group_members(pgid: int) -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            # Fields after the parenthesised command: state ppid pgrp ...
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid:
+                yield int(entry.name)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (used to prove `stop()` left nothing)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found

@@ -1,0 +1,31 @@
+"""Fixtures shared by every integration suite.
+
+`local_cluster` is one real control plane (etcd, kube-apiserver, controller manager,
+scheduler, kwok) for the whole session; see `flexinfer_k8s.localcluster`. The binaries
+must already be built (`make test` runs `python -m flexinfer_k8s.assets` first): a
+missing build fails the test with the command to run instead of compiling for minutes
+inside a test timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from flexinfer_k8s.assets import AssetsError, ensure_assets
+from flexinfer_k8s.localcluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    try:
+        assets = ensure_assets(build=False)
+    except AssetsError as error:
+        pytest.fail(f"control-plane binaries are missing: {error}", pytrace=False)
+    cluster = LocalCluster(assets_dir=assets, name="flexinfer-test")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,331 @@
+"""The local control plane behaves like a cluster: scheduling onto kwok GPU nodes,
+annotated readiness delays, Jobs, garbage collection, RBAC, isolation and clean stops.
+
+Every wait is a polling wait with a generous deadline; durations are checked only
+against the timestamps the cluster itself recorded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from flexinfer_k8s.localcluster import (
+    COMPLETE_DELAY_ANNOTATION,
+    GPU_RESOURCE,
+    READY_DELAY_ANNOTATION,
+    TERMINATE_DELAY_ANNOTATION,
+    KwokNode,
+    LocalCluster,
+    processes_mentioning,
+)
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture
+def namespace(local_cluster: LocalCluster) -> Iterator[str]:
+    core = client.CoreV1Api(local_cluster.api_client)
+    name = f"lc-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    # Pods need the namespace's default ServiceAccount, which a controller creates.
+    wait_until(
+        lambda: _found(lambda: core.read_namespaced_service_account("default", name)),
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    core.delete_namespace(name)
+
+
+def _found(read: Any) -> bool:
+    try:
+        read()
+    except client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _pod_template(
+    app: str, *, annotations: dict[str, str], gpus: int = 1, restart: str = "Always"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": app}, "annotations": annotations},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "example.invalid/model-server:1",
+                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def _pods(core: Any, namespace: str, app: str) -> list[Any]:
+    return list(core.list_namespaced_pod(namespace, label_selector=f"app={app}").items)
+
+
+def _condition(pod: Any, kind: str) -> Any:
+    for condition in pod.status.conditions or []:
+        if condition.type == kind:
+            return condition
+    return None
+
+
+def _seconds_between(earlier: datetime, later: datetime) -> float:
+    return (later - earlier).total_seconds()
+
+
+def test_nodes_advertise_gpus_and_hostnames(local_cluster: LocalCluster) -> None:
+    nodes = client.CoreV1Api(local_cluster.api_client).list_node().items
+    assert nodes, "the cluster registers kwok nodes at start"
+    for node in nodes:
+        assert node.metadata.labels["kubernetes.io/hostname"] == node.metadata.name
+        assert node.status.capacity[GPU_RESOURCE] == "1"
+        assert node.status.allocatable[GPU_RESOURCE] == "1"
+        assert _condition(node, "Ready").status == "True"
+
+
+def test_deployment_pod_becomes_ready_after_its_delay_and_leaves_at_zero(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    apps = client.AppsV1Api(local_cluster.api_client)
+    delay_seconds = 3
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "model-a"},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "model-a"}},
+                "template": _pod_template(
+                    "model-a",
+                    annotations={
+                        READY_DELAY_ANNOTATION: f"{delay_seconds}s",
+                        TERMINATE_DELAY_ANNOTATION: "1s",
+                    },
+                ),
+            },
+        },
+    )
+    apps.patch_namespaced_deployment_scale("model-a", namespace, {"spec": {"replicas": 1}})
+
+    pods = wait_until(
+        lambda: [p for p in _pods(core, namespace, "model-a") if p.spec.node_name],
+        what="a model-a pod bound to a node",
+    )
+    node = core.read_node(pods[0].spec.node_name)
+    assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+
+    ready = wait_until(
+        lambda: next(
+            (
+                p
+                for p in _pods(core, namespace, "model-a")
+                if _condition(p, "Ready") is not None and _condition(p, "Ready").status == "True"
+            ),
+            None,
+        ),
+        what="the model-a pod to become Ready",
+    )
+    assert ready.status.phase == "Running"
+    # kwok records when the container started and when it turned Ready; the gap is the
+    # annotated load time (timestamps have one-second resolution, so floor-to-floor it
+    # cannot be shorter than the delay).
+    became_ready = _condition(ready, "Ready").last_transition_time
+    assert _seconds_between(ready.status.start_time, became_ready) >= delay_seconds
+
+    apps.patch_namespaced_deployment_scale("model-a", namespace, {"spec": {"replicas": 0}})
+    wait_until(
+        lambda: not _pods(core, namespace, "model-a") or None,
+        what="model-a's pod to be gone after scaling to zero",
+    )
+    assert apps.read_namespaced_deployment("model-a", namespace).status.ready_replicas in (None, 0)
+
+
+def test_a_pod_wanting_more_gpus_than_a_node_has_stays_pending(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    template = _pod_template("greedy", annotations={}, gpus=2)
+    core.create_namespaced_pod(
+        namespace,
+        {"metadata": {"name": "greedy", **template["metadata"]}, "spec": template["spec"]},
+    )
+    unschedulable = wait_until(
+        lambda: (
+            (c := _condition(core.read_namespaced_pod("greedy", namespace), "PodScheduled"))
+            and c.status == "False"
+            and c
+        ),
+        what="the scheduler to report the greedy pod unschedulable",
+    )
+    assert unschedulable.reason == "Unschedulable"
+    assert GPU_RESOURCE in unschedulable.message
+
+
+def test_job_pods_run_to_completion_and_deleting_the_job_deletes_them(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    batch = client.BatchV1Api(local_cluster.api_client)
+    batch.create_namespaced_job(
+        namespace,
+        {
+            "metadata": {"name": "finetune"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": _pod_template(
+                    "finetune",
+                    annotations={READY_DELAY_ANNOTATION: "1s", COMPLETE_DELAY_ANNOTATION: "2s"},
+                    restart="Never",
+                ),
+            },
+        },
+    )
+    wait_until(
+        lambda: [p for p in _pods(core, namespace, "finetune") if p.status.phase == "Running"],
+        what="the Job's pod to run",
+    )
+    job = wait_until(
+        lambda: (j := batch.read_namespaced_job("finetune", namespace)).status.succeeded and j,
+        what="the Job to succeed",
+    )
+    assert any(c.type == "Complete" and c.status == "True" for c in job.status.conditions)
+    pods = _pods(core, namespace, "finetune")
+    assert [p.status.phase for p in pods] == ["Succeeded"]
+    assert pods[0].metadata.owner_references[0].kind == "Job"
+
+    batch.delete_namespaced_job("finetune", namespace, propagation_policy="Background")
+    wait_until(
+        lambda: not _pods(core, namespace, "finetune") or None,
+        what="the garbage collector to delete the Job's pods",
+    )
+
+
+def test_deleting_an_owner_deletes_its_dependents(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    apps = client.AppsV1Api(local_cluster.api_client)
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "model-b"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "model-b"}},
+                "template": _pod_template("model-b", annotations={}),
+            },
+        },
+    )
+    wait_until(lambda: _pods(core, namespace, "model-b"), what="model-b's pod")
+    replica_sets = apps.list_namespaced_replica_set(namespace).items
+    assert [rs.metadata.owner_references[0].name for rs in replica_sets] == ["model-b"]
+
+    apps.delete_namespaced_deployment("model-b", namespace, propagation_policy="Background")
+    wait_until(
+        lambda: (
+            not apps.list_namespaced_replica_set(namespace).items
+            and not _pods(core, namespace, "model-b")
+        ),
+        what="the garbage collector to delete model-b's ReplicaSet and pod",
+    )
+
+
+def test_a_service_account_without_rights_is_refused_with_403(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    rbac = client.RbacAuthorizationV1Api(local_cluster.api_client)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "nobody"}})
+    token = core.create_namespaced_service_account_token(
+        "nobody", namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+
+    as_nobody = client.CoreV1Api(local_cluster.api_client_for_token(token))
+    with pytest.raises(client.ApiException) as refused:
+        as_nobody.list_namespaced_pod(namespace)
+    assert refused.value.status == 403
+    assert f"system:serviceaccount:{namespace}:nobody" in refused.value.body
+
+    # The same token works once RBAC grants the verb: the 403 was authorization.
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "nobody-reads-pods"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "nobody", "namespace": namespace}],
+        },
+    )
+    wait_until(lambda: _lists(as_nobody, namespace), what="the RoleBinding to take effect")
+
+
+def _lists(core: Any, namespace: str) -> bool:
+    try:
+        core.list_namespaced_pod(namespace)
+    except client.ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True
+
+
+def test_two_clusters_run_side_by_side_and_stop_leaves_nothing(
+    local_cluster: LocalCluster,
+) -> None:
+    other = LocalCluster(nodes=[KwokNode(name="other-gpu-0", gpus=2)], name="flexinfer-other")
+    other.start()
+    try:
+        assert other.server != local_cluster.server
+        assert other.workdir != local_cluster.workdir
+        mine = {
+            n.metadata.name for n in client.CoreV1Api(local_cluster.api_client).list_node().items
+        }
+        theirs = {n.metadata.name for n in client.CoreV1Api(other.api_client).list_node().items}
+        assert theirs == {"other-gpu-0"}
+        assert not mine & theirs
+        assert other.kubectl("get", "nodes", "-o", "name").stdout.split() == ["node/other-gpu-0"]
+        workdir: Path = other.workdir
+        pids = other.pids()
+        assert set(pids) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        }
+    finally:
+        other.stop()
+
+    assert not workdir.exists()
+    assert processes_mentioning(str(workdir)) == []
+    for name, pid in pids.items():
+        assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) survived stop()"
+    # The session cluster is untouched.
+    local_cluster.check_alive()
+    assert client.CoreV1Api(local_cluster.api_client).list_node().items

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit venv demo clean
+.PHONY: test lint typecheck contracts unit venv demo clean assets
 
 venv: $(STAMP)
 
@@ -24,10 +24,14 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+# Builds etcd, kube-*, kubectl and kwok once (minutes) into ~/.cache/flexinfer; then instant.
+assets: $(STAMP)
+	$(BIN)/python -m flexinfer_k8s.assets
+
+unit: $(STAMP) assets
 	$(BIN)/pytest -q tests property_tests
 
-test: lint typecheck contracts unit
+test: lint typecheck contracts assets unit
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

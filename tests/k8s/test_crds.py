@@ -509,12 +509,15 @@ def test_gpugroup_takes_demand_annotations(
     assert "demand.ai.flexinfer/b" not in stored["metadata"].get("annotations", {})
 
 
+@pytest.fixture(scope="module")
+def examples_applied(kubectl: Kubectl, namespace: str) -> None:
+    kubectl.ok("apply", "-n", namespace, "-f", str(ROOT / "examples"))
+
+
 @pytest.mark.parametrize("plural", sorted(PRINTER_COLUMNS))
 def test_kubectl_get_shows_the_printer_columns(
-    kubectl: Kubectl, crds_installed: None, namespace: str, plural: str
+    kubectl: Kubectl, examples_applied: None, namespace: str, plural: str
 ) -> None:
-    for path in EXAMPLES:
-        kubectl.ok("apply", "-n", namespace, "-f", str(path))
     output = kubectl.ok("get", "-n", namespace, plural)
     header, *rows = output.strip().splitlines()
     assert header.split() == PRINTER_COLUMNS[plural]

@@ -32,12 +32,13 @@ from flexinfer_proxy.metrics import (
     OUTCOME_BACKEND_UNAVAILABLE,
     OUTCOME_BAD_REQUEST,
     OUTCOME_CLIENT_DISCONNECTED,
+    OUTCOME_PROXY_CLOSING,
     OUTCOME_QUEUE_TIMEOUT,
     OUTCOME_SERVED,
     OUTCOME_UNKNOWN_MODEL,
     ProxyMetrics,
 )
-from flexinfer_proxy.queues import DISPATCH_GRACE_SECONDS, RequestQueues, Ticket
+from flexinfer_proxy.queues import DISPATCH_GRACE_SECONDS, RequestQueues, Ticket, WaitResult
 
 log = logging.getLogger("flexinfer.proxy")
 
@@ -53,6 +54,9 @@ class ProxyConfig:
     retry_after_seconds: int = 10
     refresh_interval: timedelta = REFRESH_INTERVAL
     dispatch_grace_seconds: float = DISPATCH_GRACE_SECONDS
+
+    # Requests carry whole conversations (and embedding batches): aiohttp's 1 MiB is too small.
+    max_body_bytes: int = 64 * 1024 * 1024
 
     def wait_limit(self, entry: ModelEntry) -> float:
         return max(self.min_queue_wait, entry.cold_start_timeout).total_seconds()
@@ -112,7 +116,7 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
 
     def application(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=self.config.max_body_bytes)
         for path in OPENAI_ROUTES:
             app.router.add_post(path, self.handle_openai)
         app.router.add_get("/v1/models", self.handle_models)
@@ -121,6 +125,7 @@ class Proxy:
         app.router.add_get("/metrics", self.handle_metrics)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
+        app.on_cleanup.append(self._cleanup)
         return app
 
     async def _startup(self, app: web.Application) -> None:
@@ -128,7 +133,11 @@ class Proxy:
         await self.directory.start()
 
     async def _shutdown(self, app: web.Application) -> None:
+        # Before in-flight requests are waited for: queued ones get a 503 now.
         await self.queues.close()
+
+    async def _cleanup(self, app: web.Application) -> None:
+        # After in-flight requests finished (or timed out): the session can go.
         await self.signaller.close()
         await self.directory.stop()
         if self._session is not None:
@@ -161,16 +170,19 @@ class Proxy:
         ticket = self.queues.enqueue(entry)
         limit = self.config.wait_limit(entry)
         try:
-            admitted = await self.queues.wait(ticket, limit=limit)
+            result = await self.queues.wait(ticket, limit=limit)
         except asyncio.CancelledError:
             self._queue_done(entry.name, ticket, OUTCOME_CLIENT_DISCONNECTED)
             log.info("client left while %s was queued", entry.name)
             raise
-        if admitted:
+        if result is WaitResult.ADMITTED:
             self.metrics.queue_wait.labels(model=entry.name).observe(self.queues.waited(ticket))
             return ticket, None
-        self._queue_done(entry.name, ticket, OUTCOME_QUEUE_TIMEOUT)
         retry_after = max(1, self.config.retry_after_seconds)
+        if result is WaitResult.CLOSING:
+            self._queue_done(entry.name, ticket, OUTCOME_PROXY_CLOSING)
+            return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
+        self._queue_done(entry.name, ticket, OUTCOME_QUEUE_TIMEOUT)
         return ticket, openai_errors.model_not_ready(
             entry.name, waited_seconds=limit, retry_after=retry_after
         )

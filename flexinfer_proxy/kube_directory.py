@@ -229,6 +229,8 @@ class KubeDirectory:
             except _Gone:
                 log.info("watch of %s in %r expired; listing again", resource.plural, namespace)
             except Exception:
+                if self._stop.is_set():
+                    return  # the client may already be closed under us
                 log.exception("watching %s in %r failed; retrying", resource.plural, namespace)
                 self._stop.wait(RETRY_SECONDS)
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 OUTCOME_SERVED = "served"
 OUTCOME_BACKEND_UNAVAILABLE = "backend_unavailable"
 OUTCOME_QUEUE_TIMEOUT = "queue_timeout"
+OUTCOME_PROXY_CLOSING = "proxy_closing"
 OUTCOME_CLIENT_DISCONNECTED = "client_disconnected"
 OUTCOME_UNKNOWN_MODEL = "unknown_model"
 OUTCOME_BAD_REQUEST = "bad_request"

@@ -57,3 +57,14 @@ def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> w
         code="model_not_ready",
         headers={"Retry-After": str(retry_after)},
     )
+
+
+def proxy_closing(model: str, *, retry_after: int) -> web.Response:
+    return error_response(
+        503,
+        f"The proxy is restarting; the request for '{model}' was not sent, "
+        f"retry after {retry_after}s.",
+        error_type="server_error",
+        code="proxy_restarting",
+        headers={"Retry-After": str(retry_after)},
+    )

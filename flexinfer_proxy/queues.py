@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections import deque
 from datetime import datetime
@@ -32,6 +33,12 @@ log = logging.getLogger("flexinfer.proxy.queues")
 DISPATCH_GRACE_SECONDS = 10.0
 
 
+class WaitResult(enum.Enum):
+    ADMITTED = "admitted"  # the model is Ready and it is this request's turn
+    TIMED_OUT = "timed_out"  # the wait limit passed
+    CLOSING = "closing"  # the proxy is shutting down
+
+
 class Ticket:
     """One queued request: admitted by the drain, dispatched by its handler."""
 
@@ -39,7 +46,8 @@ class Ticket:
         self.model = model
         self.arrived = arrived
         self.enqueued_at = enqueued_at
-        self.admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # True: go ahead; False: refused because the proxy is closing.
+        self.admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._dispatched = asyncio.Event()
 
     def dispatched(self) -> None:
@@ -77,13 +85,16 @@ class RequestQueues:
     def enqueue(self, entry: ModelEntry) -> Ticket:
         loop = asyncio.get_running_loop()
         ticket = Ticket(entry.name, arrived=self._clock.now(), enqueued_at=loop.time())
+        if self._closed:
+            ticket.admitted.set_result(False)
+            return ticket
         self._queues.setdefault(entry.name, deque()).append(ticket)
         self._changed(entry)
         self.model_changed(entry.name)
         return ticket
 
-    async def wait(self, ticket: Ticket, *, limit: float) -> bool:
-        """Wait until admitted (True) or the limit passed (False, and the ticket is gone).
+    async def wait(self, ticket: Ticket, *, limit: float) -> WaitResult:
+        """Wait until admitted, refused (closing) or the limit passed (the ticket is gone).
 
         A cancelled wait (the client went away) removes the ticket, or, if it was
         admitted in the meantime, releases the drain, and re-raises.
@@ -94,10 +105,10 @@ class RequestQueues:
             if not self._discard(ticket):
                 ticket.dispatched()
             raise
-        if ticket.admitted.done():
-            return True
-        self._discard(ticket)
-        return False
+        if not ticket.admitted.done():
+            self._discard(ticket)
+            return WaitResult.TIMED_OUT
+        return WaitResult.ADMITTED if ticket.admitted.result() else WaitResult.CLOSING
 
     def waited(self, ticket: Ticket) -> float:
         return asyncio.get_running_loop().time() - ticket.enqueued_at
@@ -112,12 +123,19 @@ class RequestQueues:
         self._drains[name] = asyncio.create_task(self._drain(name))
 
     async def close(self) -> None:
+        """Stop draining and refuse every waiting request (they answer 503, not a cut)."""
         self._closed = True
         for task in self._drains.values():
             task.cancel()
         for task in list(self._drains.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for name, queue in self._queues.items():
+            while queue:
+                queue.popleft().admitted.set_result(False)
+            entry = self._directory.lookup(name)
+            if entry is not None:
+                self._changed(entry)
 
     async def _drain(self, name: str) -> None:
         try:
@@ -128,7 +146,7 @@ class RequestQueues:
                     return
                 ticket = queue.popleft()
                 self._changed(entry)
-                ticket.admitted.set_result(None)
+                ticket.admitted.set_result(True)
                 await ticket.wait_dispatched(self._dispatch_grace)
         finally:
             self._drains.pop(name, None)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import attrs
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
@@ -149,6 +150,14 @@ class RunningProxy:
     registry: CollectorRegistry
     url: str
     session: aiohttp.ClientSession
+    runner: web.AppRunner
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Shut the proxy down as SIGTERM would (idempotent)."""
+        if not self.stopped:
+            self.stopped = True
+            await self.runner.cleanup()
 
     def post(self, path: str, payload: Any, **kwargs: Any) -> Any:
         return self.session.post(f"{self.url}{path}", json=payload, **kwargs)
@@ -180,10 +189,10 @@ async def running_proxy(
     registry = CollectorRegistry()
     proxy = Proxy(directory, sink, clock=manual, registry=registry, config=config)
     runner, port = await serve(proxy, host="127.0.0.1", port=0)
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield RunningProxy(
-                proxy, directory, sink, manual, registry, f"http://127.0.0.1:{port}", session
-            )
-    finally:
-        await runner.cleanup()
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        running = RunningProxy(proxy, directory, sink, manual, registry, url, session, runner)
+        try:
+            yield running
+        finally:
+            await running.stop()

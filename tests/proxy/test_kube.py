@@ -284,3 +284,39 @@ async def test_the_directory_follows_models_deployments_and_services(
         await _until(lambda: directory.lookup("watched") is None, what="the Model to go")
     finally:
         await directory.stop()
+
+
+@async_test
+async def test_a_name_resolves_to_the_first_namespace_that_has_it(
+    kubectl: Kubectl, namespace: str, api_client: Any
+) -> None:
+    other = await asyncio.to_thread(create_namespace, kubectl, "proxy-other")
+    try:
+        for ns in (namespace, other):
+            await asyncio.to_thread(apply, kubectl, ns, model("shadowed"))
+        preferring_other = KubeDirectory(api_client, namespaces=[other, namespace])
+        everywhere = KubeDirectory(api_client)
+        for directory in (preferring_other, everywhere):
+            await directory.start()
+        try:
+            first = await _until(
+                lambda: preferring_other.lookup("shadowed"), what="the Model in both namespaces"
+            )
+            assert first.namespace == other
+            await _until(lambda: everywhere.synced, what="the cluster-wide lists")
+            seen = await _until(lambda: everywhere.lookup("shadowed"), what="a cluster-wide view")
+            assert seen.namespace in (namespace, other)
+
+            await asyncio.to_thread(kubectl.ok, "delete", "-n", other, "model/shadowed")
+            await _until(
+                lambda: (
+                    (e := preferring_other.lookup("shadowed")) is not None
+                    and e.namespace == namespace
+                ),
+                what="the name to fall back to the next namespace",
+            )
+        finally:
+            for directory in (preferring_other, everywhere):
+                await directory.stop()
+    finally:
+        await asyncio.to_thread(delete_namespace, kubectl, other)

@@ -234,3 +234,18 @@ async def test_demand_is_refreshed_while_requests_stay_queued(
         p.directory.set_ready("a")
         p.directory.set_ready("g")
         await asyncio.gather(*tasks)
+
+
+@async_test
+async def test_shutting_down_answers_queued_requests_with_a_503(
+    backends: dict[str, BackendProcess],
+) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint, ready=False)]) as p:
+        waiting = asyncio.create_task(p.chat("a"))
+        await p.queued("a", 1)
+        stopping = asyncio.create_task(p.stop())
+        status, body = await waiting
+        await stopping
+        assert status == 503
+        assert body["error"]["code"] == "proxy_restarting"
+        assert p.metric("flexinfer_proxy_requests_total", model="a", outcome="proxy_closing") == 1

@@ -1,0 +1,85 @@
+"""From Kubernetes objects to routable entries: readiness, endpoints, cold start, groups."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from flexinfer_proxy.directory import ModelKind
+from flexinfer_proxy.kube_directory import entry_from_object, service_endpoint
+
+MODEL = ModelKind.MODEL
+DEPLOYMENT = ModelKind.MODEL_DEPLOYMENT
+
+
+def obj(name: str = "m", *, spec: Any = None, status: Any = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec or {},
+        "status": status or {},
+    }
+
+
+def service(*ports: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "m", "namespace": "ns"}, "spec": {"ports": list(ports)}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "ready"),
+    [
+        (MODEL, {"phase": "Ready"}, True),
+        (MODEL, {"phase": "Loading"}, False),
+        (MODEL, {}, False),
+        (DEPLOYMENT, {"readyReplicas": 1}, True),
+        (DEPLOYMENT, {"readyReplicas": 0, "phase": "Running"}, False),
+        (DEPLOYMENT, {"phase": "Running"}, True),
+        (DEPLOYMENT, {"phase": "Idle"}, False),
+    ],
+)
+def test_readiness(kind: ModelKind, status: dict[str, Any], ready: bool) -> None:
+    assert entry_from_object(kind, obj(status=status), service=None).ready is ready
+
+
+@pytest.mark.parametrize(
+    ("svc", "status", "override", "endpoint"),
+    [
+        (None, {}, None, "http://m.ns.svc:8000/v1"),
+        (None, {"endpoint": "http://elsewhere:9000/v1"}, None, "http://elsewhere:9000/v1"),
+        (service({"name": "http", "port": 8080}), {}, None, "http://m.ns.svc:8080/v1"),
+        (service({"name": "x", "port": 1}, {"port": 8000}), {}, None, "http://m.ns.svc:8000/v1"),
+        (service({"name": "x", "port": 1}), {}, None, "http://m.ns.svc:1/v1"),
+        (service({"port": 8080}), {}, "http://127.0.0.1:1/v1", "http://127.0.0.1:1/v1"),
+    ],
+)
+def test_endpoint_precedence(
+    svc: dict[str, Any] | None, status: dict[str, Any], override: str | None, endpoint: str
+) -> None:
+    made = entry_from_object(MODEL, obj(status=status), service=svc, override=override)
+    assert made.endpoint == endpoint
+
+
+def test_model_cold_start_and_a_bad_duration_falls_back_to_the_default() -> None:
+    slow = obj(spec={"serverless": {"coldStartTimeout": "2m30s"}})
+    assert entry_from_object(MODEL, slow, service=None).cold_start_timeout == timedelta(seconds=150)
+    bad = obj(spec={"serverless": {"coldStartTimeout": "soon"}})
+    assert entry_from_object(MODEL, bad, service=None).cold_start_timeout == timedelta(seconds=60)
+
+
+def test_a_deployment_in_a_gpugroup_reports_its_queue() -> None:
+    member = entry_from_object(
+        DEPLOYMENT, obj(spec={"gpuGroupRef": "g", "coldStartTimeoutSeconds": 90}), service=None
+    )
+    assert (member.gpu_group, member.cold_start_timeout, member.reports_queue) == (
+        "g",
+        timedelta(seconds=90),
+        True,
+    )
+    alone = entry_from_object(DEPLOYMENT, obj(), service=None)
+    assert (alone.gpu_group, alone.reports_queue) == (None, False)
+    assert entry_from_object(MODEL, obj(), service=None).created == 1767225600
+
+
+def test_a_service_without_ports_gives_no_endpoint() -> None:
+    assert service_endpoint(service()) is None

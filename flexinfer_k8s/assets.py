@@ -1,11 +1,11 @@
 """Find or build the control-plane binaries (etcd, kube-*, kubectl, kwok).
 
-Resolution order: `$FLEXINFER_ASSETS`, then `$KUBEBUILDER_ASSETS` (a directory a person
-already has), then the cache `~/.cache/flexinfer/assets/<key>/` keyed by the pins in
-`asset_versions`. A missing cache entry is compiled once from the Go modules with the
-machine's Go toolchain into a temporary directory and renamed into place, under a
-file lock so concurrent callers build it once. Nothing is downloaded except through
-the Go module proxy.
+Resolution order: `$FLEXINFER_ASSETS` (must hold all six), then `$KUBEBUILDER_ASSETS`
+when it holds all six (envtest's usual three are passed over), then the cache
+`~/.cache/flexinfer/assets/<key>/` keyed by the pins in `asset_versions`. A missing
+cache entry is compiled once from the Go modules with the machine's Go toolchain into
+a temporary directory and renamed into place, under a file lock so concurrent callers
+build it once. Nothing is downloaded except through the Go module proxy.
 
 This module never starts the binaries; `localcluster` does.
 """
@@ -75,18 +75,29 @@ def ensure_assets(*, build: bool = True, log: bool = True) -> Path:
 
     With `build=False` a missing cache entry raises instead of compiling.
     """
-    for variable in (ENV_ASSETS, ENV_KUBEBUILDER_ASSETS):
-        value = os.environ.get(variable)
-        if value:
-            directory = Path(value).expanduser()
-            missing = missing_binaries(directory)
-            if missing:
-                raise AssetsError(
-                    f"${variable}={directory} lacks {', '.join(missing)}; point it at a "
-                    f"directory with all of {', '.join(pins.BINARIES)} or unset it to "
-                    f"build them into {cache_root() / 'assets'}"
-                )
+    explicit = os.environ.get(ENV_ASSETS)
+    if explicit:
+        directory = Path(explicit).expanduser()
+        missing = missing_binaries(directory)
+        if missing:
+            raise AssetsError(
+                f"${ENV_ASSETS}={directory} lacks {', '.join(missing)}; point it at a "
+                f"directory with all of {', '.join(pins.BINARIES)} or unset it to "
+                f"build them into {cache_root() / 'assets'}"
+            )
+        return directory
+    ecosystem = os.environ.get(ENV_KUBEBUILDER_ASSETS)
+    if ecosystem:
+        directory = Path(ecosystem).expanduser()
+        missing = missing_binaries(directory)
+        if not missing:
             return directory
+        # envtest's directories hold only etcd, kube-apiserver and kubectl; such a
+        # directory is meant for another tool, so it is passed over, not an error.
+        if log:
+            _say(
+                f"${ENV_KUBEBUILDER_ASSETS}={directory} lacks {', '.join(missing)}; using the cache"
+            )
 
     final = cache_root() / "assets" / current_key()
     if _is_complete(final):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from flexinfer_k8s.assets import ensure_assets
 from flexinfer_k8s.localcluster import (
     COMPLETE_DELAY_ANNOTATION,
     GPU_RESOURCE,
@@ -23,6 +24,7 @@ from flexinfer_k8s.localcluster import (
     TERMINATE_DELAY_ANNOTATION,
     KwokNode,
     LocalCluster,
+    LocalClusterError,
     processes_mentioning,
 )
 from tests.polling import wait_until
@@ -329,3 +331,24 @@ def test_two_clusters_run_side_by_side_and_stop_leaves_nothing(
     # The session cluster is untouched.
     local_cluster.check_alive()
     assert client.CoreV1Api(local_cluster.api_client).list_node().items
+
+
+def test_a_binary_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> None:
+    real = ensure_assets(build=False)
+    broken = tmp_path / "assets"
+    broken.mkdir()
+    for binary in real.iterdir():
+        (broken / binary.name).symlink_to(binary)
+    (broken / "kube-apiserver").unlink()
+    (broken / "kube-apiserver").write_text(
+        "#!/bin/sh\necho 'Error: unknown flag: --pretend-this-broke' >&2\nexit 3\n"
+    )
+    (broken / "kube-apiserver").chmod(0o755)
+
+    cluster = LocalCluster(assets_dir=broken, name="flexinfer-broken")
+    with pytest.raises(LocalClusterError) as failure:
+        cluster.start()
+    message = str(failure.value)
+    assert "kube-apiserver exited with code 3" in message
+    assert "unknown flag: --pretend-this-broke" in message
+    assert processes_mentioning("flexinfer-broken-") == []

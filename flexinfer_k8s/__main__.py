@@ -21,6 +21,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from flexinfer_core import Policy, parse_duration
 from flexinfer_k8s import logs
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.kubeapi import KubeApi, new_api_client
@@ -58,6 +59,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resync-seconds", type=float, default=300.0)
     parser.add_argument(
+        "--demand-window", default="2m", help="election policy: demand window (Go duration)"
+    )
+    parser.add_argument(
+        "--recent-window", default="5m", help="election policy: recent window (Go duration)"
+    )
+    parser.add_argument(
+        "--default-swap-cooldown",
+        default="5m",
+        help="election policy: cooldown of a Model without spec.gpu.swapCooldown",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser.parse_args(argv)
@@ -83,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=args.workers,
         resync_seconds=args.resync_seconds,
         identity=identity,
+        policy=Policy(
+            demand_window=parse_duration(args.demand_window, field="--demand-window"),
+            recent_window=parse_duration(args.recent_window, field="--recent-window"),
+            default_swap_cooldown=parse_duration(
+                args.default_swap_cooldown, field="--default-swap-cooldown"
+            ),
+        ),
     )
     leading = threading.Event()
 

@@ -236,6 +236,10 @@ class Controller:
 
     def _handler(self, resource: Resource) -> Any:
         def on_change(old: JSON | None, new: JSON | None) -> None:
+            if resource is MODELS and old is not None and new is None:
+                self.shared.note_departed(
+                    convert.namespace_of(old), convert.model_state_group(old), convert.name_of(old)
+                )
             keys: set[WorkKey] = set()
             for obj in (old, new):
                 if obj is not None:
@@ -247,7 +251,8 @@ class Controller:
 
     def _health_changed(self, informer: Informer) -> None:
         if informer.resource in (GPU_LEASES, CONFIG_MAPS):
-            log.warning(
+            log.log(
+                logging.INFO if informer.healthy else logging.WARNING,
                 "lease source health changed",
                 extra={
                     "fields": {

@@ -19,6 +19,7 @@ the returned `next_change_at`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 
 import attrs
@@ -72,6 +73,17 @@ class SharedGroupReconciler:
         self.policy = policy
         self._lease_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._governing: dict[tuple[str, str], str] = {}
+        self._departed: dict[tuple[str, str], set[str]] = {}
+
+    def note_departed(self, namespace: str, group: str, name: str) -> None:
+        """A member's Model was deleted: its pods still hold the card until they are gone.
+
+        Its Deployment (garbage-collected once the rendering issue sets owner
+        references) is scaled to 0 and counts as occupying the group meanwhile, so the
+        next holder still waits for it (break-before-make across a deletion).
+        """
+        if group:
+            self._departed.setdefault((namespace, group), set()).add(name)
 
     def reconcile_standalone(self, namespace: str, name: str) -> Outcome:
         model = self.cache.get(MODELS, namespace, name)
@@ -81,17 +93,45 @@ class SharedGroupReconciler:
 
     def reconcile_group(self, namespace: str, group: str) -> Outcome:
         models = self.cache.shared_group_models(namespace, group)
+        departed = self._release_departed(namespace, group, {convert.name_of(m) for m in models})
         if not models:
-            self._forget_group(namespace, group)
+            if not departed:
+                self._forget_group(namespace, group)
             return Outcome(None, False)
-        return self._reconcile(namespace, group, models)
+        return self._reconcile(namespace, group, models, departed=departed)
+
+    def _release_departed(self, namespace: str, group: str, members: set[str]) -> set[str]:
+        """Scale deleted members' Deployments to 0; return those that still have pods."""
+        names = self._departed.get((namespace, group), set())
+        occupying: set[str] = set()
+        for name in sorted(names):
+            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+            if name in members or deployment is None:
+                names.discard(name)
+                continue
+            if (convert.deployment_replicas(deployment) or 0) > 0:
+                self.writer.scale(namespace, name, 0)
+            if convert.live_pods(self.cache.pods_of(deployment)):
+                occupying.add(name)
+            else:
+                names.discard(name)
+        if not names:
+            self._departed.pop((namespace, group), None)
+        return occupying
 
     # -- the reconcile ----------------------------------------------------------------
 
-    def _reconcile(self, namespace: str, group: str, objs: list[JSON]) -> Outcome:
+    def _reconcile(
+        self,
+        namespace: str,
+        group: str,
+        objs: list[JSON],
+        *,
+        departed: AbstractSet[str] = frozenset(),
+    ) -> Outcome:
         now = self.clock.now()
         states: list[ModelState] = []
-        running: set[str] = set()
+        running: set[str] = set(departed)
         for obj in objs:
             name = convert.name_of(obj)
             deployment = self.cache.get(DEPLOYMENTS, namespace, name)
@@ -132,7 +172,7 @@ class SharedGroupReconciler:
         )
         if group:
             self._record_metrics(namespace, group, decision)
-        wrote = self._apply(namespace, group, objs, states, decision, now=now)
+        wrote = self._apply(namespace, group, objs, states, decision, now=now, departed=departed)
         next_at = decision.next_change_at
         if wrote == "deferred":
             recheck = now + RECHECK_AFTER
@@ -170,6 +210,7 @@ class SharedGroupReconciler:
         decision: GroupDecision,
         *,
         now: datetime,
+        departed: AbstractSet[str],
     ) -> str:
         by_name = {convert.name_of(o): o for o in objs}
         observed = {s.name: s for s in states}
@@ -237,7 +278,9 @@ class SharedGroupReconciler:
             and m.desired_replicas > (observed[m.name].replicas or 0)
         ]
         if ups:
-            occupied = self._members_with_live_pods(namespace, objs)
+            occupied = self._members_with_live_pods(
+                namespace, [convert.name_of(o) for o in objs] + sorted(departed)
+            )
             for member in ups:
                 others = sorted(occupied - {member.name})
                 if others:
@@ -257,11 +300,10 @@ class SharedGroupReconciler:
                     wrote = "yes"
         return wrote
 
-    def _members_with_live_pods(self, namespace: str, objs: list[JSON]) -> set[str]:
+    def _members_with_live_pods(self, namespace: str, names: list[str]) -> set[str]:
         pods = self.api.list(PODS, namespace).get("items") or []
         occupied = set()
-        for obj in objs:
-            name = convert.name_of(obj)
+        for name in names:
             deployment = self.cache.get(DEPLOYMENTS, namespace, name)
             if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
                 occupied.add(name)

@@ -427,6 +427,8 @@ def test_workloads_are_hardened() -> None:
     proxy = deployments["flexinfer-proxy"]["spec"]
     (proxy_container,) = proxy["template"]["spec"]["containers"]
     assert proxy_container["command"] == ["python", "-m", "flexinfer_proxy", "--port", "8000"]
+    assert proxy_container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert proxy_container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     for deployment in deployments.values():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True

@@ -7,19 +7,33 @@ server's authenticator and RBAC authorizer decide, not a simulation of them.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_k8s.localcluster import (
+    KWOK_NODE_LABEL,
+    KWOK_NODE_LABEL_VALUE,
+    READY_DELAY_ANNOTATION,
+    LocalCluster,
+)
+from tests.polling import wait_until
 
 from .kubectl import (
     CRD_NAMES,
     DEPLOY_DIR,
+    ROOT,
     Kubectl,
     create_namespace,
     delete_namespace,
@@ -126,7 +140,11 @@ MODEL_DEPLOYMENT = {
     "apiVersion": "ai.flexinfer/v1alpha1",
     "kind": "ModelDeployment",
     "metadata": {"name": "rbac-deployment"},
-    "spec": {"backend": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct"},
+    "spec": {
+        "backend": "vllm",
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "gpuGroupRef": "rbac-group",
+    },
 }
 
 
@@ -344,3 +362,204 @@ def pod_manifest() -> dict[str, Any]:
         "metadata": {"name": "rbac-pod"},
         "spec": {"containers": [{"name": "c", "image": "flexinfer:0.1.0"}]},
     }
+
+
+# --- the real processes on their ServiceAccounts' tokens ---------------------------------
+
+
+def workload(name: str) -> list[dict[str, Any]]:
+    """A Model's Deployment and Service as the controller expects them (kwok runs the pod)."""
+    labels = {"app": name}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {READY_DELAY_ANNOTATION: "1s"}},
+                "spec": {
+                    "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "flexinfer/fake-server:test",
+                            "resources": {"limits": {"amd.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": labels, "ports": [{"port": 8000}]},
+    }
+    return [deployment, service]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAMESPACE": SYSTEM_NAMESPACE}
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, *args], stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def assert_never_forbidden(log: Path) -> None:
+    text = log.read_text(errors="replace")
+    assert "Forbidden" not in text and " 403" not in text, text[-3000:]
+
+
+def test_controller_process_works_on_its_service_account(
+    kubectl: Kubectl, controller: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """`python -m flexinfer_k8s --leader-elect` with only the deploy base's rights."""
+    shared = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "sa-model"},
+        "spec": {
+            "backend": "vllm",
+            "source": "HF://test/sa-model",
+            "gpu": {"shared": "sa-group"},
+            "serviceLabels": ["sa"],
+        },
+    }
+    apply(kubectl, namespace, shared)
+    for manifest in workload("sa-model"):
+        apply(kubectl, namespace, manifest)
+    log = tmp_path / "controller.log"
+    identity = "sa-controller-0"
+    election = "flexinfer-controller-rbac-test"  # not the real lease other suites may use
+    process = start(
+        [
+            "-m", "flexinfer_k8s", "--kubeconfig", controller.kubeconfig,
+            "--leader-elect", "--leader-election-id", election, "--identity", identity,
+            "--namespace", namespace, "--metrics-port", "0", "--health-port", "0",
+            "--bind-address", "127.0.0.1",
+        ],
+        log,
+    )  # fmt: skip
+    try:
+
+        def leading() -> bool:
+            result = kubectl.run("get", "-n", SYSTEM_NAMESPACE, f"lease/{election}", "-o", "json")
+            if result.returncode != 0:
+                return False
+            return bool(json.loads(result.stdout)["spec"].get("holderIdentity") == identity)
+
+        wait_until(leading, what="the controller to lead", timeout=60)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        kubectl.patch_status(namespace, "model/sa-model", {"status": {"lastActiveTime": now}})
+
+        def serving() -> dict[str, Any] | None:
+            status = kubectl.json("get", "-n", namespace, "model/sa-model").get("status") or {}
+            ok = (
+                status.get("phase") == "Ready"
+                and (status.get("sharedGroup") or {}).get("state") == "Active"
+            )
+            return status if ok else None
+
+        wait_until(serving, what="sa-model to be Ready and Active", timeout=60)
+        deployment = kubectl.json("get", "-n", namespace, "deployment/sa-model")
+        assert deployment["spec"]["replicas"] == 1
+        service = kubectl.json("get", "-n", namespace, "service/sa-model")
+        assert service["metadata"]["annotations"]["ai.flexinfer/active-services"] == "sa"
+        assert process.poll() is None, log.read_text()
+    finally:
+        stop(process)
+    assert_never_forbidden(log)
+
+
+def test_proxy_process_signals_demand_on_its_service_account(
+    kubectl: Kubectl, proxy: Kubectl, namespace: str, proxy_policy_active: None, tmp_path: Path
+) -> None:
+    """`python -m flexinfer_proxy` with only its rights, under the admission policy."""
+    parked = {**MODEL, "metadata": {"name": "sa-parked"}}
+    apply(kubectl, namespace, parked)
+    apply(kubectl, namespace, MODEL_DEPLOYMENT)
+    apply(kubectl, namespace, GROUP)
+    kubectl.ok(
+        "annotate", "-n", namespace, "gpugroup/rbac-group", "demand.ai.flexinfer/rbac-deployment-"
+    )
+    log = tmp_path / "proxy.log"
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy", "--kubeconfig", proxy.kubeconfig,
+            "--namespace", namespace, "--host", "127.0.0.1", "--port", "0",
+            "--min-queue-wait", "20s",
+        ],
+        stdout=subprocess.PIPE, stderr=log.open("ab"),
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+
+        def knows_both() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                    ids = {m["id"] for m in json.loads(r.read())["data"]}
+            except urllib.error.URLError:
+                return False
+            return {"sa-parked", "rbac-deployment"} <= ids
+
+        wait_until(knows_both, what="the proxy to list the models", timeout=30)
+
+        def ask(model: str) -> None:
+            body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                data=body.encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            # The answer (503 once the queue wait passes) does not matter here.
+            try:
+                with urllib.request.urlopen(request, timeout=30):
+                    pass
+            except (urllib.error.URLError, TimeoutError):
+                pass
+
+        askers = [
+            threading.Thread(target=ask, args=(name,), daemon=True)
+            for name in ("sa-parked", "rbac-deployment")
+        ]
+        for asker in askers:
+            asker.start()
+
+        def demanded() -> bool:
+            model = kubectl.json("get", "-n", namespace, "model/sa-parked")
+            return bool((model.get("status") or {}).get("lastActiveTime"))
+
+        try:
+            wait_until(demanded, what="the proxy to record demand on sa-parked", timeout=30)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{log.read_text()[-3000:]}") from None
+
+        def queued() -> dict[str, Any] | None:
+            group = kubectl.json("get", "-n", namespace, "gpugroup/rbac-group")
+            annotations = group["metadata"].get("annotations") or {}
+            value = annotations.get("demand.ai.flexinfer/rbac-deployment")
+            return json.loads(value) if value else None
+
+        report = wait_until(queued, what="the proxy's demand annotation", timeout=30)
+        assert report["queued"] >= 1
+    finally:
+        stop(process)
+    assert_never_forbidden(log)

@@ -73,6 +73,7 @@ CONTROLLERS = (
     "ttl-after-finished-controller",
 )
 LOG_TAIL_LINES = 30
+PORT_ATTEMPTS = 3
 
 _T = TypeVar("_T")
 
@@ -257,6 +258,20 @@ class LocalCluster:
             raise LocalClusterError(f"{self.name} is already started at {self._workdir}")
         began = time.monotonic()
         assets = self._assets()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_once(assets)
+            except LocalClusterError as error:
+                # A free port is only free until someone binds it; another cluster
+                # starting at the same moment may win the race. Fresh ports fix that.
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(error):
+                    raise
+                continue
+            break
+        self.started_seconds = time.monotonic() - began
+        return self
+
+    def _start_once(self, assets: Path) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         with _live_lock:
             _live_clusters.add(self)
@@ -280,8 +295,6 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
-        self.started_seconds = time.monotonic() - began
-        return self
 
     def stop(self) -> None:
         """End every process group this cluster started and remove its directory."""

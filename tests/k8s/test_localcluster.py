@@ -7,6 +7,7 @@ against the timestamps the cluster itself recorded.
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -352,3 +353,27 @@ def test_a_binary_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> No
     assert "kube-apiserver exited with code 3" in message
     assert "unknown flag: --pretend-this-broke" in message
     assert processes_mentioning("flexinfer-broken-") == []
+
+
+def test_a_port_taken_between_choosing_and_binding_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flexinfer_k8s import localcluster
+
+    real_free_ports = localcluster._free_ports
+    handed_out: list[list[int]] = []
+
+    def racy_free_ports(count: int) -> list[int]:
+        ports = real_free_ports(count)
+        if not handed_out:  # the first time, someone else grabs etcd's port meanwhile
+            ports[0] = squatter.getsockname()[1]
+        handed_out.append(ports)
+        return ports
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        monkeypatch.setattr(localcluster, "_free_ports", racy_free_ports)
+        with LocalCluster(nodes=[KwokNode(name="retry-gpu-0")], name="flexinfer-retry") as cluster:
+            assert len(handed_out) == 2
+            assert str(handed_out[1][2]) in cluster.server

@@ -10,6 +10,7 @@ nowhere, blocks that drifted apart between kinds, RBAC that grants too much.
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -436,3 +437,22 @@ def test_workloads_are_hardened() -> None:
             assert each["securityContext"]["readOnlyRootFilesystem"] is True
             assert each["securityContext"]["allowPrivilegeEscalation"] is False
             assert each["resources"]["requests"]
+
+
+def test_dockerfile_copies_every_packaged_module_and_runs_as_non_root() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as stream:
+        project = tomllib.load(stream)
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    lines = (DEPLOY_DIR / "Dockerfile").read_text(encoding="utf-8").splitlines()
+    instructions = [line.split(None, 1) for line in lines if line and not line.startswith("#")]
+    copied = {
+        source
+        for instruction in instructions
+        if instruction[0] == "COPY"
+        for source in instruction[1].split()[:-1]
+    }
+    assert {"pyproject.toml", project["project"]["readme"], *packages} <= copied
+    assert [args for op, *args in instructions if op == "FROM"] == [["python:3.11-slim"]]
+    (user,) = [args[0] for op, *args in instructions if op == "USER"]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can check it

@@ -346,13 +346,14 @@ def test_a_binary_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> No
     )
     (broken / "kube-apiserver").chmod(0o755)
 
-    cluster = LocalCluster(assets_dir=broken, name="flexinfer-broken")
+    name = f"flexinfer-broken-{uuid.uuid4().hex[:8]}"  # unique: other runs may be going on
+    cluster = LocalCluster(assets_dir=broken, name=name)
     with pytest.raises(LocalClusterError) as failure:
         cluster.start()
     message = str(failure.value)
     assert "kube-apiserver exited with code 3" in message
     assert "unknown flag: --pretend-this-broke" in message
-    assert processes_mentioning("flexinfer-broken-") == []
+    assert processes_mentioning(name) == []
 
 
 def test_a_port_taken_between_choosing_and_binding_is_retried(

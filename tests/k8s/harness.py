@@ -1,0 +1,450 @@
+"""Helpers for the controller's real-cluster tests.
+
+The controller runs in-process (a `Controller` on its own ApiClient) or as
+`python -m flexinfer_k8s` subprocesses; the test plays the user and the proxy
+through an admin `KubeApi`. Workloads are plain Deployments and Services named like
+their Model (the controller's convention until the rendering issue), with pods
+that kwok runs: `amd.com/gpu: 1`, the kwok node selector and the ready/terminate
+delay annotations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flexinfer_core import Policy
+from flexinfer_k8s import convert
+from flexinfer_k8s.clock import SystemClock
+from flexinfer_k8s.controller import Controller
+from flexinfer_k8s.kubeapi import (
+    DEPLOYMENTS,
+    EVENTS,
+    JSON,
+    MODELS,
+    PODS,
+    SERVICES,
+    KubeApi,
+    Transient,
+    new_api_client,
+)
+from flexinfer_k8s.localcluster import (
+    KWOK_NODE_LABEL,
+    KWOK_NODE_LABEL_VALUE,
+    READY_DELAY_ANNOTATION,
+    TERMINATE_DELAY_ANNOTATION,
+    LocalCluster,
+)
+from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from tests.k8s.kubectl import (
+    Kubectl,
+    create_namespace,
+    delete_namespace,
+    install_crds,
+    kubectl_for,
+)
+from tests.polling import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_POLICY = Policy(
+    demand_window=timedelta(seconds=4),
+    recent_window=timedelta(seconds=6),
+    default_swap_cooldown=timedelta(seconds=3),
+)
+
+
+def now_text() -> str:
+    return str(convert.format_time(datetime.now(UTC)))
+
+
+# --- objects -------------------------------------------------------------------------
+
+
+def model_body(
+    name: str,
+    *,
+    group: str = "g",
+    priority: int = 100,
+    swap_cooldown: str = "2s",
+    idle_timeout: str = "5m",
+    min_replicas: int = 0,
+    service_labels: tuple[str, ...] = (),
+) -> JSON:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": "vllm",
+            "source": f"HF://test/{name}",
+            "gpu": {"shared": group, "priority": priority, "swapCooldown": swap_cooldown},
+            "serverless": {
+                "idleTimeout": idle_timeout,
+                "minReplicas": min_replicas,
+                "coldStartTimeout": "10s",
+            },
+            "serviceLabels": list(service_labels or (f"{name}-svc",)),
+        },
+    }
+
+
+def deployment_body(
+    name: str, *, replicas: int = 0, ready_delay: str = "1s", terminate_delay: str = "1s"
+) -> JSON:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "Recreate"},
+            "template": {
+                "metadata": {
+                    "labels": {"app": name, "flexinfer.test/workload": "yes"},
+                    "annotations": {
+                        READY_DELAY_ANNOTATION: ready_delay,
+                        TERMINATE_DELAY_ANNOTATION: terminate_delay,
+                    },
+                },
+                "spec": {
+                    "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "flexinfer/fake-server:test",
+                            "resources": {
+                                "limits": {"amd.com/gpu": "1"},
+                                "requests": {"amd.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def service_body(name: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 8000, "targetPort": 8000}]},
+    }
+
+
+class Cluster:
+    """The test's hands on the cluster: an admin `KubeApi` scoped to one namespace."""
+
+    def __init__(self, local: LocalCluster, namespace: str) -> None:
+        self.local = local
+        self.namespace = namespace
+        self.api = KubeApi(new_api_client(str(local.kubeconfig)))
+
+    def add_model(self, name: str, *, ready_delay: str = "1s", terminate_delay: str = "1s",
+                  **spec: Any) -> None:
+        self.api.create(MODELS, self.namespace, model_body(name, **spec))
+        self.api.create(
+            DEPLOYMENTS,
+            self.namespace,
+            deployment_body(name, ready_delay=ready_delay, terminate_delay=terminate_delay),
+        )
+        self.api.create(SERVICES, self.namespace, service_body(name))
+
+    def model(self, name: str) -> JSON:
+        return self.api.get(MODELS, self.namespace, name)
+
+    def status(self, name: str) -> JSON:
+        return dict(self.model(name).get("status") or {})
+
+    def demand(self, name: str, when: str | None = None) -> None:
+        """What the proxy does for a request on a parked model."""
+        self.api.patch(
+            MODELS, self.namespace, name, {"status": {"lastActiveTime": when or now_text()}},
+            subresource="status",
+        )
+
+    def replicas(self, name: str) -> int:
+        return int(self.api.get(DEPLOYMENTS, self.namespace, name)["spec"].get("replicas") or 0)
+
+    def pods(self, app: str | None = None) -> list[JSON]:
+        items = self.api.list(PODS, self.namespace).get("items") or []
+        return [
+            p for p in items
+            if app is None or (p["metadata"].get("labels") or {}).get("app") == app
+        ]
+
+    def ready_pods(self, app: str) -> list[JSON]:
+        return [p for p in self.pods(app) if convert.pod_is_ready(p)
+                and not p["metadata"].get("deletionTimestamp")]
+
+    def annotation(self, name: str) -> str | None:
+        service = self.api.get(SERVICES, self.namespace, name)
+        return (service["metadata"].get("annotations") or {}).get(
+            "ai.flexinfer/active-services"
+        )
+
+    def events(self, name: str | None = None) -> list[JSON]:
+        items = self.api.list(EVENTS, self.namespace).get("items") or []
+        return [
+            e for e in items
+            if e.get("source", {}).get("component") == "flexinfer-controller"
+            and (name is None or e["involvedObject"]["name"] == name)
+        ]
+
+    def wait_serving(self, name: str, *, timeout: float = 60.0) -> JSON:
+        def serving() -> JSON | None:
+            status = self.status(name)
+            ok = (
+                status.get("phase") == "Ready"
+                and (status.get("sharedGroup") or {}).get("state") == "Active"
+            )
+            return status if ok else None
+
+        return wait_until(serving, what=f"{name} to be Ready and Active", timeout=timeout)
+
+    def wait_parked(self, name: str, *, timeout: float = 60.0) -> JSON:
+        def parked() -> JSON | None:
+            status = self.status(name)
+            ok = (
+                (status.get("sharedGroup") or {}).get("state") == "Queued"
+                and self.replicas(name) == 0
+                and not self.pods(name)
+            )
+            return status if ok else None
+
+        return wait_until(parked, what=f"{name} to be Queued with no pods", timeout=timeout)
+
+
+# --- the controller ----------------------------------------------------------------------
+
+
+class RunningController:
+    def __init__(self, controller: Controller, metrics: ControllerMetrics,
+                 endpoints: HttpEndpoints) -> None:
+        self.controller = controller
+        self.metrics = metrics
+        self.endpoints = endpoints
+
+    def scrape(self) -> str:
+        url = f"http://127.0.0.1:{self.endpoints.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    def writes(self) -> float:
+        return self.metrics.writes()
+
+
+@contextlib.contextmanager
+def controller(
+    local: LocalCluster,
+    namespace: str,
+    *,
+    impersonate: str | None = None,
+    policy: Policy = TEST_POLICY,
+) -> Iterator[RunningController]:
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    api = KubeApi(
+        new_api_client(str(local.kubeconfig), impersonate=impersonate),
+        on_request=metrics.count_request,
+    )
+    ctl = Controller(
+        api,
+        metrics=metrics,
+        namespaces=[namespace],
+        clock=SystemClock(),
+        policy=policy,
+        resync_seconds=0,
+        watch_timeout=30,
+        identity=f"test-{namespace}",
+    )
+    endpoints = HttpEndpoints(0, registry=registry, host="127.0.0.1").start()
+    ctl.start(sync_timeout=30)
+    try:
+        yield RunningController(ctl, metrics, endpoints)
+    finally:
+        ctl.stop()
+        endpoints.stop()
+
+
+class ControllerProcess:
+    """`python -m flexinfer_k8s` as a child process (killable for real)."""
+
+    def __init__(self, local: LocalCluster, namespace: str, *, log: Path,
+                 extra: tuple[str, ...] = ()) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT)
+        self.log_path = log
+        self._log = log.open("ab")
+        self.popen = subprocess.Popen(
+            [
+                sys.executable, "-m", "flexinfer_k8s",
+                "--kubeconfig", str(local.kubeconfig),
+                "--namespace", namespace,
+                "--metrics-port", "0", "--health-port", "0",
+                "--bind-address", "127.0.0.1",
+                "--demand-window", "4s", "--recent-window", "6s",
+                "--default-swap-cooldown", "3s",
+                *extra,
+            ],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+        )
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(10)
+        self._log.close()
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._log.close()
+
+
+# --- the Pod watch that proves break-before-make ---------------------------------------------
+
+
+class PodTimeline:
+    """Watches the namespace's workload pods and records any moment two members had pods.
+
+    One watch stream is ordered by the API server, so "a pod of A still existed when
+    a pod of B was created" shows up as a B ADDED while A's pod is still in the set.
+    """
+
+    def __init__(self, cluster: Cluster, *, exclusive: set[str] | None = None) -> None:
+        self.cluster = cluster
+        self.exclusive = exclusive
+        self.live: dict[str, str] = {}  # pod name -> app
+        self.violations: list[str] = []
+        self.created: list[tuple[str, str]] = []  # (app, pod) in order of creation
+        self.deleted: list[tuple[str, str]] = []
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._lock = threading.Lock()
+        listing = cluster.api.list(PODS, cluster.namespace)
+        for pod in listing.get("items") or []:
+            self._add(pod)
+        self._version = str(listing["metadata"]["resourceVersion"])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _app(self, pod: JSON) -> str | None:
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("flexinfer.test/workload") != "yes":
+            return None
+        app = labels.get("app")
+        if self.exclusive is not None and app not in self.exclusive:
+            return None
+        return str(app) if app else None
+
+    def _add(self, pod: JSON) -> None:
+        app = self._app(pod)
+        if app is None:
+            return
+        name = pod["metadata"]["name"]
+        if name not in self.live:
+            others = sorted({a for a in self.live.values() if a != app})
+            if others:
+                self.violations.append(f"pod {name} of {app} created while {others} had pods")
+            self.created.append((app, name))
+        self.live[name] = app
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                for event in self.cluster.api.watch(
+                    PODS, self.cluster.namespace, resource_version=self._version,
+                    timeout_seconds=30, on_open=self._opened,
+                ):
+                    obj = event["object"]
+                    self._version = obj["metadata"].get("resourceVersion", self._version)
+                    with self._lock:
+                        if event["type"] == "ADDED":
+                            self._add(obj)
+                        elif event["type"] == "DELETED":
+                            app = self.live.pop(obj["metadata"]["name"], None)
+                            if app is not None:
+                                self.deleted.append((app, obj["metadata"]["name"]))
+            except Transient:
+                # A test that failed before stop() must not leave a thread retrying
+                # against a control plane that is gone.
+                failures += 1
+                if self._stop.wait(0.2) or failures > 50:
+                    return
+
+    def _opened(self, response: Any) -> None:
+        self._response = response
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._response is not None:
+            with contextlib.suppress(Exception):
+                self._response.shutdown()
+        self._thread.join(5)
+
+    def created_apps(self) -> list[str]:
+        with self._lock:
+            return [app for app, _ in self.created]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """One sample from Prometheus text exposition."""
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if "{" in head:
+            metric, _, rest = head.partition("{")
+            pairs = dict(
+                part.split("=", 1) for part in rest.rstrip("}").split(",") if "=" in part
+            )
+            found = {k: json.loads(v) for k, v in pairs.items()}
+        else:
+            metric, found = head, {}
+        if metric == name and all(found.get(k) == v for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+# --- fixtures (imported by the controller test modules) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kubectl(local_cluster: LocalCluster) -> Kubectl:
+    return kubectl_for(local_cluster)
+
+
+@pytest.fixture(scope="module")
+def crds(kubectl: Kubectl) -> None:
+    install_crds(kubectl)
+
+
+@pytest.fixture
+def cluster(local_cluster: LocalCluster, kubectl: Kubectl, crds: None) -> Iterator[Cluster]:
+    namespace = create_namespace(kubectl, "ctl")
+    try:
+        yield Cluster(local_cluster, namespace)
+    finally:
+        delete_namespace(kubectl, namespace)

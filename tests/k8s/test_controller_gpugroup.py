@@ -1,0 +1,209 @@
+"""GPUGroups on a real control plane: queue threshold, hysteresis, minimum run,
+cooldown after preemption and Graceful drain, each shown on its own."""
+
+# The fixtures come from .harness; test parameters name them again on purpose.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from flexinfer_k8s.convert import format_time
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS, SERVICES
+from tests.polling import wait_until
+
+from .harness import (  # noqa: F401  (fixtures)
+    Cluster,
+    PodTimeline,
+    cluster,
+    controller,
+    crds,
+    deployment_body,
+    kubectl,
+    service_body,
+)
+
+pytestmark = pytest.mark.k8s
+
+
+def add_member(c: Cluster, name: str, *, terminate_delay: str = "1s") -> None:
+    c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {"backend": "vllm", "model": f"test/{name}", "idleTimeoutSeconds": 300,
+                 "gpuGroupRef": "gg"},
+    })
+    c.api.create(DEPLOYMENTS, c.namespace,
+                 deployment_body(name, terminate_delay=terminate_delay))
+    c.api.create(SERVICES, c.namespace, service_body(name))
+
+
+def add_group(c: Cluster, *, policy: str = "Graceful", drain: int = 60, threshold: int = 1,
+              hysteresis: int = 0, minimum_run: int = 0, cooldown: int = 0) -> None:
+    c.api.create(GPU_GROUPS, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
+        "metadata": {"name": "gg"},
+        "spec": {
+            "models": [{"name": "m1", "priority": 100}, {"name": "m2", "priority": 100}],
+            "scalingPolicy": {"preemptionPolicy": policy, "drainTimeoutSeconds": drain},
+            "antiThrashing": {
+                "enabled": True,
+                "requestQueueThreshold": threshold,
+                "hysteresisWindowSeconds": hysteresis,
+                "minimumRunDurationSeconds": minimum_run,
+                "cooldownAfterPreemptionSeconds": cooldown,
+            },
+        },
+    })
+
+
+def queue(c: Cluster, member: str, queued: int, *, oldest: datetime | None = None) -> None:
+    """What the proxy writes (docs/resources.md, demand annotations)."""
+    now = datetime.now(UTC)
+    value: str | None = None
+    if queued:
+        value = json.dumps({
+            "queued": queued,
+            "oldestWaiting": format_time(oldest or now),
+            "reportedAt": format_time(now),
+        })
+    c.api.patch(GPU_GROUPS, c.namespace, "gg",
+                {"metadata": {"annotations": {f"demand.ai.flexinfer/{member}": value}}})
+
+
+def group_status(c: Cluster) -> dict[str, Any]:
+    return dict(c.api.get(GPU_GROUPS, c.namespace, "gg").get("status") or {})
+
+
+def reason(c: Cluster) -> str:
+    conditions = group_status(c).get("conditions") or []
+    return next((x["reason"] for x in conditions if x["type"] == "Ready"), "")
+
+
+def active(c: Cluster, member: str) -> bool:
+    status = group_status(c)
+    return (
+        status.get("activeModel") == member
+        and status.get("phase") == "Active"
+        and c.replicas(member) == 1
+        and bool(c.ready_pods(member))
+    )
+
+
+def start_with_m1(c: Cluster) -> None:
+    queue(c, "m1", 1)
+    wait_until(lambda: active(c, "m1"), what="m1 active")
+    queue(c, "m1", 0)
+
+
+def test_queue_threshold(local_cluster: object, cluster: Cluster) -> None:
+    c = cluster
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c, threshold=3)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        queue(c, "m2", 2)
+        wait_until(lambda: reason(c) == "QueueBelowThreshold", what="the threshold to block")
+        assert group_status(c)["activeModel"] == "m1"
+        queue(c, "m2", 3)
+        wait_until(lambda: active(c, "m2"), what="m2 active at the threshold")
+        status = group_status(c)
+        assert status["swapCount"] == 2
+        rows = {r["name"]: r for r in status["modelStatuses"]}
+        assert rows["m1"]["preemptedBy"] == "m2"
+        assert rows["m2"]["state"] == "Active"
+
+
+def test_hysteresis(local_cluster: object, cluster: Cluster) -> None:
+    c = cluster
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c, hysteresis=6)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        asked = datetime.now(UTC)
+        queue(c, "m2", 1, oldest=asked)
+        wait_until(lambda: reason(c) == "Hysteresis", what="hysteresis to hold")
+        while datetime.now(UTC) < asked + timedelta(seconds=5):
+            assert group_status(c)["activeModel"] == "m1"
+            time.sleep(0.5)
+        # No further write from the test: the timer at oldest + 6 s does it.
+        wait_until(lambda: active(c, "m2"), what="m2 active after the hysteresis window")
+
+
+def test_minimum_run_duration(local_cluster: object, cluster: Cluster) -> None:
+    c = cluster
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c, minimum_run=10)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        queue(c, "m1", 1)
+        wait_until(lambda: group_status(c).get("activeModel") == "m1", what="m1 chosen")
+        swapped = datetime.fromisoformat(group_status(c)["lastSwapTime"].replace("Z", "+00:00"))
+        queue(c, "m1", 0)
+        queue(c, "m2", 1)
+        wait_until(lambda: reason(c) == "MinimumRunDuration", what="minimum run to hold")
+        while datetime.now(UTC) < swapped + timedelta(seconds=9):
+            assert group_status(c)["activeModel"] == "m1"
+            time.sleep(0.5)
+        wait_until(lambda: active(c, "m2"), what="m2 active after the minimum run")
+
+
+def test_cooldown_after_preemption(local_cluster: object, cluster: Cluster) -> None:
+    c = cluster
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c, cooldown=12)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        queue(c, "m2", 1)
+        wait_until(lambda: group_status(c).get("activeModel") == "m2", what="swap to m2")
+        queue(c, "m2", 0)
+        rows = {r["name"]: r for r in group_status(c)["modelStatuses"]}
+        preempted = datetime.fromisoformat(rows["m1"]["preemptedAt"].replace("Z", "+00:00"))
+        queue(c, "m1", 1)
+        wait_until(lambda: reason(c) == "CooldownAfterPreemption", what="the cooldown to hold")
+        while datetime.now(UTC) < preempted + timedelta(seconds=11):
+            assert group_status(c)["activeModel"] == "m2"
+            time.sleep(0.5)
+        wait_until(lambda: active(c, "m1"), what="m1 back after its cooldown")
+
+
+def test_graceful_drain_waits_for_the_old_pods(local_cluster: object, cluster: Cluster) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    add_member(c, "m1", terminate_delay="4s")
+    add_member(c, "m2")
+    add_group(c, policy="Graceful", drain=60)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        queue(c, "m2", 1)
+        wait_until(lambda: group_status(c).get("phase") == "Draining", what="Draining")
+        status = group_status(c)
+        assert status["pendingModel"] == "m2"
+        assert c.replicas("m2") == 0
+        assert c.pods("m1")  # still terminating
+        wait_until(lambda: active(c, "m2"), what="m2 active after the drain")
+    timeline.stop()
+    assert timeline.violations == []
+
+
+def test_drain_timeout_and_immediate_policy_do_not_wait(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    add_member(c, "m1", terminate_delay="40s")
+    add_member(c, "m2")
+    add_group(c, policy="Graceful", drain=5)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        queue(c, "m2", 1)
+        # The old pod outlives the 5 s drain timeout: m2 starts anyway.
+        wait_until(lambda: c.replicas("m2") == 1, what="m2 scaled after the drain timeout")
+        assert c.pods("m1")

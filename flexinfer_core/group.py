@@ -204,9 +204,54 @@ def decide_group(
     )
     namespace = models[0].namespace if models else ""
     group = models[0].group if models else ""
+    members = _member_decisions(models, election, election, now=now, running=running)
+    provisional = GroupDecision(namespace, group, election, members, None)
+    if election.leader is not None:
+        # The leader's condition gives the reason it holds the card once this decision
+        # is applied. Applying can itself change the live rule (a fresh preemption
+        # starts the cooldown; the new holder becomes Active), and a condition written
+        # with the pre-apply reason would be rewritten on the next reconcile with no
+        # news. The Events keep the reason for the change itself.
+        settled = apply_decision(models, provisional)
+        if any(
+            _election_inputs(a) != _election_inputs(b) for a, b in zip(models, settled, strict=True)
+        ):
+            again = elect_leader(
+                settled,
+                now=now,
+                leases=leases,
+                lease_unreadable=lease_unreadable,
+                policy=policy,
+            )
+            if again.leader_name == election.leader_name:
+                members = _member_decisions(models, election, again, now=now, running=running)
+    return GroupDecision(
+        namespace=namespace,
+        group=group,
+        election=election,
+        members=members,
+        next_change_at=next_change_at(
+            models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
+        ),
+    )
+
+
+def _election_inputs(model: ModelState) -> tuple[object, ...]:
+    """The fields a decision writes that the election itself reads."""
+    return (model.shared_state, model.phase, model.preempted_at)
+
+
+def _member_decisions(
+    models: Sequence[ModelState],
+    election: Election,
+    holding: Election,
+    *,
+    now: datetime,
+    running: Collection[str],
+) -> tuple[MemberDecision, ...]:
+    """Per-member targets; `holding` explains the leader's hold in its condition."""
     leader = election.leader
     lease = election.lease
-
     others = sorted(
         (m for m in models if leader is None or m.name != leader.name),
         key=lambda m: (-m.priority, m.name),
@@ -226,6 +271,7 @@ def decide_group(
                 _leader_decision(
                     model,
                     election,
+                    holding,
                     occupied=occupied,
                     now=now,
                     services=leader_services,
@@ -243,20 +289,13 @@ def decide_group(
                     now=now,
                 )
             )
-    return GroupDecision(
-        namespace=namespace,
-        group=group,
-        election=election,
-        members=tuple(members),
-        next_change_at=next_change_at(
-            models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
-        ),
-    )
+    return tuple(members)
 
 
 def _leader_decision(
     model: ModelState,
     election: Election,
+    holding: Election,
     *,
     occupied: Sequence[str],
     now: datetime,
@@ -264,8 +303,7 @@ def _leader_decision(
     has_pods: bool,
 ) -> MemberDecision:
     want = desired_replicas(model, now=now)
-    reason, message = election.reason, election.message
-    recorded = next((c for c in model.conditions if c.type == CONDITION_ACTIVE), None)
+    reason, message = holding.reason, holding.message
     if want > 0 and occupied and not has_pods:
         want = 0
         reason = reasons.WAITING_FOR_GPU
@@ -273,17 +311,6 @@ def _leader_decision(
             f"{model.name} holds the GPU and waits for the pods of "
             f"{', '.join(occupied)} to be gone before scaling up"
         )
-    elif (
-        model.shared_state is SharedState.ACTIVE
-        and recorded is not None
-        and recorded.status
-        and recorded.reason != reasons.WAITING_FOR_GPU
-    ):
-        # The condition records why the incumbent took the card. The live rule can
-        # change with no news (a fresh preemption turns DemandPreemption into
-        # SwapCooldown); rewriting it would make applying a decision cause another
-        # write. The live reason is in the election, for logs and `explain`.
-        reason, message = recorded.reason, recorded.message
     # Preemption ended: a member that is Ready again no longer carries its stamp.
     preempted_at = None if model.phase is Phase.READY else model.preempted_at
     events: tuple[Event, ...] = ()

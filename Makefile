@@ -33,5 +33,9 @@ unit: $(STAMP) assets
 
 test: lint typecheck contracts assets unit
 
+# The local control plane, the controller and two models taking turns on one GPU.
+demo: $(STAMP) assets
+	$(BIN)/flexinfer demo
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

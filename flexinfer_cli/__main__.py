@@ -1,6 +1,7 @@
 """`flexinfer`: one command for people.
 
     flexinfer simulate SCENARIO.yaml   play a shared group's decisions over time
+    flexinfer demo                     a local control plane, the controller, two models
 
 Each subcommand parses its arguments and calls into the packages; nothing here
 decides anything.
@@ -25,10 +26,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim = sub.add_parser("simulate", help="play a scenario through the election core")
     sim.add_argument("scenario", type=Path)
     sim.add_argument("--json", action="store_true", help="print the timeline as JSON")
+    demo = sub.add_parser("demo", help="local control plane + controller + two models")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running")
     parsed = parser.parse_args(args)
     try:
         if parsed.command == "simulate":
             return run_simulate(parsed.scenario, as_json=parsed.json)
+        if parsed.command == "demo":
+            from flexinfer_cli.demo import run_demo
+
+            return run_demo(keep=parsed.keep)
     except FlexinferError as err:
         print(f"flexinfer: {err}", file=sys.stderr)
         return 2

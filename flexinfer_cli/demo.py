@@ -1,0 +1,252 @@
+"""`flexinfer demo`: a local control plane, the controller, and two models sharing a GPU.
+
+The story, told with real components on loopback (etcd, kube-apiserver, controller
+manager, scheduler, kwok nodes with one `amd.com/gpu` each; the controller in this
+process):
+
+1. `chat` is asked for and comes up on the card.
+2. `coder`, more important, is asked for: `chat` is preempted, its pod is gone
+   before `coder`'s pod is created (break-before-make).
+3. A fine-tuning job takes a GPU lease: every model is parked.
+4. The lease is released and `chat` is asked for again: serving returns.
+
+Requests are signalled the way the proxy does it (`status.lastActiveTime`). The
+windows are shortened (demand 20s, cooldown 5s) so the story takes a minute.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry
+
+from flexinfer_core import Policy
+from flexinfer_k8s import convert
+from flexinfer_k8s.controller import Controller
+from flexinfer_k8s.kubeapi import (
+    DEPLOYMENTS,
+    EVENTS,
+    GPU_LEASES,
+    JSON,
+    MODELS,
+    PODS,
+    SERVICES,
+    KubeApi,
+    new_api_client,
+)
+from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
+from flexinfer_k8s.localcluster import KwokNode, LocalCluster
+from flexinfer_k8s.metrics import ControllerMetrics
+
+NAMESPACE = "demo"
+GROUP = "homelab-gpu"
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
+DEMO_POLICY = Policy(
+    demand_window=timedelta(seconds=20),
+    recent_window=timedelta(seconds=30),
+    default_swap_cooldown=timedelta(seconds=5),
+)
+LOAD_TIME = "3s"
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
+    say = _printer(out)
+    if not CRD_DIR.is_dir():
+        raise DemoError(f"the CRDs are not at {CRD_DIR}; run the demo from a source checkout")
+    say(
+        "Starting a local control plane (etcd, kube-apiserver, controller-manager, "
+        "scheduler, kwok) ..."
+    )
+    cluster = LocalCluster(nodes=(KwokNode(name="gpu-node-1", gpus=1),), name="flexinfer-demo")
+    cluster.start()
+    controller: Controller | None = None
+    try:
+        say(f"  API server {cluster.server}, kubeconfig {cluster.kubeconfig}")
+        cluster.kubectl("apply", "--server-side", "-k", str(CRD_DIR))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        api = KubeApi(new_api_client(str(cluster.kubeconfig)))
+        metrics = ControllerMetrics(CollectorRegistry())
+        controller = Controller(
+            KubeApi(new_api_client(str(cluster.kubeconfig)), on_request=metrics.count_request),
+            metrics=metrics,
+            namespaces=[NAMESPACE],
+            policy=DEMO_POLICY,
+            identity="flexinfer-demo",
+        ).start(sync_timeout=30)
+        say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).\n")
+        _story(cluster, api, say)
+        if keep:
+            say(f"\nThe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}")
+            say("Press Ctrl-C to stop it.")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if controller is not None:
+            controller.stop()
+        cluster.stop()
+    say("\nDone: the control plane is stopped and its files removed.")
+    return 0
+
+
+def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:
+    for name, priority in (("chat", 100), ("coder", 200)):
+        api.create(MODELS, NAMESPACE, _model(name, priority))
+        api.create(DEPLOYMENTS, NAMESPACE, kwok_deployment(name, load_time=LOAD_TIME))
+        api.create(SERVICES, NAMESPACE, kwok_service(name))
+    say(f"Two Models share the GPU group {GROUP!r}: chat (priority 100), coder (priority 200).")
+    say(f"Each pod takes {LOAD_TIME} to load on the simulated GPU node.\n")
+
+    say("1. A request for chat arrives.")
+    _ask(api, "chat")
+    _wait(lambda: _serving(api, "chat"), "chat to be Ready")
+    _show(cluster, api, say, "chat")
+
+    say("2. A request for coder (more important) arrives while chat is busy.")
+    watch = _PodWatch(api)
+    _ask(api, "chat")
+    _ask(api, "coder")
+    _wait(lambda: _serving(api, "coder") and watch.poll(), "coder to take the GPU")
+    say(f"   break-before-make: {watch.summary()}")
+    _show(cluster, api, say, "coder")
+
+    say("3. A fine-tuning job takes a GPU lease on the group.")
+    api.create(
+        GPU_LEASES,
+        NAMESPACE,
+        {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "GPULease",
+            "metadata": {"name": "finetune-gpu-lease"},
+            "spec": {"group": GROUP, "owner": "qwen-finetune", "node": "gpu-node-1"},
+        },
+    )
+    _wait(lambda: not _pods(api), "every model to be parked")
+    _show(cluster, api, say, "coder")
+
+    say("4. The training job ends (lease deleted) and chat is asked for again.")
+    api.delete(GPU_LEASES, NAMESPACE, "finetune-gpu-lease")
+    time.sleep(1)
+    _ask(api, "chat")
+    _wait(lambda: _serving(api, "chat") or _serving(api, "coder"), "serving to return")
+    _show(cluster, api, say, None)
+
+
+def _model(name: str, priority: int) -> JSON:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": "llama-cpp",
+            "source": f"HF://demo/{name}",
+            "gpu": {"shared": GROUP, "priority": priority, "swapCooldown": "5s"},
+            "serverless": {"idleTimeout": "5m", "coldStartTimeout": "30s"},
+            "serviceLabels": [name],
+        },
+    }
+
+
+def _ask(api: KubeApi, name: str) -> None:
+    """What the proxy does for a request: stamp the Model's lastActiveTime."""
+    now = convert.format_time(datetime.now(UTC))
+    api.patch(MODELS, NAMESPACE, name, {"status": {"lastActiveTime": now}}, subresource="status")
+
+
+def _status(api: KubeApi, name: str) -> JSON:
+    return dict(api.get(MODELS, NAMESPACE, name).get("status") or {})
+
+
+def _serving(api: KubeApi, name: str) -> bool:
+    status = _status(api, name)
+    return status.get("phase") == "Ready" and (
+        (status.get("sharedGroup") or {}).get("state") == "Active"
+    )
+
+
+def _pods(api: KubeApi) -> list[JSON]:
+    return list(api.list(PODS, NAMESPACE).get("items") or [])
+
+
+class _PodWatch:
+    """Samples pods to show that the old holder's pods were gone before the new one's."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self.chat_gone: datetime | None = None
+        self.coder_created: datetime | None = None
+        self.overlap = False
+
+    def poll(self) -> bool:
+        apps = {(p["metadata"].get("labels") or {}).get("app") for p in _pods(self.api)}
+        now = datetime.now(UTC)
+        if "chat" in apps and "coder" in apps:
+            self.overlap = True
+        if "chat" not in apps and self.chat_gone is None:
+            self.chat_gone = now
+        if "coder" in apps and self.coder_created is None:
+            self.coder_created = now
+        return self.coder_created is not None
+
+    def summary(self) -> str:
+        if self.overlap:
+            return "chat and coder pods were seen at the same time (unexpected)"
+        return "chat's pod was gone before coder's pod was created"
+
+
+def _show(
+    cluster: LocalCluster, api: KubeApi, say: Callable[[str], None], leader: str | None
+) -> None:
+    table = cluster.kubectl("get", "models", "-n", NAMESPACE).stdout.rstrip()
+    say("   " + table.replace("\n", "\n   "))
+    for name in ("chat", "coder"):
+        conditions = {c.get("type"): c for c in _status(api, name).get("conditions") or []}
+        active = conditions.get("Active") or {}
+        say(f"   {name}: {active.get('reason', '-')}: {active.get('message', '')}")
+    seen = sorted(
+        (
+            e
+            for e in api.list(EVENTS, NAMESPACE).get("items") or []
+            if (e.get("source") or {}).get("component") == "flexinfer-controller"
+        ),
+        key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+    )
+    for event in seen[-3:]:
+        say(
+            f"   event {event.get('reason')} on {event['involvedObject']['name']}: "
+            f"{event.get('message')}"
+        )
+    annotations = {
+        name: (api.get(SERVICES, NAMESPACE, name)["metadata"].get("annotations") or {}).get(
+            "ai.flexinfer/active-services"
+        )
+        for name in ("chat", "coder")
+    }
+    say(f"   ai.flexinfer/active-services: {annotations}\n")
+    del leader
+
+
+def _wait(probe: Callable[[], Any], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _printer(out: TextIO) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    return say

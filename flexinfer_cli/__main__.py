@@ -2,6 +2,8 @@
 
     flexinfer simulate SCENARIO.yaml   play a shared group's decisions over time
     flexinfer demo                     a local control plane, the controller, two models
+    flexinfer dev cluster up|down|env  a local control plane to point kubectl at
+    flexinfer controller ...           the controller (same as python -m flexinfer_k8s)
 
 Each subcommand parses its arguments and calls into the packages; nothing here
 decides anything.
@@ -21,6 +23,15 @@ from flexinfer_core.simulate import Timeline, simulate
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # Subcommands that own their whole argument list are handed it untouched.
+    if args[:2] == ["dev", "cluster"]:
+        from flexinfer_k8s import devcluster
+
+        return devcluster.main(args[2:])
+    if args[:1] == ["controller"]:
+        from flexinfer_k8s.__main__ import main as controller_main
+
+        return controller_main(args[1:])
     parser = argparse.ArgumentParser(prog="flexinfer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="play a scenario through the election core")
@@ -28,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("--json", action="store_true", help="print the timeline as JSON")
     demo = sub.add_parser("demo", help="local control plane + controller + two models")
     demo.add_argument("--keep", action="store_true", help="leave the cluster running")
+    sub.add_parser("dev", help="`flexinfer dev cluster up|down|env`: a local control plane")
+    sub.add_parser("controller", help="run the controller (`flexinfer controller --help`)")
     parsed = parser.parse_args(args)
     try:
         if parsed.command == "simulate":

@@ -73,3 +73,16 @@ def test_bad_scenarios_name_the_field(
 def test_missing_scenario_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["simulate", str(tmp_path / "nope.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_dev_and_controller_are_handed_their_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["controller", "--help"])
+    assert done.value.code == 0
+    assert "--leader-elect" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["dev", "cluster", "--help"])
+    assert done.value.code == 0
+    assert "{up,down,env}" in capsys.readouterr().out

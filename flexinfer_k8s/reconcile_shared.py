@@ -4,8 +4,9 @@ Observe from the cache (Models, their Deployments, Pods and Services, leases),
 call `flexinfer_core.decide_group` with `now` from the clock, then write only what
 `GroupDecision.changes` (plus the recorded phase/generation) says differs:
 
-1. Model status through the status subresource, then that member's Events;
-2. scale-downs through `deployments/scale`;
+1. Model status through the status subresource (a status write records a
+   preemption, so it comes before the scale-down that makes the phase unreadable);
+2. scale-downs through `deployments/scale`, then the Events of the written statuses;
 3. the `ai.flexinfer/active-services` annotation on each member's Service;
 4. scale-ups, only after a *live* Pod list (not the cache) confirms no other
    member of the group has a pod left — break-before-make must not rest on a
@@ -27,6 +28,7 @@ import attrs
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
     DEFAULT_POLICY,
+    Event,
     GroupDecision,
     ModelState,
     Policy,
@@ -35,7 +37,7 @@ from flexinfer_core import (
     reasons,
 )
 from flexinfer_k8s import convert
-from flexinfer_k8s.apply import Writer
+from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.clock import Clock
 from flexinfer_k8s.kubeapi import DEPLOYMENTS, JSON, MODELS, PODS, SERVICES, KubeApi
@@ -216,6 +218,7 @@ class SharedGroupReconciler:
         observed = {s.name: s for s in states}
         changes = {c.name: c for c in decision.changes(states)}
         wrote = ""
+        events: list[tuple[JSON, Event]] = []
 
         # 1. status (conditional on the observed resourceVersion), then its Events.
         for member in decision.members:
@@ -227,23 +230,15 @@ class SharedGroupReconciler:
             ):
                 continue
             status = convert.model_status(obj, member, group=group, now=now)
-            if self.writer.patch_status(MODELS, obj, status) is None:
+            try:
+                written = self.writer.patch_status(MODELS, obj, status)
+            except RetryNow:
+                self._emit(namespace, group, events, now=now)  # theirs are written
+                raise
+            if written is None:
                 continue
             wrote = "yes"
-            for event in member.events:
-                self.writer.event(
-                    obj,
-                    reason=event.reason,
-                    message=event.message,
-                    type=event.type,
-                    now=now,
-                )
-                if group and event.reason in EVICTION_REASONS:
-                    self.metrics.preemptions.labels(
-                        namespace=namespace, group=group, reason=event.reason
-                    ).inc()
-                if group and event.reason == reasons.PROMOTED:
-                    self.metrics.swaps.labels(namespace=namespace, group=group, kind="shared").inc()
+            events.extend((obj, event) for event in member.events)
 
         # 2. scale-downs.
         for member in decision.members:
@@ -254,6 +249,10 @@ class SharedGroupReconciler:
                 and self.writer.scale(namespace, member.name, member.desired_replicas)
             ):
                 wrote = "yes"
+
+        # Events only once their status is written (a retry must not repeat them), and
+        # after the scale-downs, which are what frees the card.
+        self._emit(namespace, group, events, now=now)
 
         # 3. Service annotations.
         for member in decision.members:
@@ -299,6 +298,21 @@ class SharedGroupReconciler:
                 if self.writer.scale(namespace, member.name, member.desired_replicas):
                     wrote = "yes"
         return wrote
+
+    def _emit(
+        self, namespace: str, group: str, events: list[tuple[JSON, Event]], *, now: datetime
+    ) -> None:
+        for obj, event in events:
+            self.writer.event(
+                obj, reason=event.reason, message=event.message, type=event.type, now=now
+            )
+            if group and event.reason in EVICTION_REASONS:
+                self.metrics.preemptions.labels(
+                    namespace=namespace, group=group, reason=event.reason
+                ).inc()
+            if group and event.reason == reasons.PROMOTED:
+                self.metrics.swaps.labels(namespace=namespace, group=group, kind="shared").inc()
+        events.clear()
 
     def _members_with_live_pods(self, namespace: str, names: list[str]) -> set[str]:
         pods = self.api.list(PODS, namespace).get("items") or []

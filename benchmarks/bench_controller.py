@@ -1,0 +1,203 @@
+"""Benchmark: how fast the controller turns demand into a swap, on a real control plane.
+
+Two Models share a group (equal priority, no cooldown, a 1 s demand window so the
+leader goes idle quickly); each round writes `lastActiveTime` on the parked one, as
+the proxy would, and times from watches:
+
+- demand -> scale-down: from just before the `lastActiveTime` PATCH to the old
+  holder's Deployment showing `spec.replicas: 0`;
+- pods gone -> scale-up: from the old holder's last pod DELETED event to the new
+  holder's Deployment showing `spec.replicas: 1`;
+- API writes per swap: the controller's own non-GET requests per round.
+
+The controller runs in-process against a `LocalCluster`; pods load and terminate in
+0.2 s (kwok). Prints one JSON object. Timings are never asserted anywhere.
+
+    .venv/bin/python benchmarks/bench_controller.py --swaps 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from flexinfer_core import Policy  # noqa: E402
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, PODS, KubeApi, Resource, Transient  # noqa: E402
+from flexinfer_k8s.localcluster import LocalCluster  # noqa: E402
+from tests.k8s.harness import Cluster, controller  # noqa: E402
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+POLICY = Policy(
+    demand_window=timedelta(seconds=1),
+    recent_window=timedelta(seconds=1.5),
+    default_swap_cooldown=timedelta(0),
+)
+
+
+class Recorder:
+    """Watch one resource in a namespace; keep (monotonic time, type, object)."""
+
+    def __init__(self, api: KubeApi, resource: Resource, namespace: str) -> None:
+        self.api = api
+        self.resource = resource
+        self.namespace = namespace
+        self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.cond = threading.Condition()
+        self._stop = threading.Event()
+        self._response: Any = None
+        listing = api.list(resource, namespace)
+        self._version = str(listing["metadata"]["resourceVersion"])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.api.watch(
+                    self.resource, self.namespace, resource_version=self._version,
+                    timeout_seconds=60, on_open=self._opened,
+                ):
+                    stamp = time.monotonic()
+                    obj = event["object"]
+                    self._version = obj["metadata"].get("resourceVersion", self._version)
+                    with self.cond:
+                        self.events.append((stamp, event["type"], obj))
+                        self.cond.notify_all()
+            except Transient:
+                if self._stop.wait(0.2):
+                    return
+
+    def _opened(self, response: Any) -> None:
+        self._response = response
+
+    def wait_for(self, predicate: Any, *, after: float, timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for stamp, kind, obj in self.events:
+                    if stamp >= after and predicate(kind, obj):
+                        return stamp
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no matching {self.resource.plural} event")
+                self.cond.wait(remaining)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._response is not None:
+            with contextlib.suppress(Exception):
+                self._response.shutdown()
+
+
+def replicas_are(name: str, value: int) -> Any:
+    def check(kind: str, obj: dict[str, Any]) -> bool:
+        return bool(
+            kind == "MODIFIED"
+            and obj["metadata"]["name"] == name
+            and obj["spec"].get("replicas") == value
+        )
+
+    return check
+
+
+def pod_gone(app: str) -> Any:
+    def check(kind: str, obj: dict[str, Any]) -> bool:
+        return kind == "DELETED" and (obj["metadata"].get("labels") or {}).get("app") == app
+
+    return check
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(max(values), 1),
+        "mean": round(statistics.fmean(values), 1),
+    }
+
+
+def run(swaps: int) -> dict[str, Any]:
+    local = LocalCluster(name="flexinfer-bench-controller")
+    local.start()
+    try:
+        local.kubectl("apply", "--server-side", "-k", str(ROOT / "crds"))
+        local.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        namespace = "bench"
+        admin = KubeApi(local.new_api_client())
+        admin.create(NAMESPACES, "", {"metadata": {"name": namespace}})
+        c = Cluster(local, namespace)
+        for name in ("x", "y"):
+            c.add_model(name, swap_cooldown="0s", idle_timeout="10m",
+                        ready_delay="200ms", terminate_delay="200ms")
+        deployments = Recorder(c.api, DEPLOYMENTS, namespace)
+        pods = Recorder(c.api, PODS, namespace)
+        down: list[float] = []
+        up: list[float] = []
+        writes: list[float] = []
+        c.demand("x")
+        with controller(local, namespace, policy=POLICY) as ctl:
+            c.wait_serving("x")
+            leader, other = "x", "y"
+            for _ in range(swaps):
+                time.sleep(POLICY.demand_window.total_seconds() + 0.1)  # leader idle
+                before = ctl.writes()
+                start = time.monotonic()
+                c.demand(other)
+                scaled_down = deployments.wait_for(replicas_are(leader, 0), after=start)
+                gone = pods.wait_for(pod_gone(leader), after=scaled_down)
+                scaled_up = deployments.wait_for(replicas_are(other, 1), after=gone)
+                c.wait_serving(other)
+                ctl.controller.wait_idle()
+                writes.append(ctl.writes() - before)
+                down.append((scaled_down - start) * 1000)
+                up.append((scaled_up - gone) * 1000)
+                leader, other = other, leader
+        deployments.stop()
+        pods.stop()
+        return {
+            "benchmark": "controller_swap_latency",
+            "swaps": swaps,
+            "demand_to_scale_down_ms": summary(down),
+            "pods_gone_to_scale_up_ms": summary(up),
+            "api_writes_per_swap": {
+                "mean": round(statistics.fmean(writes), 2),
+                "min": min(writes),
+                "max": max(writes),
+            },
+            "setup": {
+                "pod_ready_delay": "200ms",
+                "pod_terminate_delay": "200ms",
+                "demand_window": "1s",
+                "controller": "in-process, 2 workers",
+            },
+        }
+    finally:
+        local.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--swaps", type=int, default=50)
+    args = parser.parse_args()
+    print(json.dumps(run(args.swaps), indent=2))
+
+
+if __name__ == "__main__":
+    main()

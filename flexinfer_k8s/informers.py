@@ -176,27 +176,40 @@ class Informer:
         while not self._stop.is_set():
             try:
                 version = self._list()
-                backoff = 0.2
+            except KubeError as error:
+                # Only a failed list makes the informer unhealthy: a watch that drops
+                # is re-listed first, and the cache stays good until that fails too.
+                self._set_health(False, str(error))
+                self.attempted.set()
+                log.warning(
+                    "list failed; retrying",
+                    extra={"fields": {"informer": self.name, "error": str(error)}},
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            except Exception:  # a handler bug must not kill the informer
+                log.exception("informer failed", extra={"fields": {"informer": self.name}})
+                self.attempted.set()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            backoff = 0.2
+            try:
                 self._watch(version)
             except Gone:
                 log.info("watch expired; re-listing", extra={"fields": {"informer": self.name}})
             except KubeError as error:
                 if self._stop.is_set():
                     return
-                if not self.synced.is_set() or error.status not in (0,):
-                    self._set_health(False, str(error))
-                log.warning(
-                    "list/watch failed; retrying",
+                log.info(
+                    "watch ended; re-listing",
                     extra={"fields": {"informer": self.name, "error": str(error)}},
                 )
-                self.attempted.set()
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-            except Exception:  # a handler bug must not kill the informer
+            except Exception:
                 log.exception("informer failed", extra={"fields": {"informer": self.name}})
-                self.attempted.set()
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
 
     def _list(self) -> str:
         body = self.api.list(self.resource, self.namespace, label_selector=self.label_selector)
@@ -244,7 +257,6 @@ class Informer:
                 if change is not None:
                     self._on_change(*change)
             self._response = None
-
 
     def _opened(self, response: Any) -> None:
         self._response = response

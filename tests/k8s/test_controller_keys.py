@@ -1,0 +1,71 @@
+"""Which keys a watched change queues, without a cluster (the cache is filled by hand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from flexinfer_k8s.controller import Controller
+from flexinfer_k8s.kubeapi import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    GPU_GROUPS,
+    GPU_LEASES,
+    JOBS,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    PODS,
+    KubeApi,
+)
+from flexinfer_k8s.metrics import ControllerMetrics
+
+
+def meta(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": "ns", "resourceVersion": "1", **extra}
+
+
+def controller() -> Controller:
+    ctl = Controller(KubeApi(api_client=None), metrics=ControllerMetrics(CollectorRegistry()),
+                     namespaces=["ns"])
+    put = ctl.cache.store
+    put(MODELS).write_through({"metadata": meta("a"), "spec": {"gpu": {"shared": "g"},
+                                                               "cache": {"modelCacheRef": "c"}}})
+    put(MODELS).write_through({"metadata": meta("solo"), "spec": {}})
+    put(DEPLOYMENTS).write_through(
+        {"metadata": meta("a"), "spec": {"selector": {"matchLabels": {"app": "a"}}}}
+    )
+    put(DEPLOYMENTS).write_through(
+        {"metadata": meta("m1"), "spec": {"selector": {"matchLabels": {"app": "m1"}}}}
+    )
+    put(GPU_GROUPS).write_through({"metadata": meta("gg"), "spec": {"models": [{"name": "m1"}]}})
+    return ctl
+
+
+def test_changes_map_to_the_keys_whose_decision_reads_them() -> None:
+    ctl = controller()
+    pod = {"metadata": meta("a-1", labels={"app": "a"})}
+    assert ctl.keys_for(PODS, pod) == {("shared", "ns", "g")}
+    m1_pod = {"metadata": meta("m1-1", labels={"app": "m1"})}
+    assert ctl.keys_for(PODS, m1_pod) == {("gpugroup", "ns", "gg")}
+    assert ctl.keys_for(PODS, {"metadata": meta("x", labels={"app": "x"})}) == set()
+    assert ctl.keys_for(MODELS, {"metadata": meta("solo"), "spec": {}}) == {
+        ("model", "ns", "solo")
+    }
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, {"metadata": meta("m1")}) == {("gpugroup", "ns", "gg")}
+    lease = {
+        "metadata": meta("c-gpu-lease", ownerReferences=[{"kind": "ModelCache", "name": "c"}]),
+        "spec": {"group": "g"},
+    }
+    assert ctl.keys_for(GPU_LEASES, lease) == {("shared", "ns", "g"), ("finetune", "ns", "c")}
+    legacy = {"metadata": meta("gpu-lease-g", labels={"ai.flexinfer/gpu-lease": "g"}), "data": {}}
+    assert ctl.keys_for(CONFIG_MAPS, legacy) == {("shared", "ns", "g")}
+    assert ctl.keys_for(MODEL_CACHES, {"metadata": meta("c")}) == {
+        ("finetune", "ns", "c"),
+        ("shared", "ns", "g"),  # a references the cache: its readiness changes a's runnable
+    }
+    job = {"metadata": meta("c-finetune", ownerReferences=[{"kind": "ModelCache", "name": "c"}])}
+    assert ctl.keys_for(JOBS, job) == {("finetune", "ns", "c")}
+    assert ctl.all_keys() == {("shared", "ns", "g"), ("model", "ns", "solo"),
+                              ("gpugroup", "ns", "gg")}

@@ -275,6 +275,12 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         "Duplicate",
     ),
     (
+        "member-name-too-long",
+        lambda: gpu_group(models=[{"name": "m" * 64}]),
+        "spec.models[0].name",
+        "63",
+    ),
+    (
         "drain-301",
         lambda: gpu_group(scalingPolicy={"drainTimeoutSeconds": 301}),
         "spec.scalingPolicy.drainTimeoutSeconds",

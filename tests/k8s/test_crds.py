@@ -563,3 +563,17 @@ def test_printer_columns_show_status_and_short_names(
         "kwok-node-0",
         "2031-05-06T07:08:09Z",
     ]
+
+
+def test_kubectl_get_flexinfer_lists_every_kind(
+    kubectl: Kubectl, examples_applied: None, namespace: str
+) -> None:
+    output = kubectl.ok("get", "flexinfer", "-n", namespace, "-o", "name")
+    kinds = {line.split("/")[0] for line in output.split()}
+    assert kinds == {
+        "model.ai.flexinfer",
+        "gpulease.ai.flexinfer",
+        "gpugroup.ai.flexinfer",
+        "modelcache.ai.flexinfer",
+        "modeldeployment.ai.flexinfer",
+    }

@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from flexinfer_k8s.__main__ import parse_args
+from flexinfer_proxy.__main__ import build_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = ROOT / "crds"
 EXAMPLES_DIR = ROOT / "examples"
@@ -456,3 +459,19 @@ def test_dockerfile_copies_every_packaged_module_and_runs_as_non_root() -> None:
     (user,) = [args[0] for op, *args in instructions if op == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can check it
+
+
+def test_deployment_commands_parse_with_the_real_entry_points() -> None:
+    """A renamed flag must fail here, not in a crash-looping pod."""
+    commands = {
+        doc["metadata"]["name"]: doc["spec"]["template"]["spec"]["containers"][0]["command"]
+        for doc in deploy_documents()
+        if doc["kind"] == "Deployment"
+    }
+    controller = commands["flexinfer-controller"]
+    assert controller[:3] == ["python", "-m", "flexinfer_k8s"]
+    args = parse_args(controller[3:])
+    assert (args.leader_elect, args.metrics_port, args.health_port) == (True, 8080, 8081)
+    proxy = commands["flexinfer-proxy"]
+    assert proxy[:3] == ["python", "-m", "flexinfer_proxy"]
+    assert build_parser().parse_args(proxy[3:]).port == 8000

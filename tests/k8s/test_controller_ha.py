@@ -101,10 +101,14 @@ def test_a_controller_restarted_mid_swap_converges(
         c.demand("b")
         wait_until(lambda: c.replicas("a") == 0, what="a scaled down", interval=0.05)
         first.kill()
+        preempted_at = c.status("a")["sharedGroup"]["preemptedAt"]
         second = ControllerProcess(local_cluster, c.namespace, log=tmp_path / "second.log")
         c.wait_serving("b")
+        # The restart did not preempt a second time (no new stamp, no second Event; the
+        # first Event may be lost if the kill came between the scale-down and it).
+        assert c.status("a")["sharedGroup"]["preemptedAt"] == preempted_at
         events = [e["reason"] for e in c.events("a")]
-        assert events.count("Preempted") == 1  # the restart did not preempt twice
+        assert events.count("Preempted") <= 1
     finally:
         first.kill()
         if second is not None:

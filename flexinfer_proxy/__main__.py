@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="shortest queue wait (default 60s; a longer coldStartTimeout extends it)",
     )
     parser.add_argument("--retry-after", type=int, default=10, help="Retry-After seconds on 503")
+    parser.add_argument(
+        "--max-per-backend",
+        type=int,
+        default=0,
+        help="concurrent requests per backend; more wait in order (default 0: no cap)",
+    )
     return parser
 
 
@@ -96,6 +102,7 @@ async def run(args: argparse.Namespace) -> None:
     config = ProxyConfig(
         min_queue_wait=timedelta(seconds=args.min_queue_wait),
         retry_after_seconds=args.retry_after,
+        max_per_backend=args.max_per_backend,
     )
     proxy = Proxy(directory, KubeDemandSink(client), config=config)
     runner, port = await serve(proxy, host=args.host, port=args.port)

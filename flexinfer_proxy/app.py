@@ -57,6 +57,8 @@ class ProxyConfig:
 
     # Requests carry whole conversations (and embedding batches): aiohttp's 1 MiB is too small.
     max_body_bytes: int = 64 * 1024 * 1024
+    # Concurrent requests per backend; 0 = no cap. Extra requests wait in order.
+    max_per_backend: int = 0
 
     def wait_limit(self, entry: ModelEntry) -> float:
         return max(self.min_queue_wait, entry.cold_start_timeout).total_seconds()
@@ -129,7 +131,7 @@ class Proxy:
         return app
 
     async def _startup(self, app: web.Application) -> None:
-        self._session = new_upstream_session()
+        self._session = new_upstream_session(max_per_backend=self.config.max_per_backend)
         await self.directory.start()
 
     async def _shutdown(self, app: web.Application) -> None:
@@ -197,9 +199,11 @@ class Proxy:
         assert self._session is not None, "the proxy was not started"
         self.signaller.served(entry)
         url = backend_url(entry, request)
-        on_sent = ticket.dispatched if ticket is not None else _nothing
+        on_dispatched = ticket.dispatched if ticket is not None else _nothing
         try:
-            response = await relay(self._session, request, url=url, body=body, on_sent=on_sent)
+            response = await relay(
+                self._session, request, url=url, body=body, on_dispatched=on_dispatched
+            )
         except BackendUnavailable as error:
             log.warning("backend of %s unreachable at %s: %s", entry.name, url, error)
             self.metrics.request_done(entry.name, OUTCOME_BACKEND_UNAVAILABLE)

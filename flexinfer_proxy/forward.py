@@ -50,31 +50,40 @@ def upstream_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
-def _on_headers_sent() -> aiohttp.TraceConfig:
-    """Tell the request's `on_sent` callback when its headers went out on the wire."""
+def _dispatch_tracer() -> aiohttp.TraceConfig:
+    """Call the request's `on_dispatched` once its place in line is fixed.
 
-    async def headers_sent(
+    That is when its headers are on the wire, or when it waits in the connection
+    pool's first-in-first-out line for a busy backend (`max_per_backend`).
+    """
+
+    async def dispatched(
         session: aiohttp.ClientSession, context: SimpleNamespace, params: Any
     ) -> None:
-        callback = getattr(context, "trace_request_ctx", None) or {}
-        on_sent = callback.get("on_sent")
-        if on_sent is not None:
-            on_sent()
+        callbacks = getattr(context, "trace_request_ctx", None) or {}
+        on_dispatched = callbacks.get("on_dispatched")
+        if on_dispatched is not None:
+            on_dispatched()
 
     trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(headers_sent)
+    trace.on_connection_queued_start.append(dispatched)
+    trace.on_request_headers_sent.append(dispatched)
     return trace
 
 
 def new_upstream_session(
-    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, max_per_backend: int = 0
 ) -> aiohttp.ClientSession:
-    """One pooled session for all backends; no total timeout (generation can be long)."""
+    """One pooled session for all backends; no total timeout (generation can be long).
+
+    `max_per_backend` > 0 caps concurrent requests to one backend (e.g. a server
+    with a single slot); further requests wait in line, in order.
+    """
     return aiohttp.ClientSession(
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-        connector=aiohttp.TCPConnector(limit=0),
-        trace_configs=[_on_headers_sent()],
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=max_per_backend),
+        trace_configs=[_dispatch_tracer()],
     )
 
 
@@ -84,7 +93,7 @@ async def relay(
     *,
     url: str,
     body: bytes,
-    on_sent: Callable[[], None] = lambda: None,
+    on_dispatched: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
     """Send `body` to `url` and stream the backend's answer back to the client."""
     try:
@@ -93,7 +102,7 @@ async def relay(
             url,
             data=body,
             headers=upstream_headers(request.headers),
-            trace_request_ctx={"on_sent": on_sent},
+            trace_request_ctx={"on_dispatched": on_dispatched},
         )
     except (TimeoutError, aiohttp.ClientConnectionError) as error:
         raise BackendUnavailable(str(error) or type(error).__name__) from error

@@ -14,6 +14,9 @@ from flexinfer_proxy.directory import ModelKind
 from .harness import BackendProcess, RunningProxy, async_test, entry, eventually, running_proxy
 
 SHORT_WAIT = ProxyConfig(min_queue_wait=timedelta(milliseconds=200))
+# One connection per backend: the backend then sees requests exactly in dispatch
+# order (on parallel connections its handlers may start slightly out of order).
+ONE_AT_A_TIME = ProxyConfig(max_per_backend=1)
 
 
 def _tags(count: int) -> list[str]:
@@ -38,7 +41,7 @@ async def test_queued_requests_drain_oldest_first_once_ready(
 ) -> None:
     alpha = backends["alpha"]
     tags = _tags(5)
-    async with running_proxy([entry("a", alpha.endpoint, ready=False)]) as p:
+    async with running_proxy([entry("a", alpha.endpoint, ready=False)], config=ONE_AT_A_TIME) as p:
         tasks = await _queue_requests(p, "a", tags)
         assert p.metric("flexinfer_proxy_queued_requests", model="a") == 5
         assert not any(t.done() for t in tasks)
@@ -60,7 +63,7 @@ async def test_new_requests_wait_behind_the_queue_while_it_drains(
 ) -> None:
     alpha = backends["alpha"]
     tags = _tags(3)
-    async with running_proxy([entry("a", alpha.endpoint, ready=False)]) as p:
+    async with running_proxy([entry("a", alpha.endpoint, ready=False)], config=ONE_AT_A_TIME) as p:
         tasks = await _queue_requests(p, "a", tags[:2])
         # Ready, but the drain has not run yet: the newcomer must not jump the line.
         p.directory.put(entry("a", alpha.endpoint, ready=True))
@@ -249,3 +252,32 @@ async def test_shutting_down_answers_queued_requests_with_a_503(
         assert status == 503
         assert body["error"]["code"] == "proxy_restarting"
         assert p.metric("flexinfer_proxy_requests_total", model="a", outcome="proxy_closing") == 1
+
+
+@async_test
+async def test_a_long_answer_does_not_hold_up_the_drain(
+    backends: dict[str, BackendProcess],
+) -> None:
+    alpha = backends["alpha"]
+    tags = _tags(3)
+    async with running_proxy([entry("a", alpha.endpoint, ready=False)], config=ONE_AT_A_TIME) as p:
+
+        async def stream(tag: str) -> str:
+            payload = {"model": "a", "stream": True, "hold": True, "tag": tag}
+            async with p.post("/v1/chat/completions", payload) as response:
+                return (await response.content.read()).decode()
+
+        tasks = []
+        for position, tag in enumerate(tags, start=1):
+            tasks.append(asyncio.create_task(stream(tag)))
+            await p.queued("a", position)
+        p.directory.set_ready("a")
+        # The first answer is held open by the backend, yet every request left the
+        # proxy's queue: the rest wait for the backend's single connection, in order.
+        await p.queued("a", 0)
+        assert not any(t.done() for t in tasks)
+        for tag in tags:
+            await alpha.release(p.session, tag)
+        bodies = await asyncio.gather(*tasks)
+        assert all(body.endswith("data: [DONE]\n\n") for body in bodies)
+        assert [t for t in await alpha.arrivals(p.session) if t in tags] == tags

@@ -117,6 +117,10 @@ class Proxy:
         )
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def _retry_after(self) -> int:
+        return max(1, self.config.retry_after_seconds)
+
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         for path in OPENAI_ROUTES:
@@ -155,6 +159,9 @@ class Proxy:
         entry = self.directory.lookup(name)
         if entry is None:
             self.metrics.request_done("", OUTCOME_UNKNOWN_MODEL)
+            if not self.directory.synced:
+                # Right after start the model may exist but not be listed yet.
+                return openai_errors.directory_syncing(name, retry_after=self._retry_after)
             return openai_errors.model_not_found(name)
         ticket: Ticket | None = None
         if not entry.ready or self.queues.depth(name):
@@ -180,7 +187,7 @@ class Proxy:
         if result is WaitResult.ADMITTED:
             self.metrics.queue_wait.labels(model=entry.name).observe(self.queues.waited(ticket))
             return ticket, None
-        retry_after = max(1, self.config.retry_after_seconds)
+        retry_after = self._retry_after
         if result is WaitResult.CLOSING:
             self._queue_done(entry.name, ticket, OUTCOME_PROXY_CLOSING)
             return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)

@@ -6,6 +6,10 @@ and re-lists. Objects are kept raw; a name's `ModelEntry` is recomputed whenever
 its Model, ModelDeployment or Service changes, and listeners are called on the
 event loop (never on a watch thread) when the entry changed.
 
+A Model is Ready when `status.phase` is Ready; a ModelDeployment when
+`status.readyReplicas` >= 1 (or, while the controller does not write that field,
+when `status.phase` is Running).
+
 A name resolves to the first namespace (in the order given) that has it, a Model
 before a ModelDeployment. The endpoint is, in order: an explicit override, the
 Service named like the model (its `http` port, else 8000, else its first port),

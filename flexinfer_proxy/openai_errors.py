@@ -68,3 +68,14 @@ def proxy_closing(model: str, *, retry_after: int) -> web.Response:
         code="proxy_restarting",
         headers={"Retry-After": str(retry_after)},
     )
+
+
+def directory_syncing(model: str, *, retry_after: int) -> web.Response:
+    return error_response(
+        503,
+        f"The proxy is still loading the list of models and does not know '{model}' yet; "
+        f"retry after {retry_after}s.",
+        error_type="server_error",
+        code="proxy_starting",
+        headers={"Retry-After": str(retry_after)},
+    )

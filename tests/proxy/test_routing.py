@@ -6,7 +6,13 @@ import json
 import socket
 import uuid
 
-from .harness import BackendProcess, async_test, entry, running_proxy
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from flexinfer_proxy.app import Proxy, serve
+from flexinfer_proxy.directory import InMemoryDirectory
+
+from .harness import BackendProcess, RecordingSink, async_test, entry, running_proxy
 
 
 def _tag() -> str:
@@ -147,3 +153,27 @@ async def test_models_health_readiness_and_metrics_over_http(
         assert "flexinfer_proxy_queue_wait_seconds" in text
         written = 'model="a",result="written",signal="served"'
         assert f"flexinfer_proxy_demand_writes_total{{{written}}} 1.0" in text
+
+
+class _Syncing(InMemoryDirectory):
+    @property
+    def synced(self) -> bool:
+        return False
+
+
+@async_test
+async def test_before_the_first_list_an_unknown_model_is_a_503_not_a_404() -> None:
+    proxy = Proxy(_Syncing(), RecordingSink(), registry=CollectorRegistry())
+    runner, port = await serve(proxy, host="127.0.0.1", port=0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{port}"
+            async with session.post(f"{url}/v1/chat/completions", json={"model": "m"}) as answer:
+                body = await answer.json()
+                assert answer.status == 503
+                assert answer.headers["Retry-After"] == "10"
+                assert body["error"]["code"] == "proxy_starting"
+            async with session.get(f"{url}/readyz") as answer:
+                assert answer.status == 503
+    finally:
+        await runner.cleanup()

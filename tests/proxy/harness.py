@@ -103,10 +103,12 @@ class RecordingSink:
 
     marks: list[tuple[str, datetime]] = attrs.field(factory=list)
     reports: list[tuple[str, QueueReport | None]] = attrs.field(factory=list)
+    # What the next timestamp writes answer (then WRITTEN), as the cluster might.
+    outcomes: list[MarkOutcome] = attrs.field(factory=list)
 
     async def mark_active(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
         self.marks.append((entry.name, now))
-        return MarkOutcome(WRITTEN)
+        return self.outcomes.pop(0) if self.outcomes else MarkOutcome(WRITTEN)
 
     async def report_queue(
         self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
@@ -182,9 +184,10 @@ async def running_proxy(
     *,
     config: ProxyConfig | None = None,
     clock: Clock | None = None,
+    sink: RecordingSink | None = None,
 ) -> AsyncIterator[RunningProxy]:
     directory = InMemoryDirectory(entries)
-    sink = RecordingSink()
+    sink = sink or RecordingSink()
     manual = clock if isinstance(clock, ManualClock) else ManualClock()
     registry = CollectorRegistry()
     proxy = Proxy(directory, sink, clock=manual, registry=registry, config=config)

@@ -8,10 +8,18 @@ from datetime import timedelta
 from typing import Any
 
 from flexinfer_proxy.app import ProxyConfig
-from flexinfer_proxy.demand import QueueReport
+from flexinfer_proxy.demand import CONFLICTED, SET_BY_OTHER, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import ModelKind
 
-from .harness import BackendProcess, RunningProxy, async_test, entry, eventually, running_proxy
+from .harness import (
+    BackendProcess,
+    RecordingSink,
+    RunningProxy,
+    async_test,
+    entry,
+    eventually,
+    running_proxy,
+)
 
 SHORT_WAIT = ProxyConfig(min_queue_wait=timedelta(milliseconds=200))
 # One connection per backend: the backend then sees requests exactly in dispatch
@@ -281,3 +289,20 @@ async def test_a_long_answer_does_not_hold_up_the_drain(
         bodies = await asyncio.gather(*tasks)
         assert all(body.endswith("data: [DONE]\n\n") for body in bodies)
         assert [t for t in await alpha.arrivals(p.session) if t in tags] == tags
+
+
+@async_test
+async def test_conflicts_are_counted_and_a_write_that_did_not_count_is_retried(
+    backends: dict[str, BackendProcess],
+) -> None:
+    sink = RecordingSink(outcomes=[MarkOutcome(CONFLICTED, 3), MarkOutcome(SET_BY_OTHER, 3)])
+    async with running_proxy([entry("a", backends["alpha"].endpoint)], sink=sink) as p:
+        # Not recorded: the next request (same minute) tries again; that one counts.
+        for _ in range(3):
+            assert (await p.chat("a"))[0] == 200
+            await p.proxy.signaller.flush()
+        assert len(sink.marks_for("a")) == 2
+        assert p.metric("flexinfer_proxy_demand_conflicts_total", model="a") == 6
+        for result in (CONFLICTED, SET_BY_OTHER):
+            labels = {"model": "a", "signal": "served", "result": result}
+            assert p.metric("flexinfer_proxy_demand_writes_total", **labels) == 1

@@ -240,8 +240,8 @@ class RunningController:
         self.metrics = metrics
         self.endpoints = endpoints
 
-    def scrape(self) -> str:
-        url = f"http://127.0.0.1:{self.endpoints.port}/metrics"
+    def scrape(self, path: str = "/metrics") -> str:
+        url = f"http://127.0.0.1:{self.endpoints.port}{path}"
         with urllib.request.urlopen(url, timeout=10) as response:
             return str(response.read().decode())
 
@@ -273,7 +273,9 @@ def controller(
         watch_timeout=30,
         identity=f"test-{namespace}",
     )
-    endpoints = HttpEndpoints(0, registry=registry, host="127.0.0.1").start()
+    endpoints = HttpEndpoints(
+        0, registry=registry, healthz=ctl.healthy, readyz=ctl.ready, host="127.0.0.1"
+    ).start()
     ctl.start(sync_timeout=30)
     try:
         yield RunningController(ctl, metrics, endpoints)

@@ -185,3 +185,10 @@ def test_a_rollout_restart_of_the_leader_does_not_let_others_in(
     timeline.stop()
     assert timeline.violations == []
     assert set(timeline.created_apps()) == {"a"}
+
+
+def test_health_and_metrics_endpoints(local_cluster: object, cluster: Cluster) -> None:
+    with controller(local_cluster, cluster.namespace) as ctl:  # type: ignore[arg-type]
+        assert ctl.scrape("/healthz") == "ok"
+        assert ctl.scrape("/readyz") == "ok"
+        assert "flexinfer_api_requests_total" in ctl.scrape("/metrics")

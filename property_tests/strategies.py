@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import attrs
 from hypothesis import strategies as st
@@ -32,6 +33,9 @@ from flexinfer_core import (
     apply_decision,
     decide_group,
 )
+from property_tests import oracle
+
+_T = TypeVar("_T")
 
 EPOCH = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMESPACE = "team-a"
@@ -275,17 +279,195 @@ def group_scenarios(
     )
 
 
+# --- groups shaped for one rule of spec 1.2 ------------------------------------------
+
+
+_INDEX = st.integers(min_value=0, max_value=63)
+_PARKED_STATE = st.sampled_from((None, SharedState.QUEUED))
+_LOADING_PHASE = st.sampled_from((Phase.PENDING, Phase.LOADING))
+
+
+def _pick(draw: st.DrawFn, choices: Sequence[_T]) -> _T:
+    """One of `choices` without building a strategy per draw (shrinks to the first)."""
+    return choices[draw(_INDEX) % len(choices)]
+
+
+@functools.cache
+def _scenarios(min_size: int) -> st.SearchStrategy[GroupScenario]:
+    return group_scenarios(min_size=min_size, with_leases=True)
+
+
+def _unleased(sc: GroupScenario) -> tuple[GpuLease, ...]:
+    """The scenario's leases minus any that would park the group (keeps expired ones)."""
+    return tuple(x for x in sc.leases if not active_lease((x,), sc.now))
+
+
+@st.composite
+def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenario, str, str]:
+    """A group whose Ready holder L is the best Ready member, and one demanded challenger C.
+
+    `relation` is C's priority relative to L: "lower", "equal" (L busy) or "higher".
+    Preconditions per spec 1.2: no forcePromotion, no active lease, L the only
+    Active member (so rule 5 cannot fire and rule 4 would keep L). For "higher" no
+    cooldown either; for the others, no member at or above L's priority (above
+    for "equal") is demanded, so C is the strongest demand there is.
+    """
+    sc = draw(_scenarios(2))
+    names = sorted(m.name for m in sc.models)
+    leader_name = _pick(draw, names)
+    challenger = _pick(draw, [n for n in names if n != leader_name])
+    now = sc.now
+    leader_priority = _pick(draw, (50, 100, 500))
+    if relation == "lower":
+        challenger_priority = _pick(draw, [p for p in PRIORITIES if p < leader_priority])
+    elif relation == "equal":
+        challenger_priority = leader_priority
+    else:
+        challenger_priority = _pick(draw, [p for p in PRIORITIES if p > leader_priority])
+
+    models: dict[str, ModelState] = {}
+    for m in sc.models:
+        m = attrs.evolve(m, force_promotion=False)
+        if m.name == leader_name:
+            last_active = now - draw(DEMANDED_AGES) if relation == "equal" else m.last_active
+            m = attrs.evolve(
+                m,
+                priority=leader_priority,
+                phase=Phase.READY,
+                shared_state=SharedState.ACTIVE,
+                cache_ready=True,
+                last_active=last_active,
+            )
+        else:
+            m = attrs.evolve(m, shared_state=draw(_PARKED_STATE))
+        if m.name == challenger:
+            m = attrs.evolve(
+                m,
+                priority=challenger_priority,
+                last_active=now - draw(DEMANDED_AGES),
+                cache_ready=True,
+                phase=Phase.IDLE if m.phase in (Phase.FAILED, Phase.READY) else m.phase,
+            )
+        models[m.name] = m
+    leader = models[leader_name]
+    for name, m in models.items():
+        if name == leader_name:
+            continue
+        if m.phase is Phase.READY and oracle.rank(m) < oracle.rank(leader):
+            m = attrs.evolve(m, phase=Phase.PREEMPTED)
+        stronger = (
+            m.priority >= leader_priority if relation == "lower" else m.priority > (leader_priority)
+        )
+        if (
+            relation != "higher"
+            and name != challenger
+            and stronger
+            and oracle.runnable(m)
+            and oracle.demanded(m, now)
+        ):
+            m = attrs.evolve(m, last_active=now - oracle.DEMAND_WINDOW - draw(SHORT_AGES))
+        models[name] = m
+    members = tuple(models[m.name] for m in sc.models)
+    if relation == "higher":
+        window = oracle.cooldown(members)
+        members = tuple(
+            attrs.evolve(m, preempted_at=now - window - draw(SHORT_AGES))
+            if m.preempted_at is not None and now - m.preempted_at < window
+            else m
+            for m in members
+        )
+    return attrs.evolve(sc, models=members, leases=_unleased(sc)), leader_name, challenger
+
+
+@st.composite
+def loading_holder_scenarios(draw: st.DrawFn, *, challenged: bool) -> tuple[GroupScenario, str]:
+    """L is the only Active member, Pending or Loading, demanded within its loading grace.
+
+    No forcePromotion, no active lease and no cooldown (rule 4 would keep L too).
+    `challenged`: some runnable member of strictly higher priority is demanded;
+    otherwise none is.
+    """
+    sc = draw(_scenarios(2 if challenged else 1))
+    now = sc.now
+    names = sorted(m.name for m in sc.models)
+    holder_name = _pick(draw, names)
+    holder_priority = _pick(draw, (0, 50, 100, 500))
+    models = []
+    for m in sc.models:
+        m = attrs.evolve(m, force_promotion=False)
+        if m.name == holder_name:
+            grace = max(oracle.RECENT_WINDOW, m.serverless.cold_start_timeout)
+            age = draw(AGES)
+            if age > grace:  # fold into [0, grace]: the grace is inclusive
+                age %= grace + timedelta(microseconds=1)
+            m = attrs.evolve(
+                m,
+                priority=holder_priority,
+                phase=draw(_LOADING_PHASE),
+                shared_state=SharedState.ACTIVE,
+                last_active=now - age,
+            )
+        else:
+            m = attrs.evolve(m, shared_state=draw(_PARKED_STATE))
+            if (
+                not challenged
+                and m.priority > holder_priority
+                and oracle.runnable(m)
+                and oracle.demanded(m, now)
+            ):
+                m = attrs.evolve(m, last_active=now - oracle.DEMAND_WINDOW)
+        models.append(m)
+    if challenged:
+        challenger = _pick(draw, [n for n in names if n != holder_name])
+        models = [
+            attrs.evolve(
+                m,
+                priority=_pick(draw, [p for p in PRIORITIES if p > holder_priority]),
+                last_active=now - draw(DEMANDED_AGES),
+                cache_ready=True,
+                phase=Phase.IDLE if m.phase is Phase.FAILED else m.phase,
+            )
+            if m.name == challenger
+            else m
+            for m in models
+        ]
+    window = oracle.cooldown(models)
+    models = [
+        attrs.evolve(m, preempted_at=now - window)
+        if m.preempted_at is not None and now - m.preempted_at < window
+        else m
+        for m in models
+    ]
+    return attrs.evolve(sc, models=tuple(models), leases=_unleased(sc)), holder_name
+
+
+def contested_scenarios() -> st.SearchStrategy[GroupScenario]:
+    """Any group, or one shaped so that a rule about who displaces whom is in play."""
+    return st.one_of(
+        group_scenarios(with_leases=True, lease_unreadable=None),
+        *(ready_leader_scenarios(r).map(lambda c: c[0]) for r in ("lower", "equal", "higher")),
+        loading_holder_scenarios(challenged=False).map(lambda c: c[0]),
+        loading_holder_scenarios(challenged=True).map(lambda c: c[0]),
+    )
+
+
 # --- GPUGroup (v1alpha1) -------------------------------------------------------------
 
 
 _QUEUED = st.sampled_from((0, 0, 1, 2, 3, 5))
-_WAIT_AGES = durations(120)
+# The GPUGroup thresholds: 10s hysteresis, 30s minimum run, 60s cooldown.
+_GG_MARKS = tuple(
+    timedelta(seconds=s) + nudge
+    for s in (10, 30, 60)
+    for nudge in (timedelta(0), _ONE_US, -_ONE_US)
+)
+_WAIT_AGES = st.one_of(st.sampled_from((timedelta(0), *_GG_MARKS)), durations(120))
 _GG_IDLE = st.sampled_from((timedelta(seconds=300), timedelta(seconds=20)))
-_GG_PREEMPTED_AGE = st.one_of(st.none(), durations(180))
+_GG_PREEMPTED_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(180))
 _GG_PREEMPTED_BY = st.sampled_from(("", "alpha"))
 _EXISTS = st.sampled_from((True, True, True, True, False))
 _GG_NAMES = st.lists(st.sampled_from(MEMBER_NAMES[:5]), min_size=1, max_size=4, unique=True)
-_SWAP_AGE = st.one_of(st.none(), durations(600))
+_SWAP_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(600))
 _ANTI_THRASHING = st.builds(
     AntiThrashing,
     enabled=st.sampled_from((True, True, True, False)),

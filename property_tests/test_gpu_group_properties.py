@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import attrs
-from hypothesis import given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from flexinfer_core import (
@@ -45,33 +45,27 @@ def member_order(m: GpuGroupMember) -> tuple[int, int, float, str]:
     return (0 if m.queued else 1, -m.priority, waiting, m.name)
 
 
-@given(gpu_group_states(), st.data())
-def test_deterministic_and_independent_of_member_order(case: Case, data: st.DataObject) -> None:
-    state, now = case
+def check_deterministic(
+    state: GpuGroupState, now: datetime, decision: GpuGroupDecision, data: st.DataObject
+) -> None:
+    """Deciding twice gives the same decision; so does listing the members in another order."""
+    assert decide_gpu_group(state, now=now) == decision
     shuffled = attrs.evolve(state, members=data.draw(st.permutations(state.members)))
-    first = decide_gpu_group(state, now=now)
-    assert decide_gpu_group(state, now=now) == first
     # The members come from spec.models[], whose order the user fixes; only a message
     # that lists missing members may follow it.
     assert attrs.evolve(decide_gpu_group(shuffled, now=now), message="") == attrs.evolve(
-        first, message=""
+        decision, message=""
     )
 
 
-@given(gpu_group_states())
-def test_at_most_one_member_wants_replicas(case: Case) -> None:
-    state, now = case
-    decision = decide_gpu_group(state, now=now)
+def check_one_scaled_member(decision: GpuGroupDecision) -> None:
+    """At most one member wants replicas, and it is the active model."""
     scaled = [name for name, n in decision.desired_replicas if n > 0]
-    assert len(scaled) <= 1
-    if scaled:
-        assert scaled == [decision.active_model]
+    assert scaled in ([], [decision.active_model])
 
 
-@given(gpu_group_states())
-def test_graceful_swap_breaks_before_it_makes(case: Case) -> None:
-    state, now = case
-    decision = decide_gpu_group(state, now=now)
+def check_graceful_drain(state: GpuGroupState, now: datetime, decision: GpuGroupDecision) -> None:
+    """Graceful: the holder starts only once the others' pods are gone or the drain timed out."""
     for name, replicas in decision.desired_replicas:
         member = state.member(name)
         assert member is not None
@@ -83,6 +77,15 @@ def test_graceful_swap_breaks_before_it_makes(case: Case) -> None:
             assert state.preemption_policy is PreemptionPolicy.IMMEDIATE or (
                 now >= swapped + state.drain_timeout
             )
+
+
+@given(gpu_group_states(), st.data())
+def test_every_decision_keeps_the_invariants(case: Case, data: st.DataObject) -> None:
+    state, now = case
+    decision = decide_gpu_group(state, now=now)
+    check_deterministic(state, now, decision, data)
+    check_one_scaled_member(decision)
+    check_graceful_drain(state, now, decision)
 
 
 @given(gpu_group_states())
@@ -100,25 +103,22 @@ def test_recording_the_decision_is_a_fixed_point(case: Case) -> None:
     assert again.phase == first.phase
 
 
-def _gate_holds(state: GpuGroupState, winner: GpuGroupMember, now: datetime) -> bool:
-    """spec 3.3–3.4, written out: does some anti-thrashing rule keep the current model?"""
+def _gate_holds(state: GpuGroupState, winner: GpuGroupMember, now: datetime) -> str | None:
+    """spec 3.3–3.4, written out: which anti-thrashing rule keeps the current model, if any
+    ("several" when more than one does)."""
     anti = state.anti_thrashing
-    return (
-        winner.queued < anti.request_queue_threshold
-        or (
-            anti.hysteresis_window.total_seconds() > 0
-            and winner.oldest_waiting is not None
-            and now - winner.oldest_waiting < anti.hysteresis_window
-        )
-        or (
-            state.last_swap_time is not None
-            and now - state.last_swap_time < anti.minimum_run_duration
-        )
-        or (
-            winner.preempted_at is not None
-            and now - winner.preempted_at < anti.cooldown_after_preemption
-        )
-    )
+    gates = {
+        "queue below threshold": winner.queued < anti.request_queue_threshold,
+        "hysteresis": anti.hysteresis_window.total_seconds() > 0
+        and winner.oldest_waiting is not None
+        and now - winner.oldest_waiting < anti.hysteresis_window,
+        "minimum run": state.last_swap_time is not None
+        and now - state.last_swap_time < anti.minimum_run_duration,
+        "cooldown after preemption": winner.preempted_at is not None
+        and now - winner.preempted_at < anti.cooldown_after_preemption,
+    }
+    holding = [name for name, holds in gates.items() if holds]
+    return holding[0] if len(holding) == 1 else ("several" if holding else None)
 
 
 def _in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> bool:
@@ -127,7 +127,34 @@ def _in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> boo
     return current.queued > 0 or (bool(times) and now - max(times) < current.idle_timeout)
 
 
-@given(gpu_group_states())
+@st.composite
+def contested_states(draw: st.DrawFn) -> Case:
+    """Anti-thrashing on; the current model is in use and a queued model outranks it."""
+    state, now = draw(gpu_group_states())
+    assume(len(state.members) >= 2)
+    current, challenger = draw(st.permutations([m.name for m in state.members]))[:2]
+    members = tuple(
+        attrs.evolve(m, exists=True, last_request=now - draw(_RECENT))
+        if m.name == current
+        else attrs.evolve(
+            m,
+            exists=True,
+            priority=1000,
+            queued=max(1, m.queued),
+            oldest_waiting=m.oldest_waiting or now,
+        )
+        if m.name == challenger
+        else m
+        for m in state.members
+    )
+    anti = attrs.evolve(state.anti_thrashing, enabled=True)
+    return attrs.evolve(state, members=members, current_model=current, anti_thrashing=anti), now
+
+
+_RECENT = st.sampled_from((timedelta(0), timedelta(seconds=5), timedelta(seconds=19)))
+
+
+@given(st.one_of(gpu_group_states(), contested_states()))
 def test_anti_thrashing_never_swaps_while_a_gate_holds(case: Case) -> None:
     state, now = case
     existing = sorted((m for m in state.members if m.exists), key=member_order)
@@ -143,7 +170,9 @@ def test_anti_thrashing_never_swaps_while_a_gate_holds(case: Case) -> None:
     winner = existing[0]
     if winner.name == current.name or not _in_use(state, current, now):
         return
-    if _gate_holds(state, winner, now):
+    gate = _gate_holds(state, winner, now)
+    event(f"gate: {gate}")
+    if gate:
         assert decision.action is not GpuGroupAction.SWAP
         assert decision.active_model == current.name
         assert decision.swap_count == state.swap_count

@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from flexinfer_core import (
-    ModelState,
+    GroupDecision,
     Phase,
     SharedState,
     apply_decision,
@@ -21,91 +21,62 @@ from flexinfer_core import (
 )
 from property_tests import oracle
 from property_tests.strategies import (
-    AGES,
-    PRIORITIES,
     GroupScenario,
     active_lease,
+    contested_scenarios,
     durations,
     group_scenarios,
     leases,
+    loading_holder_scenarios,
+    ready_leader_scenarios,
 )
 
-# --- shapes that hold for every input -----------------------------------------------
+# --- what holds for every input ----------------------------------------------------
+#
+# Hypothesis spends most of its time generating; the invariants that need nothing but
+# a group share one test, each a named check, so each still sees every example.
 
 
-@given(group_scenarios(with_leases=True, lease_unreadable=None))
-def test_at_most_one_leader_and_it_is_the_only_active_member(sc: GroupScenario) -> None:
-    decision = sc.decide()
+def check_one_leader(sc: GroupScenario, decision: GroupDecision) -> None:
+    """At most one leader, and it is the only Active member."""
     active = [m.name for m in decision.members if m.state is SharedState.ACTIVE]
     assert active == ([decision.leader] if decision.leader is not None else [])
     assert sorted(m.name for m in decision.members) == sorted(m.name for m in sc.models)
 
 
-@given(group_scenarios(with_leases=True, lease_unreadable=None))
-def test_at_most_one_member_wants_replicas_and_it_is_the_leader(sc: GroupScenario) -> None:
-    decision = sc.decide()
+def check_one_scaled_member(decision: GroupDecision) -> None:
+    """At most one member wants replicas, and it is the leader."""
     scaled = [m.name for m in decision.members if m.desired_replicas > 0]
-    assert len(scaled) <= 1
-    if scaled:
-        assert scaled == [decision.leader]
+    assert scaled in ([], [decision.leader])
 
 
-@given(group_scenarios(min_size=1, with_leases=True, lease_unreadable=None))
-def test_non_empty_unleased_group_always_has_a_leader(sc: GroupScenario) -> None:
-    assume(sc.lease_unreadable or not active_lease(sc.leases, sc.now))
-    decision = sc.decide()
-    assert decision.leader in {m.name for m in sc.models}
-    if sc.lease_unreadable and active_lease(sc.leases, sc.now):
-        assert decision.election.lease_unreadable  # fail open, and it says so
+def check_unleased_group_has_a_leader(sc: GroupScenario, decision: GroupDecision) -> None:
+    """A non-empty group with no readable active lease always has a leader."""
+    leased = active_lease(sc.leases, sc.now)
+    if sc.models and (sc.lease_unreadable or not leased):
+        assert decision.leader in {m.name for m in sc.models}
+        if leased:
+            assert decision.election.lease_unreadable  # fail open, and it says so
+    elif sc.models:
+        assert decision.leader is None
 
 
-@given(group_scenarios(min_size=1), st.data())
-def test_active_lease_parks_every_member(sc: GroupScenario, data: st.DataObject) -> None:
-    lease = data.draw(leases(now=sc.now).filter(lambda x: active_lease((x,), sc.now)))
-    sc = attrs.evolve(sc, leases=(*sc.leases, lease))
-    decision = sc.decide()
-    assert decision.leader is None
-    assert decision.reason == reasons.GPU_LEASE_HELD_ELECTION
-    for member in decision.members:
-        observed = sc.member(member.name)
-        assert member.desired_replicas == 0
-        assert member.state is SharedState.QUEUED
-        assert member.preempted_by.startswith("gpu-lease/")
-        assert member.active_services == ""
-        if observed.phase is Phase.READY:
-            assert member.phase is Phase.PREEMPTED
-            assert member.preempted_at == sc.now
-            assert [e.reason for e in member.events] == [reasons.GPU_LEASE_HELD]
-
-
-@given(group_scenarios(with_leases=True, lease_unreadable=None), st.data())
-def test_result_does_not_depend_on_input_order(sc: GroupScenario, data: st.DataObject) -> None:
-    shuffled = attrs.evolve(
-        sc,
-        models=tuple(data.draw(st.permutations(sc.models))),
-        leases=tuple(data.draw(st.permutations(sc.leases))),
-    )
-    assert shuffled.decide() == sc.decide()
-
-
-@given(group_scenarios(with_leases=True, lease_unreadable=None))
-def test_break_before_make(sc: GroupScenario) -> None:
-    decision = sc.decide()
-    assume(decision.leader is not None)
-    assert decision.leader is not None
+def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
+    """The leader is not scaled up while another member still has pods (spec 1.3)."""
+    if decision.leader is None:
+        return
     leader = decision.member(decision.leader)
-    others_with_pods = sc.running - {decision.leader}
-    if others_with_pods and decision.leader not in sc.running:
+    wanted = oracle.leader_replicas(sc.member(decision.leader), sc.now)
+    if sc.running - {decision.leader} and decision.leader not in sc.running:
         assert leader.desired_replicas == 0
-        if oracle.leader_replicas(sc.member(decision.leader), sc.now) > 0:
+        if wanted > 0:
             assert leader.reason == reasons.WAITING_FOR_GPU
     else:
-        assert leader.desired_replicas == oracle.leader_replicas(sc.member(decision.leader), sc.now)
+        assert leader.desired_replicas == wanted
 
 
-@given(group_scenarios(with_leases=True, lease_unreadable=None))
-def test_status_fields_follow_spec_1_3(sc: GroupScenario) -> None:
-    decision = sc.decide()
+def check_status_fields(sc: GroupScenario, decision: GroupDecision) -> None:
+    """queuePosition, preemptedBy, active-services and preemptedAt as spec 1.3 says."""
     non_leaders = sorted(
         (m for m in sc.models if m.name != decision.leader), key=lambda m: (-m.priority, m.name)
     )
@@ -139,124 +110,114 @@ def test_status_fields_follow_spec_1_3(sc: GroupScenario) -> None:
                 assert member.events == ()
 
 
-# --- fixed points in time -------------------------------------------------------------
+def check_order_independence(
+    sc: GroupScenario, decision: GroupDecision, data: st.DataObject
+) -> None:
+    """The same members and leases in another order give the same decision."""
+    shuffled = attrs.evolve(
+        sc,
+        models=tuple(data.draw(st.permutations(sc.models), label="members reordered")),
+        leases=tuple(data.draw(st.permutations(sc.leases), label="leases reordered")),
+    )
+    assert shuffled.decide() == decision
 
 
-@given(group_scenarios(with_leases=True, lease_unreadable=None))
-def test_applying_a_decision_is_a_fixed_point(sc: GroupScenario) -> None:
-    first = sc.decide()
-    applied = attrs.evolve(sc, models=apply_decision(sc.models, first))
+def check_fixed_point(sc: GroupScenario, decision: GroupDecision) -> None:
+    """Apply the decision, decide again at the same `now`: nothing to write, no Events."""
+    applied = attrs.evolve(sc, models=apply_decision(sc.models, decision))
     again = applied.decide()
     assert again.changes(applied.models) == ()
     assert again.events == ()
-    assert again.leader == first.leader
+    assert again.leader == decision.leader
     assert [m.desired_replicas for m in again.members] == [
-        m.desired_replicas for m in first.members
+        m.desired_replicas for m in decision.members
     ]
 
 
-@given(group_scenarios(with_leases=True, lease_unreadable=None), st.data())
+@given(contested_scenarios(), st.data())
+def test_every_decision_keeps_the_invariants(sc: GroupScenario, data: st.DataObject) -> None:
+    decision = sc.decide()
+    check_one_leader(sc, decision)
+    check_one_scaled_member(decision)
+    check_unleased_group_has_a_leader(sc, decision)
+    check_break_before_make(sc, decision)
+    check_status_fields(sc, decision)
+    check_fixed_point(sc, decision)
+    check_order_independence(sc, decision, data)
+
+
+@given(group_scenarios(min_size=1), st.data())
+def test_active_lease_parks_every_member(sc: GroupScenario, data: st.DataObject) -> None:
+    lease = data.draw(leases(now=sc.now).filter(lambda x: active_lease((x,), sc.now)))
+    sc = attrs.evolve(sc, leases=(*sc.leases, lease))
+    decision = sc.decide()
+    assert decision.leader is None
+    assert decision.reason == reasons.GPU_LEASE_HELD_ELECTION
+    for member in decision.members:
+        observed = sc.member(member.name)
+        assert member.desired_replicas == 0
+        assert member.state is SharedState.QUEUED
+        assert member.preempted_by.startswith("gpu-lease/")
+        assert member.active_services == ""
+        if observed.phase is Phase.READY:
+            assert member.phase is Phase.PREEMPTED
+            assert member.preempted_at == sc.now
+            assert [e.reason for e in member.events] == [reasons.GPU_LEASE_HELD]
+
+
+# --- nothing moves between thresholds ---------------------------------------------------
+
+
+def spec_thresholds(sc: GroupScenario) -> set[datetime]:
+    """Every instant at which some input of spec 1.2–1.3 crosses a boundary, from the spec.
+
+    Windows are exclusive ("younger than"): the state flips at the boundary itself.
+    The loading grace and idle timeout are inclusive: they flip one tick later.
+    """
+    tick = timedelta(microseconds=1)
+    out: set[datetime] = set()
+    window = oracle.cooldown(sc.models) if sc.models else timedelta(0)
+    for m in sc.models:
+        if m.last_active is not None:
+            grace = max(oracle.RECENT_WINDOW, m.serverless.cold_start_timeout)
+            out |= {
+                m.last_active + oracle.DEMAND_WINDOW,
+                m.last_active + oracle.RECENT_WINDOW,
+                m.last_active + grace + tick,
+                m.last_active + m.serverless.idle_timeout + tick,
+            }
+        if m.preempted_at is not None:
+            out.add(m.preempted_at + window)
+    out |= {x.expires_at for x in sc.leases if x.expires_at is not None}
+    return out
+
+
+@given(contested_scenarios(), st.data())
 def test_nothing_changes_before_next_change_at(sc: GroupScenario, data: st.DataObject) -> None:
+    """Apply, then decide at `now`, just before every spec threshold ahead and at a random
+    instant before `next_change_at`: nothing to write, same leader, same replicas."""
     applied = attrs.evolve(sc, models=apply_decision(sc.models, sc.decide()))
     settled = applied.decide()
     horizon = settled.next_change_at
     span = (horizon - sc.now) if horizon is not None else timedelta(days=1)
     assume(span > timedelta(0))
-    offset_us = data.draw(
-        st.integers(min_value=0, max_value=span // timedelta(microseconds=1) - 1),
-        label="microseconds after now",
-    )
-    later = applied.decide(now=sc.now + timedelta(microseconds=offset_us))
-    assert later.leader == settled.leader
-    assert later.reason == settled.reason
-    assert later.changes(applied.models) == ()
-    assert [m.desired_replicas for m in later.members] == [
-        m.desired_replicas for m in settled.members
-    ]
+    tick = timedelta(microseconds=1)
+    offset = tick * data.draw(st.integers(min_value=0, max_value=span // tick - 1))
+    end = sc.now + span
+    checkpoints = {sc.now, end - tick, sc.now + offset}
+    for threshold in spec_thresholds(applied):
+        checkpoints |= {t for t in (threshold - tick, threshold) if sc.now <= t < end}
+    for instant in sorted(checkpoints):
+        later = applied.decide(now=instant)
+        assert later.leader == settled.leader, instant
+        assert later.reason == settled.reason, instant
+        assert later.changes(applied.models) == (), instant
+        assert [m.desired_replicas for m in later.members] == [
+            m.desired_replicas for m in settled.members
+        ], instant
 
 
 # --- who may take the card from whom --------------------------------------------------
-
-
-@st.composite
-def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenario, str, str]:
-    """A group whose Ready holder L is the best Ready member, and one demanded challenger C.
-
-    `relation` is C's priority relative to L: "lower", "equal" (L busy) or "higher".
-    Preconditions per spec 1.2: no forcePromotion, no active lease, L the only
-    Active member (so rule 5 cannot fire and rule 4 would keep L). For "higher" no
-    cooldown either; for the others, no member at or above L's priority (above
-    for "equal") is demanded, so C is the strongest demand there is.
-    """
-    sc = draw(group_scenarios(min_size=2, with_leases=True))
-    names = sorted(m.name for m in sc.models)
-    leader_name = draw(st.sampled_from(names))
-    challenger = draw(st.sampled_from([n for n in names if n != leader_name]))
-    now = sc.now
-    leader_priority = draw(st.sampled_from((50, 100, 500)))
-    if relation == "lower":
-        challenger_priority = draw(st.sampled_from([p for p in PRIORITIES if p < leader_priority]))
-    elif relation == "equal":
-        challenger_priority = leader_priority
-    else:
-        challenger_priority = draw(st.sampled_from([p for p in PRIORITIES if p > leader_priority]))
-
-    def demanded_at() -> st.SearchStrategy[datetime]:
-        return durations(119).map(lambda age: now - age)
-
-    models: dict[str, ModelState] = {}
-    for m in sc.models:
-        m = attrs.evolve(m, force_promotion=False)
-        if m.name == leader_name:
-            last_active = draw(demanded_at()) if relation == "equal" else m.last_active
-            m = attrs.evolve(
-                m,
-                priority=leader_priority,
-                phase=Phase.READY,
-                shared_state=SharedState.ACTIVE,
-                cache_ready=True,
-                last_active=last_active,
-            )
-        else:
-            m = attrs.evolve(m, shared_state=draw(st.sampled_from((None, SharedState.QUEUED))))
-        if m.name == challenger:
-            m = attrs.evolve(
-                m,
-                priority=challenger_priority,
-                last_active=draw(demanded_at()),
-                cache_ready=True,
-                phase=Phase.IDLE if m.phase in (Phase.FAILED, Phase.READY) else m.phase,
-            )
-        models[m.name] = m
-    leader = models[leader_name]
-    for name, m in models.items():
-        if name == leader_name:
-            continue
-        if m.phase is Phase.READY and oracle.rank(m) < oracle.rank(leader):
-            m = attrs.evolve(m, phase=Phase.PREEMPTED)
-        stronger = (
-            m.priority >= leader_priority if relation == "lower" else m.priority > (leader_priority)
-        )
-        if (
-            relation != "higher"
-            and name != challenger
-            and stronger
-            and oracle.runnable(m)
-            and oracle.demanded(m, now)
-        ):
-            m = attrs.evolve(m, last_active=now - oracle.DEMAND_WINDOW - draw(durations(600)))
-        models[name] = m
-    members = tuple(models[m.name] for m in sc.models)
-    if relation == "higher":
-        window = oracle.cooldown(members)
-        members = tuple(
-            attrs.evolve(m, preempted_at=now - window - draw(durations(600)))
-            if m.preempted_at is not None and now - m.preempted_at < window
-            else m
-            for m in members
-        )
-    unleased = tuple(x for x in sc.leases if not active_lease((x,), now))
-    return attrs.evolve(sc, models=members, leases=unleased), leader_name, challenger
 
 
 @given(ready_leader_scenarios("lower"))
@@ -326,69 +287,6 @@ def test_cooldown_keeps_the_active_holder(sc: GroupScenario, data: st.DataObject
     assert expected is not None
     assert decision.leader == expected.name
     assert decision.reason == reasons.SWAP_COOLDOWN
-
-
-@st.composite
-def loading_holder_scenarios(draw: st.DrawFn, *, challenged: bool) -> tuple[GroupScenario, str]:
-    """L is the only Active member, Pending or Loading, demanded within its loading grace.
-
-    No forcePromotion, no active lease and no cooldown (rule 4 would keep L too).
-    `challenged`: some runnable member of strictly higher priority is demanded;
-    otherwise none is.
-    """
-    sc = draw(group_scenarios(min_size=1 if not challenged else 2, with_leases=True))
-    now = sc.now
-    names = sorted(m.name for m in sc.models)
-    holder_name = draw(st.sampled_from(names))
-    holder_priority = draw(st.sampled_from((0, 50, 100, 500)))
-    models = []
-    for m in sc.models:
-        m = attrs.evolve(m, force_promotion=False)
-        if m.name == holder_name:
-            grace = max(oracle.RECENT_WINDOW, m.serverless.cold_start_timeout)
-            age = draw(AGES)
-            if age > grace:  # fold into [0, grace]: the grace is inclusive
-                age %= grace + timedelta(microseconds=1)
-            m = attrs.evolve(
-                m,
-                priority=holder_priority,
-                phase=draw(st.sampled_from((Phase.PENDING, Phase.LOADING))),
-                shared_state=SharedState.ACTIVE,
-                last_active=now - age,
-            )
-        else:
-            m = attrs.evolve(m, shared_state=draw(st.sampled_from((None, SharedState.QUEUED))))
-            if (
-                not challenged
-                and m.priority > holder_priority
-                and oracle.runnable(m)
-                and oracle.demanded(m, now)
-            ):
-                m = attrs.evolve(m, last_active=now - oracle.DEMAND_WINDOW)
-        models.append(m)
-    if challenged:
-        challenger = draw(st.sampled_from([n for n in names if n != holder_name]))
-        models = [
-            attrs.evolve(
-                m,
-                priority=draw(st.sampled_from([p for p in PRIORITIES if p > holder_priority])),
-                last_active=now - draw(durations(119)),
-                cache_ready=True,
-                phase=Phase.IDLE if m.phase is Phase.FAILED else m.phase,
-            )
-            if m.name == challenger
-            else m
-            for m in models
-        ]
-    window = oracle.cooldown(models)
-    models = [
-        attrs.evolve(m, preempted_at=now - window)
-        if m.preempted_at is not None and now - m.preempted_at < window
-        else m
-        for m in models
-    ]
-    unleased = tuple(x for x in sc.leases if not active_lease((x,), now))
-    return attrs.evolve(sc, models=tuple(models), leases=unleased), holder_name
 
 
 @given(loading_holder_scenarios(challenged=False))

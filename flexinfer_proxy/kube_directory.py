@@ -184,6 +184,7 @@ class KubeDirectory:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[Key, JSON]] = {r.kind: {} for r in WATCHED}
         self._entries: dict[str, ModelEntry] = {}
+        self._homes: dict[str, set[str]] = {}
         self._listed: set[tuple[str, str]] = set()
         self._listeners: list[Listener] = []
         self._stop = threading.Event()
@@ -300,30 +301,33 @@ class KubeDirectory:
                 store.pop(object_key(raw), None)
             else:
                 store[object_key(raw)] = raw
-            changed = self._recompute([object_key(raw)[1]])
+            changed = self._recompute([object_key(raw)])
         self._notify(changed)
         return version
 
     def _replace(self, resource: WatchedResource, namespace: str, items: Iterable[JSON]) -> None:
         with self._lock:
             store = self._objects[resource.kind]
-            stale = [k for k in store if not namespace or k[0] == namespace]
-            names = {k[1] for k in stale}
-            for key in stale:
+            keys = {k for k in store if not namespace or k[0] == namespace}
+            for key in keys:
                 del store[key]
             for item in items:
                 store[object_key(item)] = item
-                names.add(object_key(item)[1])
-            changed = self._recompute(names)
+                keys.add(object_key(item))
+            changed = self._recompute(keys)
             self._listed.add((resource.kind, namespace))
         self._notify(changed)
 
     # -- the view ------------------------------------------------------------
 
-    def _recompute(self, names: Iterable[str]) -> list[str]:
-        """Rebuild the entries of `names` (under the lock); return those that changed."""
+    def _recompute(self, keys: Iterable[Key]) -> list[str]:
+        """Rebuild the entries named by `keys` (under the lock); return the changed names."""
+        names = set()
+        for namespace, name in keys:
+            self._index(namespace, name)
+            names.add(name)
         changed = []
-        for name in names:
+        for name in sorted(names):
             entry = self._resolve(name)
             if entry != self._entries.get(name):
                 if entry is None:
@@ -333,16 +337,22 @@ class KubeDirectory:
                 changed.append(name)
         return changed
 
+    def _index(self, namespace: str, name: str) -> None:
+        """Keep `_homes` (name → namespaces with a Model or ModelDeployment of it) current."""
+        key = (namespace, name)
+        present = any(key in self._objects[r.kind] for r, _ in _RESOLUTION_ORDER)
+        homes = self._homes.setdefault(name, set())
+        if present:
+            homes.add(namespace)
+        else:
+            homes.discard(namespace)
+            if not homes:
+                del self._homes[name]
+
     def _namespace_order(self, name: str) -> list[str]:
         if self._namespaces:
             return list(self._namespaces)
-        found = {
-            k[0]
-            for kind in (MODELS, MODEL_DEPLOYMENTS)
-            for k in self._objects[kind.kind]
-            if k[1] == name
-        }
-        return sorted(found)
+        return sorted(self._homes.get(name, ()))
 
     def _resolve(self, name: str) -> ModelEntry | None:
         for namespace in self._namespace_order(name):

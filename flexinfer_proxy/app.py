@@ -170,7 +170,7 @@ class Proxy:
                 return refusal
             entry = self.directory.lookup(name) or entry
         try:
-            return await self._forward(request, entry, body, ticket)
+            return await self._forward(request, entry, body=body, ticket=ticket)
         finally:
             if ticket is not None:
                 ticket.dispatched()
@@ -181,7 +181,7 @@ class Proxy:
         try:
             result = await self.queues.wait(ticket, limit=limit)
         except asyncio.CancelledError:
-            self._queue_done(entry.name, ticket, OUTCOME_CLIENT_DISCONNECTED)
+            self._queue_done(entry.name, ticket, outcome=OUTCOME_CLIENT_DISCONNECTED)
             log.info("client left while %s was queued", entry.name)
             raise
         if result is WaitResult.ADMITTED:
@@ -189,19 +189,19 @@ class Proxy:
             return ticket, None
         retry_after = self._retry_after
         if result is WaitResult.CLOSING:
-            self._queue_done(entry.name, ticket, OUTCOME_PROXY_CLOSING)
+            self._queue_done(entry.name, ticket, outcome=OUTCOME_PROXY_CLOSING)
             return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
-        self._queue_done(entry.name, ticket, OUTCOME_QUEUE_TIMEOUT)
+        self._queue_done(entry.name, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
         return ticket, openai_errors.model_not_ready(
             entry.name, waited_seconds=limit, retry_after=retry_after
         )
 
-    def _queue_done(self, model: str, ticket: Ticket, outcome: str) -> None:
+    def _queue_done(self, model: str, ticket: Ticket, *, outcome: str) -> None:
         self.metrics.queue_wait.labels(model=model).observe(self.queues.waited(ticket))
         self.metrics.request_done(model, outcome)
 
     async def _forward(
-        self, request: web.Request, entry: ModelEntry, body: bytes, ticket: Ticket | None
+        self, request: web.Request, entry: ModelEntry, *, body: bytes, ticket: Ticket | None
     ) -> web.StreamResponse:
         assert self._session is not None, "the proxy was not started"
         self.signaller.served(entry)

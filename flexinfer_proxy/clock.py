@@ -4,7 +4,8 @@ Demand timestamps (`lastActiveTime`, `oldestWaiting`, `reportedAt`) and the
 once-a-minute refresh limit read `now` through an injected `Clock`, so tests move
 time by hand. Queue wait limits use the event loop's monotonic timer instead: a
 wall clock that jumps must not expire or extend a client's wait. This module owns
-time and nothing else.
+time and nothing else. (It mirrors `flexinfer_k8s.clock` on purpose: the proxy and
+the controller must not import each other, and the core must not read a clock.)
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class KubeDemandSink:
                     return MarkOutcome(ALREADY_CURRENT, conflicts)
                 if self._before_write is not None:
                     self._before_write(obj)
-                if self._patch_status(entry, obj, field, now):
+                if self._patch_status(entry, obj, field=field, now=now):
                     return MarkOutcome(WRITTEN, conflicts)
                 conflicts += 1
             current = parse_rfc3339((self._read_status(entry).get("status") or {}).get(field))
@@ -144,7 +144,7 @@ class KubeDemandSink:
             raise TypeError(f"unexpected answer reading {plural}/{entry.name}: {obj!r}")
         return obj
 
-    def _patch_status(self, entry: ModelEntry, obj: JSON, field: str, now: datetime) -> bool:
+    def _patch_status(self, entry: ModelEntry, obj: JSON, *, field: str, now: datetime) -> bool:
         """One optimistic write; False on 409 Conflict (someone wrote since the read)."""
         version, plural = self._resource(entry)
         body = {

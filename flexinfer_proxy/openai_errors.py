@@ -48,34 +48,37 @@ def backend_unavailable(model: str, detail: str) -> web.Response:
     )
 
 
-def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> web.Response:
+def _retry_later(message: str, *, code: str, retry_after: int) -> web.Response:
+    """503 with `Retry-After`: the request may well succeed if sent again later."""
     return error_response(
         503,
-        f"The model '{model}' did not become ready within {waited_seconds:.3g}s; "
-        f"it is still starting, retry after {retry_after}s.",
+        f"{message}; retry after {retry_after}s.",
         error_type="server_error",
-        code="model_not_ready",
+        code=code,
         headers={"Retry-After": str(retry_after)},
+    )
+
+
+def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> web.Response:
+    return _retry_later(
+        f"The model '{model}' did not become ready within {waited_seconds:.3g}s; "
+        "it is still starting",
+        code="model_not_ready",
+        retry_after=retry_after,
     )
 
 
 def proxy_closing(model: str, *, retry_after: int) -> web.Response:
-    return error_response(
-        503,
-        f"The proxy is restarting; the request for '{model}' was not sent, "
-        f"retry after {retry_after}s.",
-        error_type="server_error",
+    return _retry_later(
+        f"The proxy is restarting; the request for '{model}' was not sent",
         code="proxy_restarting",
-        headers={"Retry-After": str(retry_after)},
+        retry_after=retry_after,
     )
 
 
 def directory_syncing(model: str, *, retry_after: int) -> web.Response:
-    return error_response(
-        503,
-        f"The proxy is still loading the list of models and does not know '{model}' yet; "
-        f"retry after {retry_after}s.",
-        error_type="server_error",
+    return _retry_later(
+        f"The proxy is still loading the list of models and does not know '{model}' yet",
         code="proxy_starting",
-        headers={"Retry-After": str(retry_after)},
+        retry_after=retry_after,
     )

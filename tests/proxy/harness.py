@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import attrs
@@ -31,7 +32,6 @@ from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 TEST_DEADLINE = 60.0
 
 
@@ -48,14 +48,19 @@ def async_test(coro_fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     return wrapper
 
 
-async def eventually(probe: Callable[[], T], *, what: str, attempts: int = 2000) -> T:
-    """Yield to the loop until `probe()` is truthy (bounded number of tries)."""
+async def eventually(
+    probe: Callable[[], Any], *, what: str, attempts: int = 2000, interval: float = 0.005
+) -> Any:
+    """Until `probe()` (or the awaitable it returns) is truthy, a bounded number of tries."""
+    last: Any = None
     for _ in range(attempts):
-        value = probe()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"gave up waiting for {what}; last: {probe()!r}")
+        last = probe()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"gave up waiting for {what}; last: {last!r}")
 
 
 class BackendProcess:

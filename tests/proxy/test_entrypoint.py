@@ -21,24 +21,11 @@ import pytest
 
 from flexinfer_k8s.localcluster import LocalCluster
 
-from ..k8s.kubectl import Kubectl, create_namespace, delete_namespace, install_crds, kubectl_for
-from .harness import ROOT, BackendProcess, async_test
+from ..k8s.kubectl import Kubectl
+from .harness import ROOT, BackendProcess, async_test, eventually
 from .test_kube import apply, model, model_deployment
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture(scope="module")
-def kubectl(local_cluster: LocalCluster) -> Kubectl:
-    return kubectl_for(local_cluster)
-
-
-@pytest.fixture(scope="module")
-def namespace(kubectl: Kubectl) -> Iterator[str]:
-    install_crds(kubectl)
-    name = create_namespace(kubectl, "proxy-e2e")
-    yield name
-    delete_namespace(kubectl, name)
 
 
 @pytest.fixture()
@@ -78,13 +65,8 @@ def proxy(
                 process.wait(timeout=10)
 
 
-async def _until(probe: Any, *, what: str, attempts: int = 300) -> Any:
-    for _ in range(attempts):
-        value = await probe()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
+async def _until(probe: Any, *, what: str) -> Any:
+    return await eventually(probe, what=what, attempts=300, interval=0.2)
 
 
 def _get(kubectl: Kubectl, namespace: str, resource: str) -> dict[str, Any]:

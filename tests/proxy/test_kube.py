@@ -23,23 +23,10 @@ from flexinfer_proxy.directory import ModelEntry, ModelKind
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
 
-from ..k8s.kubectl import Kubectl, create_namespace, delete_namespace, install_crds, kubectl_for
-from .harness import async_test
+from ..k8s.kubectl import Kubectl, create_namespace, delete_namespace
+from .harness import async_test, eventually
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture(scope="module")
-def kubectl(local_cluster: LocalCluster) -> Kubectl:
-    return kubectl_for(local_cluster)
-
-
-@pytest.fixture(scope="module")
-def namespace(kubectl: Kubectl) -> Iterator[str]:
-    install_crds(kubectl)
-    name = create_namespace(kubectl, "proxy")
-    yield name
-    delete_namespace(kubectl, name)
 
 
 @pytest.fixture()
@@ -214,13 +201,8 @@ def test_a_gpugroup_member_queue_is_an_annotation_that_is_cleared(
     assert annotations["team"] == "ml"
 
 
-async def _until(probe: Any, *, what: str, attempts: int = 600) -> Any:
-    for _ in range(attempts):
-        value = probe()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}; last: {probe()!r}")
+async def _until(probe: Any, *, what: str) -> Any:
+    return await eventually(probe, what=what, attempts=600, interval=0.1)
 
 
 @async_test

@@ -129,6 +129,7 @@ class Proxy:
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_route("*", "/v1/{tail:.*}", self.handle_unsupported)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         app.on_cleanup.append(self._cleanup)
@@ -192,6 +193,7 @@ class Proxy:
             self._queue_done(entry.name, ticket, outcome=OUTCOME_PROXY_CLOSING)
             return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
         self._queue_done(entry.name, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
+        log.warning("%s was not Ready within %.3gs; answered 503", entry.name, limit)
         return ticket, openai_errors.model_not_ready(
             entry.name, waited_seconds=limit, retry_after=retry_after
         )
@@ -224,6 +226,9 @@ class Proxy:
             raise
         self.metrics.request_done(entry.name, OUTCOME_SERVED)
         return response
+
+    async def handle_unsupported(self, request: web.Request) -> web.Response:
+        return openai_errors.unsupported_route(request.method, request.path)
 
     async def handle_models(self, request: web.Request) -> web.Response:
         data = [model_card(entry) for entry in self.directory.entries()]

@@ -125,6 +125,9 @@ class DemandSignaller:
         signals = self._signals(entry.name)
         was_queued = signals.refresher is not None
         if report.queued > 0 and not was_queued:
+            log.info(
+                "requests for %s/%s are queueing; signalling demand", entry.namespace, entry.name
+            )
             signals.refresher = asyncio.create_task(self._refresh_while_queued(entry))
             if not entry.reports_queue:
                 self._mark(entry, signal="queued")

@@ -21,6 +21,7 @@ This module reads the cluster; it never writes to it (see `kube_demand`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -370,6 +371,7 @@ class KubeDirectory:
         loop = self._loop
         if not names or loop is None or loop.is_closed():
             return
-        for name in names:
-            for listener in list(self._listeners):
-                loop.call_soon_threadsafe(listener, name)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)
+            for name in names:
+                for listener in list(self._listeners):
+                    loop.call_soon_threadsafe(listener, name)

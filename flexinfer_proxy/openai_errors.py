@@ -29,6 +29,16 @@ def bad_request(message: str, *, param: str | None) -> web.Response:
     )
 
 
+def unsupported_route(method: str, path: str) -> web.Response:
+    return error_response(
+        404,
+        f"{method} {path} is not served by this proxy; it serves POST /v1/chat/completions, "
+        "/v1/completions, /v1/embeddings and GET /v1/models.",
+        error_type="invalid_request_error",
+        code="unsupported_route",
+    )
+
+
 def model_not_found(model: str) -> web.Response:
     return error_response(
         404,

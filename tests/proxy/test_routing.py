@@ -84,6 +84,17 @@ async def test_unknown_model_is_a_404_naming_it(backends: dict[str, BackendProce
 
 
 @async_test
+async def test_other_routes_are_openai_shaped_404s(backends: dict[str, BackendProcess]) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
+        for method, path in (("POST", "/v1/images/generations"), ("GET", "/v1/chat/completions")):
+            async with p.session.request(method, f"{p.url}{path}") as response:
+                body = await response.json()
+            assert response.status == 404
+            assert body["error"]["code"] == "unsupported_route"
+            assert path in body["error"]["message"]
+
+
+@async_test
 async def test_bad_json_and_missing_model_are_400s(backends: dict[str, BackendProcess]) -> None:
     async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
         async with p.session.post(

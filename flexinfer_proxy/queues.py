@@ -31,8 +31,9 @@ from flexinfer_proxy.metrics import ProxyMetrics
 log = logging.getLogger("flexinfer.proxy.queues")
 
 # How long a drain waits for an admitted request to reach its backend before it
-# admits the next anyway (a stuck connect must not stall the whole queue).
-DISPATCH_GRACE_SECONDS = 10.0
+# admits the next anyway: a connect that hangs (a black-holed address) must not
+# make every queued request wait out the full connect timeout in turn.
+DISPATCH_GRACE_SECONDS = 2.0
 
 
 class WaitResult(enum.Enum):

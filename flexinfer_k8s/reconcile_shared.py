@@ -34,13 +34,14 @@ from flexinfer_core import (
     Policy,
     decide_group,
     governing_lease,
+    lease_is_active,
     reasons,
 )
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, JSON, MODELS, PODS, SERVICES, KubeApi
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_LEASES, JSON, MODELS, PODS, SERVICES, KubeApi
 from flexinfer_k8s.metrics import ControllerMetrics
 
 log = logging.getLogger("flexinfer.shared")
@@ -175,6 +176,8 @@ class SharedGroupReconciler:
         if group:
             self._record_metrics(namespace, group, decision)
         wrote = self._apply(namespace, group, objs, states, decision, now=now, departed=departed)
+        if group and self._write_lease_statuses(namespace, group, now=now) and not wrote:
+            wrote = "yes"
         next_at = decision.next_change_at
         if wrote == "deferred":
             recheck = now + RECHECK_AFTER
@@ -297,6 +300,27 @@ class SharedGroupReconciler:
                     return "deferred"
                 if self.writer.scale(namespace, member.name, member.desired_replicas):
                     wrote = "yes"
+        return wrote
+
+    def _write_lease_statuses(self, namespace: str, group: str, *, now: datetime) -> bool:
+        """GPULease `status.active`/`acquiredAt` for people; decisions never read them.
+
+        A lease's expiry takes effect at once through the timer; turning `active`
+        false afterwards is bookkeeping, not what parks or frees the group.
+        """
+        wrote = False
+        for obj in self.cache.objects(GPU_LEASES, namespace):
+            lease = convert.gpu_lease_from_k8s(obj)
+            if lease is None or lease.group != group:
+                continue
+            status = obj.get("status") or {}
+            wanted = {
+                "active": lease_is_active(lease, now),
+                "acquiredAt": status.get("acquiredAt")
+                or (obj.get("metadata") or {}).get("creationTimestamp"),
+            }
+            if convert.status_differs(status, wanted):
+                wrote = self.writer.patch_status(GPU_LEASES, obj, wanted) is not None or wrote
         return wrote
 
     def _emit(

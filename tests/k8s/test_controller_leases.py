@@ -65,6 +65,14 @@ def test_a_gpu_lease_parks_every_member_until_deleted_or_expired(
         ready = {x["type"]: x for x in a["conditions"]}["Ready"]
         assert ready["reason"] == "GPULeaseHeld"
         assert "GPULeaseHeld" in {e["reason"] for e in c.events("a")}
+        held = wait_until(
+            lambda: (c.api.get(GPU_LEASES, c.namespace, "train").get("status") or {}).get(
+                "active"
+            ),
+            what="the lease's status.active",
+        )
+        assert held is True
+        assert c.api.get(GPU_LEASES, c.namespace, "train")["status"]["acquiredAt"]
         text = ctl.scrape()
         labels = {"group": "g", "owner": "trainer", "namespace": c.namespace}
         assert metric_value(text, "flexinfer_gpu_lease_active", **labels) == 1
@@ -84,7 +92,14 @@ def test_a_gpu_lease_parks_every_member_until_deleted_or_expired(
         c.wait_parked("a")
         wait_until(lambda: keep_demanding(c, "a"), what="a serving after the lease expired",
                    interval=1.0)
-        assert c.api.get(GPU_LEASES, c.namespace, "short")  # expiry needed no write
+        # Expiry took effect through the timer; the status catches up for people.
+        wait_until(
+            lambda: (c.api.get(GPU_LEASES, c.namespace, "short").get("status") or {}).get(
+                "active"
+            )
+            is False,
+            what="the expired lease's status.active to be false",
+        )
     timeline.stop()
     assert timeline.violations == []
 

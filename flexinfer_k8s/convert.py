@@ -536,6 +536,26 @@ def gpu_group_status(
     return status
 
 
+def model_deployment_status(
+    md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]
+) -> JSON:
+    """A ModelDeployment's observed status: Running once a pod is ready, Pending while
+    its pods start, Idle at zero replicas (its `lastAccessTime` is the proxy's)."""
+    live = live_pods(pods)
+    ready = sum(1 for p in live if pod_is_ready(p) and not _get(p, "metadata", "deletionTimestamp"))
+    if ready:
+        phase, message = "Running", f"{ready} pod(s) ready"
+    elif replicas:
+        phase, message = "Pending", "waiting for its pods to be ready"
+    else:
+        phase, message = "Idle", "scaled to zero"
+    status: JSON = {"phase": phase, "message": message, "readyReplicas": ready}
+    generation = _get(md, "metadata", "generation")
+    if isinstance(generation, int):
+        status["observedGeneration"] = generation
+    return status
+
+
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}

@@ -7,7 +7,8 @@ writes (docs/resources.md). The decision records a swap at once in the status
 Graceful drain from that record and the members' pods, so the writes here are:
 the status (conditional on the observed resourceVersion) with a Swap/Start Event,
 scale-downs, then scale-ups — the latter only when a live Pod list agrees with the
-cache about which other members still have pods. Nothing else is written; a
+cache about which other members still have pods — and each member
+ModelDeployment's observed `phase`/`readyReplicas`. Nothing else is written; a
 reconcile that changes nothing writes nothing.
 """
 
@@ -107,6 +108,13 @@ class GpuGroupReconciler:
                     deferred = True
                     break
                 wrote = self.writer.scale(namespace, member, decision.replicas_for(member)) or wrote
+
+        for member, md in model_deployments.items():
+            wanted = convert.model_deployment_status(
+                md, replicas=replicas[member], pods=member_pods[member]
+            )
+            if convert.status_differs(md.get("status"), wanted):
+                wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
 
         next_at = decision.next_change_at
         expiry = convert.demand_reports_expire_at(group, now=now)

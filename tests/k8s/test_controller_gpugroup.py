@@ -119,6 +119,13 @@ def test_queue_threshold(local_cluster: object, cluster: Cluster) -> None:
         assert rows["m1"]["preemptedBy"] == "m2"
         assert rows["m2"]["state"] == "Active"
 
+        def md_phase(name: str) -> str:
+            md = c.api.get(MODEL_DEPLOYMENTS, c.namespace, name)
+            return str((md.get("status") or {}).get("phase"))
+
+        wait_until(lambda: md_phase("m2") == "Running", what="m2's ModelDeployment Running")
+        wait_until(lambda: md_phase("m1") == "Idle", what="m1's ModelDeployment Idle")
+
 
 def test_hysteresis(local_cluster: object, cluster: Cluster) -> None:
     c = cluster

@@ -279,6 +279,25 @@ def group_scenarios(
     )
 
 
+_PLACEMENT = st.tuples(
+    st.sampled_from((NAMESPACE, "team-b")), st.sampled_from(("", GROUP, OTHER_GROUP))
+)
+
+
+@st.composite
+def cluster_models(draw: st.DrawFn) -> tuple[tuple[ModelState, ...], datetime]:
+    """A flat list of Models across namespaces and groups (some sharing no card)."""
+    now = draw(INSTANTS)
+    models = []
+    for name in draw(_member_names(0, 7)):
+        for _ in range(draw(st.integers(1, 2))):
+            namespace, group = draw(_PLACEMENT)
+            model = draw(model_states(name, now=now))
+            models.append(attrs.evolve(model, namespace=namespace, group=group))
+    unique = {m.key: m for m in models}  # one Model per namespace/name
+    return tuple(unique.values()), now
+
+
 # --- groups shaped for one rule of spec 1.2 ------------------------------------------
 
 

@@ -14,15 +14,20 @@ from hypothesis import strategies as st
 
 from flexinfer_core import (
     GroupDecision,
+    ModelState,
     Phase,
     SharedState,
     apply_decision,
+    decide_group,
+    group_models,
     reasons,
+    standalone_models,
 )
 from property_tests import oracle
 from property_tests.strategies import (
     GroupScenario,
     active_lease,
+    cluster_models,
     contested_scenarios,
     durations,
     group_scenarios,
@@ -144,6 +149,8 @@ def test_every_decision_keeps_the_invariants(sc: GroupScenario, data: st.DataObj
     check_status_fields(sc, decision)
     check_fixed_point(sc, decision)
     check_order_independence(sc, decision, data)
+    # A timer armed for now or the past would fire in a loop.
+    assert decision.next_change_at is None or decision.next_change_at > sc.now
 
 
 @given(group_scenarios(min_size=1), st.data())
@@ -326,3 +333,20 @@ def test_force_promotion_wins_unless_a_lease_holds(sc: GroupScenario, data: st.D
         expected = oracle.best(m for m in sc.models if m.force_promotion)
         assert expected is not None
         assert decision.leader == expected.name
+
+
+@given(cluster_models(), st.data())
+def test_grouping_partitions_the_cluster(
+    case: tuple[tuple[ModelState, ...], datetime], data: st.DataObject
+) -> None:
+    models, now = case
+    shuffled = data.draw(st.permutations(models))
+    groups = group_models(models)
+    assert group_models(shuffled) == groups
+    assert standalone_models(shuffled) == standalone_models(models)
+    seen = [m.key for members in groups.values() for m in members]
+    seen += [m.key for m in standalone_models(models)]
+    assert sorted(seen) == sorted(m.key for m in models)
+    for (namespace, group), members in groups.items():
+        assert group and all((m.namespace, m.group) == (namespace, group) for m in members)
+        decide_group(members, now=now)  # a real group: no InconsistentGroupError

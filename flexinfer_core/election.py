@@ -170,7 +170,12 @@ def _elect(
 
     # 4. Anti-thrashing cooldown.
     cooldown = group_cooldown(models, policy)
-    recently_preempted = [m for m in models if in_cooldown(m, now, cooldown)]
+    # A member that is Ready again has its stamp cleared by this very decision
+    # (spec 1.3); counting it would hold the card now and release it on the next
+    # reconcile with no news.
+    recently_preempted = [
+        m for m in models if m.phase is not Phase.READY and in_cooldown(m, now, cooldown)
+    ]
     holder = best(m for m in models if m.shared_state is SharedState.ACTIVE)
     if recently_preempted and holder is not None:
         victim = min(recently_preempted, key=lambda m: (-_ts(m.preempted_at), m.name))

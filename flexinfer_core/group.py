@@ -204,18 +204,15 @@ def decide_group(
     )
     namespace = models[0].namespace if models else ""
     group = models[0].group if models else ""
-    members = _member_decisions(models, election, election, now=now, running=running)
-    provisional = GroupDecision(namespace, group, election, members, None)
+    members = _member_decisions(models, election, now=now, running=running)
     if election.leader is not None:
         # The leader's condition gives the reason it holds the card once this decision
         # is applied. Applying can itself change the live rule (a fresh preemption
         # starts the cooldown; the new holder becomes Active), and a condition written
         # with the pre-apply reason would be rewritten on the next reconcile with no
         # news. The Events keep the reason for the change itself.
-        settled = apply_decision(models, provisional)
-        if any(
-            _election_inputs(a) != _election_inputs(b) for a, b in zip(models, settled, strict=True)
-        ):
+        settled = _settled_for_election(models, members)
+        if settled is not None:
             again = elect_leader(
                 settled,
                 now=now,
@@ -224,7 +221,10 @@ def decide_group(
                 policy=policy,
             )
             if again.leader_name == election.leader_name:
-                members = _member_decisions(models, election, again, now=now, running=running)
+                members = tuple(
+                    _held_because(member, again) if member.is_leader else member
+                    for member in members
+                )
     return GroupDecision(
         namespace=namespace,
         group=group,
@@ -236,20 +236,56 @@ def decide_group(
     )
 
 
-def _election_inputs(model: ModelState) -> tuple[object, ...]:
-    """The fields a decision writes that the election itself reads."""
-    return (model.shared_state, model.phase, model.preempted_at)
+def _settled_for_election(
+    models: Sequence[ModelState], members: Sequence[MemberDecision]
+) -> list[ModelState] | None:
+    """The members as the election will read them after `members` is applied, or None
+    when applying changes nothing the election reads (the steady state: no rework)."""
+    targets = {m.name: m for m in members}
+    settled = []
+    changed = False
+    for model in models:
+        target = targets[model.name]
+        if (model.shared_state, model.phase, model.preempted_at) == (
+            target.state,
+            target.phase,
+            target.preempted_at,
+        ):
+            settled.append(model)
+            continue
+        changed = True
+        settled.append(
+            attrs.evolve(
+                model,
+                shared_state=target.state,
+                phase=target.phase,
+                preempted_at=target.preempted_at,
+            )
+        )
+    return settled if changed else None
+
+
+def _held_because(leader: MemberDecision, holding: Election) -> MemberDecision:
+    """The leader's decision with its hold explained by `holding` (unless it waits)."""
+    if leader.reason == reasons.WAITING_FOR_GPU:
+        return leader
+    active = Condition(CONDITION_ACTIVE, True, holding.reason, holding.message)
+    return attrs.evolve(
+        leader,
+        reason=holding.reason,
+        message=holding.message,
+        conditions=(active, *(c for c in leader.conditions if c.type != CONDITION_ACTIVE)),
+    )
 
 
 def _member_decisions(
     models: Sequence[ModelState],
     election: Election,
-    holding: Election,
     *,
     now: datetime,
     running: Collection[str],
 ) -> tuple[MemberDecision, ...]:
-    """Per-member targets; `holding` explains the leader's hold in its condition."""
+    """Per-member targets as `election` decides them."""
     leader = election.leader
     lease = election.lease
     others = sorted(
@@ -271,7 +307,6 @@ def _member_decisions(
                 _leader_decision(
                     model,
                     election,
-                    holding,
                     occupied=occupied,
                     now=now,
                     services=leader_services,
@@ -295,7 +330,6 @@ def _member_decisions(
 def _leader_decision(
     model: ModelState,
     election: Election,
-    holding: Election,
     *,
     occupied: Sequence[str],
     now: datetime,
@@ -303,7 +337,7 @@ def _leader_decision(
     has_pods: bool,
 ) -> MemberDecision:
     want = desired_replicas(model, now=now)
-    reason, message = holding.reason, holding.message
+    reason, message = election.reason, election.message
     if want > 0 and occupied and not has_pods:
         want = 0
         reason = reasons.WAITING_FOR_GPU

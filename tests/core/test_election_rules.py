@@ -310,3 +310,16 @@ def test_rule10_fallback_prefers_a_member_that_would_run(
 def test_rule10_fallback_to_unrunnable_when_nothing_runs() -> None:
     models = [member("a", phase=Phase.FAILED), member("b", cache_ready=False, priority=300)]
     assert elect_leader(models, now=T0).leader_name == "b"
+
+
+def test_rule4_a_ready_members_own_stamp_does_not_hold_the_card() -> None:
+    # Back to Ready within its own cooldown (e.g. after a short lease): its stamp is
+    # cleared by this decision, so it must not keep the card now and lose it on the
+    # next reconcile.
+    back = member(
+        "back", phase=READY, shared_state=ACTIVE, preempted_at=ago(30), last_active=ago(minutes=10)
+    )
+    vip = member("vip", priority=500, last_active=ago(1))
+    election = elect_leader([back, vip], now=T0)
+    assert election.leader_name == "vip"
+    assert election.reason == reasons.DEMAND_PREEMPTION

@@ -250,3 +250,21 @@ def test_observed_phase() -> None:
     assert (
         observed_phase(Phase.READY, replicas=1, pods=1, ready_pods=1, failed=True) is Phase.FAILED
     )
+
+
+def test_ready_leader_with_stale_stamp_decides_the_same_after_apply() -> None:
+    models = [
+        member(
+            "back",
+            phase=READY,
+            shared_state=ACTIVE,
+            preempted_at=ago(30),
+            last_active=ago(minutes=10),
+        ),
+        member("vip", priority=500, last_active=ago(1)),
+    ]
+    first = decide_group(models, now=T0)
+    applied = apply_decision(models, first)
+    second = decide_group(applied, now=T0)
+    assert second.leader == first.leader == "vip"
+    assert second.changes(applied) == ()

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from flexinfer_proxy import openai_errors
+from flexinfer_proxy.backend_slots import BackendSlots
 from flexinfer_proxy.clock import Clock, SystemClock
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry
@@ -115,6 +116,7 @@ class Proxy:
             metrics=self.metrics,
             dispatch_grace=self.config.dispatch_grace_seconds,
         )
+        self.slots = BackendSlots(self.config.max_per_backend)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -136,7 +138,7 @@ class Proxy:
         return app
 
     async def _startup(self, app: web.Application) -> None:
-        self._session = new_upstream_session(max_per_backend=self.config.max_per_backend)
+        self._session = new_upstream_session()
         await self.directory.start()
 
     async def _shutdown(self, app: web.Application) -> None:
@@ -211,7 +213,12 @@ class Proxy:
         on_dispatched = ticket.dispatched if ticket is not None else _nothing
         try:
             response = await relay(
-                self._session, request, url=url, body=body, on_dispatched=on_dispatched
+                self._session,
+                request,
+                url=url,
+                body=body,
+                slots=self.slots,
+                on_dispatched=on_dispatched,
             )
         except BackendUnavailable as error:
             log.warning("backend of %s unreachable at %s: %s", entry.name, url, error)

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+
+from flexinfer_proxy.backend_slots import BackendSlots
 
 HOP_BY_HOP = frozenset(
     {
@@ -46,18 +48,15 @@ class StreamCut(Exception):
     """The backend failed after its answer had started; the client's stream is cut."""
 
 
-def upstream_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+def upstream_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop ones; repeated headers stay repeated."""
+    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
 
 
 def _dispatch_tracer() -> aiohttp.TraceConfig:
-    """Call the request's `on_dispatched` once its place in line is fixed.
+    """Call the request's `on_dispatched` once its headers are on the wire."""
 
-    That is when its headers are on the wire, or when it waits in the connection
-    pool's first-in-first-out line for a busy backend (`max_per_backend`).
-    """
-
-    async def dispatched(
+    async def headers_sent(
         session: aiohttp.ClientSession, context: SimpleNamespace, params: Any
     ) -> None:
         callbacks = getattr(context, "trace_request_ctx", None) or {}
@@ -66,25 +65,26 @@ def _dispatch_tracer() -> aiohttp.TraceConfig:
             on_dispatched()
 
     trace = aiohttp.TraceConfig()
-    trace.on_connection_queued_start.append(dispatched)
-    trace.on_request_headers_sent.append(dispatched)
+    trace.on_request_headers_sent.append(headers_sent)
     return trace
 
 
 def new_upstream_session(
-    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, max_per_backend: int = 0
+    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS
 ) -> aiohttp.ClientSession:
-    """One pooled session for all backends; no total timeout (generation can be long).
-
-    `max_per_backend` > 0 caps concurrent requests to one backend (e.g. a server
-    with a single slot); further requests wait in line, in order.
-    """
+    """One pooled session for all backends; no total timeout (generation can be long)."""
     return aiohttp.ClientSession(
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=max_per_backend),
+        connector=aiohttp.TCPConnector(limit=0),
         trace_configs=[_dispatch_tracer()],
     )
+
+
+def backend_of(url: str) -> str:
+    """The scheme, host and port a URL talks to: what a backend slot is counted by."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 async def relay(
@@ -93,32 +93,44 @@ async def relay(
     *,
     url: str,
     body: bytes,
+    slots: BackendSlots,
     on_dispatched: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
-    """Send `body` to `url` and stream the backend's answer back to the client."""
-    try:
-        upstream = await session.request(
-            request.method,
-            url,
-            data=body,
-            headers=upstream_headers(request.headers),
-            trace_request_ctx={"on_dispatched": on_dispatched},
-        )
-    except (TimeoutError, aiohttp.ClientConnectionError) as error:
-        raise BackendUnavailable(str(error) or type(error).__name__) from error
-    async with upstream:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for key, value in upstream.headers.items():
-            if key.lower() not in HOP_BY_HOP:
-                response.headers.add(key, value)
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        await response.prepare(request)
+    """Send `body` to `url` and stream the backend's answer back to the client.
+
+    `on_dispatched` is called once the request's place is fixed: its headers are
+    on the wire, or it waits in line for one of the backend's capped `slots`.
+    """
+    async with slots.slot(backend_of(url), on_queued=on_dispatched):
         try:
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-        except aiohttp.ClientError as error:
-            # Headers are gone already: the only honest signal left is a cut stream.
-            raise StreamCut(str(error) or type(error).__name__) from error
-        await response.write_eof()
+            upstream = await session.request(
+                request.method,
+                url,
+                data=body,
+                headers=upstream_headers(request.headers),
+                trace_request_ctx={"on_dispatched": on_dispatched},
+            )
+        except (TimeoutError, aiohttp.ClientConnectionError) as error:
+            raise BackendUnavailable(str(error) or type(error).__name__) from error
+        async with upstream:
+            return await _stream_back(request, upstream)
+
+
+async def _stream_back(
+    request: web.Request, upstream: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    for key, value in upstream.headers.items():
+        if key.lower() not in HOP_BY_HOP:
+            response.headers.add(key, value)
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except aiohttp.ClientError as error:
+        # Headers are gone already: the only honest signal left is a cut stream.
+        raise StreamCut(str(error) or type(error).__name__) from error
+    await response.write_eof()
     return response

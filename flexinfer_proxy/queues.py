@@ -4,9 +4,9 @@ A request for a model that is not Ready (or that already has others waiting, so
 nobody jumps the line) takes a `Ticket` and waits. When the directory says the model
 is Ready, a drain task admits tickets oldest first; each admitted request signals
 `dispatched()` once its place toward the backend is fixed (headers on the wire, or
-in the connection pool's FIFO line) or it gave up, and only then is the next one
-admitted. Requests on separate connections may still reach a busy backend's
-handlers slightly out of order; with a per-backend connection cap they cannot.
+in line for a capped backend's slot, see `backend_slots`) or it gave up, and only
+then is the next one admitted. Requests on separate connections may still reach
+an uncapped backend's handlers slightly out of order; with a cap they cannot.
 A drain stops as soon as the model is no longer Ready and resumes on the next
 change. Every change of a queue is reported to the `DemandSignaller`.
 

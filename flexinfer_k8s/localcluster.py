@@ -417,8 +417,15 @@ class LocalCluster:
                 "--profiling=false",
             ],
         )
-        # The others wait for the API server themselves; starting them now overlaps
-        # their start-up with its.
+        # The controller manager gives up (exits) when the API server is not healthy
+        # within 10 s, which a loaded 2-core machine can exceed: start the others only
+        # once it is ready.
+        self._wait(
+            self._apiserver_ready,
+            timeout=self._startup_timeout,
+            what=f"kube-apiserver {self._server}/readyz",
+            blame=("kube-apiserver", "etcd"),
+        )
         self._launch(
             assets,
             "kube-controller-manager",
@@ -455,12 +462,6 @@ class LocalCluster:
                 "--node-lease-duration-seconds=40",
                 "--cidr=10.244.0.0/16",
             ],
-        )
-        self._wait(
-            self._apiserver_ready,
-            timeout=self._startup_timeout,
-            what=f"kube-apiserver {self._server}/readyz",
-            blame=("kube-apiserver", "etcd"),
         )
 
     def _launch(self, assets: Path, binary: str, args: list[str]) -> None:

@@ -45,12 +45,19 @@ def cooldown(models: Iterable[ModelState]) -> timedelta:
 
 
 def cooldown_holds(models: Iterable[ModelState], now: datetime) -> bool:
-    """Some member's preemptedAt is younger than the group cooldown (rule 4's first half)."""
+    """Some member's preemptedAt is younger than the group cooldown (rule 4's first half).
+
+    A member that is Ready again does not count: the decision clears its stamp
+    (spec 1.3), and counting it would hold the card for exactly one reconcile.
+    """
     members = list(models)
     if not members:
         return False
     window = cooldown(members)
-    return any(m.preempted_at is not None and now - m.preempted_at < window for m in members)
+    return any(
+        m.phase is not Phase.READY and m.preempted_at is not None and now - m.preempted_at < window
+        for m in members
+    )
 
 
 def active_members(models: Iterable[ModelState]) -> list[ModelState]:

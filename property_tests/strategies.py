@@ -119,9 +119,17 @@ _SETTINGS = st.sampled_from(
 )
 _PRIORITY = st.sampled_from(PRIORITIES)
 _PHASE = st.sampled_from(tuple(Phase))
-_SHARED_STATE = st.sampled_from((None, SharedState.QUEUED, SharedState.QUEUED, SharedState.ACTIVE))
 _PREEMPTED_AGE = st.one_of(st.none(), st.none(), SHORT_AGES)
-_FORCE = st.sampled_from((False, False, False, False, False, True))
+# sharedGroup.state, forcePromotion and cache readiness in one draw (weighted by
+# repetition); it shrinks to (absent, False, ready).
+_FLAGS = st.sampled_from(
+    [
+        (state, force, cache)
+        for state in (None, SharedState.QUEUED, SharedState.QUEUED, SharedState.ACTIVE)
+        for force in (False, False, False, False, False, True)
+        for cache in (True, True, True, True, False)
+    ]
+)
 _CACHE_READY = st.sampled_from((True, True, True, True, False))
 
 
@@ -129,6 +137,7 @@ _CACHE_READY = st.sampled_from((True, True, True, True, False))
 def model_states(draw: st.DrawFn, name: str, *, now: datetime) -> ModelState:
     """One member of the group as observed at `now` (status not yet written by us)."""
     swap_cooldown, serverless = draw(_SETTINGS)
+    shared_state, force_promotion, cache_ready = draw(_FLAGS)
     return ModelState(
         name=name,
         namespace=NAMESPACE,
@@ -136,13 +145,13 @@ def model_states(draw: st.DrawFn, name: str, *, now: datetime) -> ModelState:
         priority=draw(_PRIORITY),
         phase=draw(_PHASE),
         last_active=ago(now, draw(MAYBE_AGE)),
-        shared_state=draw(_SHARED_STATE),
+        shared_state=shared_state,
         preempted_at=ago(now, draw(_PREEMPTED_AGE)),
         swap_cooldown=swap_cooldown,
-        force_promotion=draw(_FORCE),
+        force_promotion=force_promotion,
         serverless=serverless,
         service_labels=(f"svc-{name}",),
-        cache_ready=draw(_CACHE_READY),
+        cache_ready=cache_ready,
     )
 
 
@@ -155,7 +164,7 @@ def _member_names(min_size: int, max_size: int) -> st.SearchStrategy[list[str]]:
 
 @st.composite
 def group_members(
-    draw: st.DrawFn, *, now: datetime, min_size: int = 0, max_size: int = 6
+    draw: st.DrawFn, *, now: datetime, min_size: int = 0, max_size: int = 5
 ) -> tuple[ModelState, ...]:
     """Members of one shared group: unique names, in no particular order."""
     names = draw(_member_names(min_size, max_size))
@@ -250,7 +259,7 @@ def group_scenarios(
     draw: st.DrawFn,
     *,
     min_size: int = 0,
-    max_size: int = 6,
+    max_size: int = 5,
     with_leases: bool = True,
     lease_unreadable: bool | None = False,
 ) -> GroupScenario:

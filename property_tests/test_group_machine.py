@@ -338,5 +338,5 @@ class GroupMachine(RuleBasedStateMachine):
             assert self.decision is not None and self.decision.leader is None
 
 
-GroupMachine.TestCase.settings = settings(settings.default, stateful_step_count=25)
+GroupMachine.TestCase.settings = settings(settings.default, stateful_step_count=20)
 TestGroupMachine = GroupMachine.TestCase

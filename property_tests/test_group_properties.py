@@ -281,6 +281,9 @@ def test_cooldown_keeps_the_active_holder(sc: GroupScenario, data: st.DataObject
             m,
             shared_state=SharedState.ACTIVE if m.name == holder else m.shared_state,
             preempted_at=sc.now - age if m.name == victim else m.preempted_at,
+            # A Ready member's own stamp is cleared by this very decision, so it does
+            # not hold the cooldown (core c01b63e); the victim waits, Preempted.
+            phase=Phase.PREEMPTED if m.name == victim and m.phase is Phase.READY else m.phase,
         )
         for m in models
     ]

@@ -62,6 +62,11 @@ from flexinfer_core.snapshot import (
     Serverless,
     SharedState,
 )
+from flexinfer_core.standalone import (
+    StandaloneDecision,
+    StandaloneDeployment,
+    decide_standalone,
+)
 from flexinfer_core.vram import (
     MlcMode,
     MlcSettings,
@@ -107,11 +112,14 @@ __all__ = [
     "PreemptionPolicy",
     "Serverless",
     "SharedState",
+    "StandaloneDecision",
+    "StandaloneDeployment",
     "VramEstimate",
     "apply_decision",
     "better",
     "decide_gpu_group",
     "decide_group",
+    "decide_standalone",
     "desired_replicas",
     "elect_leader",
     "estimate_vram",

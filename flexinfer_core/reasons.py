@@ -62,3 +62,10 @@ LEASE_REFRESH: Final = "LeaseRefresh"
 LEASE_CURRENT: Final = "LeaseCurrent"
 LEASE_RELEASE: Final = "LeaseRelease"
 LEASE_NOT_NEEDED: Final = "LeaseNotNeeded"
+
+# Standalone ModelDeployments (spec/election.md section 4).
+IN_USE: Final = "InUse"
+COLD_START: Final = "ColdStart"
+IDLE_SCALE_TO_ZERO: Final = "IdleScaleToZero"
+IDLE_MIN_REPLICAS: Final = "IdleMinReplicas"
+DEMAND_SCALE_UP: Final = "DemandScaleUp"

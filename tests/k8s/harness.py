@@ -40,11 +40,8 @@ from flexinfer_k8s.kubeapi import (
     Transient,
     new_api_client,
 )
+from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
 from flexinfer_k8s.localcluster import (
-    KWOK_NODE_LABEL,
-    KWOK_NODE_LABEL_VALUE,
-    READY_DELAY_ANNOTATION,
-    TERMINATE_DELAY_ANNOTATION,
     LocalCluster,
 )
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
@@ -100,53 +97,6 @@ def model_body(
     }
 
 
-def deployment_body(
-    name: str, *, replicas: int = 0, ready_delay: str = "1s", terminate_delay: str = "1s"
-) -> JSON:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "Recreate"},
-            "template": {
-                "metadata": {
-                    "labels": {"app": name, "flexinfer.test/workload": "yes"},
-                    "annotations": {
-                        READY_DELAY_ANNOTATION: ready_delay,
-                        TERMINATE_DELAY_ANNOTATION: terminate_delay,
-                    },
-                },
-                "spec": {
-                    "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "flexinfer/fake-server:test",
-                            "resources": {
-                                "limits": {"amd.com/gpu": "1"},
-                                "requests": {"amd.com/gpu": "1"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
-def service_body(name: str) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"selector": {"app": name}, "ports": [{"port": 8000, "targetPort": 8000}]},
-    }
-
-
 class Cluster:
     """The test's hands on the cluster: an admin `KubeApi` scoped to one namespace."""
 
@@ -161,9 +111,9 @@ class Cluster:
         self.api.create(
             DEPLOYMENTS,
             self.namespace,
-            deployment_body(name, ready_delay=ready_delay, terminate_delay=terminate_delay),
+            kwok_deployment(name, load_time=ready_delay, terminate_time=terminate_delay),
         )
-        self.api.create(SERVICES, self.namespace, service_body(name))
+        self.api.create(SERVICES, self.namespace, kwok_service(name))
 
     def model(self, name: str) -> JSON:
         return self.api.get(MODELS, self.namespace, name)

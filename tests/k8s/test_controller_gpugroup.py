@@ -15,6 +15,7 @@ import pytest
 
 from flexinfer_k8s.convert import format_time
 from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS, SERVICES
+from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
@@ -23,9 +24,7 @@ from .harness import (  # noqa: F401  (fixtures)
     cluster,
     controller,
     crds,
-    deployment_body,
     kubectl,
-    service_body,
 )
 
 pytestmark = pytest.mark.k8s
@@ -39,8 +38,8 @@ def add_member(c: Cluster, name: str, *, terminate_delay: str = "1s") -> None:
                  "gpuGroupRef": "gg"},
     })
     c.api.create(DEPLOYMENTS, c.namespace,
-                 deployment_body(name, terminate_delay=terminate_delay))
-    c.api.create(SERVICES, c.namespace, service_body(name))
+                 kwok_deployment(name, terminate_time=terminate_delay))
+    c.api.create(SERVICES, c.namespace, kwok_service(name))
 
 
 def add_group(c: Cluster, *, policy: str = "Graceful", drain: int = 60, threshold: int = 1,

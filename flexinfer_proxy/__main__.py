@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
     parser.add_argument(
         "--endpoint",

@@ -118,6 +118,15 @@ class ClusterCache:
                 names.append(convert.name_of(group))
         return names
 
+    def standalone_model_deployment(self, namespace: str, name: str) -> JSON | None:
+        """The ModelDeployment `name` if it is standalone: no `gpuGroupRef`, in no GPUGroup."""
+        md = self.get(MODEL_DEPLOYMENTS, namespace, name)
+        if md is None or convert.model_deployment_group_ref(md):
+            return None
+        if self.gpu_groups_with_member(namespace, name):
+            return None
+        return md
+
     def model_cache_ready(self, namespace: str, name: str) -> bool:
         if not name:
             return True

@@ -7,6 +7,8 @@ the reconciler's `next_change_at` arms that key's timer. Keys:
 - ("shared", namespace, group): a Model shared group;
 - ("model", namespace, name): a Model without a shared group (a group of one);
 - ("gpugroup", namespace, name): a GPUGroup;
+- ("modeldeployment", namespace, name): a standalone ModelDeployment (no
+  `gpuGroupRef`, in no GPUGroup), scaled to zero when idle;
 - ("finetune", namespace, name): a ModelCache's finetune GPU lease.
 
 A slow resync (default 5 min) re-queues every key as a safety net; correctness
@@ -49,6 +51,7 @@ from flexinfer_k8s.leases import FinetuneLeaseReconciler
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
 from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
+from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
 from flexinfer_k8s.workqueue import WorkQueue
 
 log = logging.getLogger("flexinfer.controller")
@@ -84,6 +87,7 @@ class Controller:
         )
         self.gpugroups = GpuGroupReconciler(self.cache, self.writer, api, metrics, self.clock)
         self.finetune = FinetuneLeaseReconciler(self.cache, self.writer, self.clock)
+        self.standalone = StandaloneReconciler(self.cache, self.writer, self.clock)
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}
@@ -173,12 +177,25 @@ class Controller:
             keys.add(("gpugroup", convert.namespace_of(group), convert.name_of(group)))
         for cache in self.cache.objects(MODEL_CACHES):
             keys.add(("finetune", convert.namespace_of(cache), convert.name_of(cache)))
+        for md in self.cache.objects(MODEL_DEPLOYMENTS):
+            keys |= self._model_deployment_keys(md)
         return keys
 
     def _model_keys(self, model: JSON) -> set[WorkKey]:
         namespace, name = convert.namespace_of(model), convert.name_of(model)
         group = convert.model_state_group(model)
         return {("shared", namespace, group) if group else ("model", namespace, name)}
+
+    def _model_deployment_keys(self, md: JSON) -> set[WorkKey]:
+        """The standalone key of a ModelDeployment, from the object itself (so that
+        setting or clearing `gpuGroupRef` queues the key either way); the
+        reconciler checks the cache again and leaves group members alone."""
+        namespace, name = convert.namespace_of(md), convert.name_of(md)
+        if convert.model_deployment_group_ref(md) or self.cache.gpu_groups_with_member(
+            namespace, name
+        ):
+            return set()
+        return {("modeldeployment", namespace, name)}
 
     def _workload_keys(self, namespace: str, name: str) -> set[WorkKey]:
         """Keys whose decision reads the Deployment/Service/pods named `name`."""
@@ -188,6 +205,8 @@ class Controller:
             keys |= self._model_keys(model)
         for group in self.cache.gpu_groups_with_member(namespace, name):
             keys.add(("gpugroup", namespace, group))
+        if self.cache.standalone_model_deployment(namespace, name) is not None:
+            keys.add(("modeldeployment", namespace, name))
         return keys
 
     def keys_for(self, resource: Resource, obj: JSON) -> set[WorkKey]:
@@ -214,12 +233,18 @@ class Controller:
             lease = convert.gpu_lease_from_config_map(obj)
             return {("shared", namespace, lease.group)} if lease is not None else set()
         if resource is GPU_GROUPS:
-            return {("gpugroup", namespace, name)}
+            # A ModelDeployment that leaves (or joins) the group changes hands.
+            keys = {("gpugroup", namespace, name)}
+            for entry in (obj.get("spec") or {}).get("models") or []:
+                md = self.cache.get(MODEL_DEPLOYMENTS, namespace, str(entry.get("name") or ""))
+                if md is not None:
+                    keys |= self._model_deployment_keys(md)
+            return keys
         if resource is MODEL_DEPLOYMENTS:
             return {
                 ("gpugroup", namespace, g)
                 for g in self.cache.gpu_groups_with_member(namespace, name)
-            }
+            } | self._model_deployment_keys(obj)
         if resource is MODEL_CACHES:
             keys = {("finetune", namespace, name)}
             for model in self.cache.objects(MODELS, namespace):
@@ -321,6 +346,8 @@ class Controller:
             return self.gpugroups.reconcile(namespace, name)
         if kind == "finetune":
             return self.finetune.reconcile(namespace, name)
+        if kind == "modeldeployment":
+            return self.standalone.reconcile(namespace, name)
         raise ValueError(f"unknown key kind {kind!r}")
 
     def _failed(self, key: WorkKey, error: Exception) -> None:

@@ -33,6 +33,8 @@ from flexinfer_core import (
     Phase,
     Serverless,
     SharedState,
+    StandaloneDecision,
+    StandaloneDeployment,
     observed_phase,
     parse_duration,
 )
@@ -541,8 +543,7 @@ def model_deployment_status(
 ) -> JSON:
     """A ModelDeployment's observed status: Running once a pod is ready, Pending while
     its pods start, Idle at zero replicas (its `lastAccessTime` is the proxy's)."""
-    live = live_pods(pods)
-    ready = sum(1 for p in live if pod_is_ready(p) and not _get(p, "metadata", "deletionTimestamp"))
+    ready = _ready_pods(pods)
     if ready:
         phase, message = "Running", f"{ready} pod(s) ready"
     elif replicas:
@@ -553,6 +554,61 @@ def model_deployment_status(
     generation = _get(md, "metadata", "generation")
     if isinstance(generation, int):
         status["observedGeneration"] = generation
+    return status
+
+
+# --- standalone ModelDeployment ---------------------------------------------------------
+
+
+def model_deployment_group_ref(md: Mapping[str, Any]) -> str:
+    """`spec.gpuGroupRef` ("" for a standalone ModelDeployment)."""
+    return str(_get(md, "spec", "gpuGroupRef") or "")
+
+
+def _ready_pods(pods: Sequence[JSON]) -> int:
+    return sum(
+        1
+        for p in live_pods(pods)
+        if pod_is_ready(p) and not _get(p, "metadata", "deletionTimestamp")
+    )
+
+
+def standalone_from_k8s(
+    md: Mapping[str, Any], *, deployment: Mapping[str, Any] | None, pods: Sequence[JSON]
+) -> StandaloneDeployment:
+    """A standalone ModelDeployment with its Deployment's replicas and ready pods."""
+    spec = _get(md, "spec") or {}
+    return StandaloneDeployment(
+        name=name_of(md),
+        namespace=namespace_of(md) or "default",
+        replicas=_int(spec.get("replicas"), 1),
+        min_replicas=_int(spec.get("minReplicas"), 0),
+        idle_timeout=timedelta(seconds=_int(spec.get("idleTimeoutSeconds"), 300)),
+        cold_start_timeout=timedelta(seconds=_int(spec.get("coldStartTimeoutSeconds"), 60)),
+        last_access_time=parse_time(_get(md, "status", "lastAccessTime")),
+        current_replicas=deployment_replicas(deployment),
+        ready_replicas=_ready_pods(pods),
+    )
+
+
+def standalone_status(
+    md: Mapping[str, Any],
+    decision: StandaloneDecision,
+    *,
+    replicas: int | None,
+    pods: Sequence[JSON],
+    now: datetime,
+) -> JSON:
+    """The observed phase and readyReplicas, with the decision's message and Ready condition."""
+    status = model_deployment_status(md, replicas=replicas, pods=pods)
+    generation = status.get("observedGeneration")
+    status["message"] = decision.message
+    status["conditions"] = merge_conditions(
+        _get(md, "status", "conditions"),
+        [Condition("Ready", status["phase"] == "Running", decision.reason, decision.message)],
+        now=now,
+        generation=generation if isinstance(generation, int) else None,
+    )
     return status
 
 

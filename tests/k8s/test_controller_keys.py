@@ -69,3 +69,29 @@ def test_changes_map_to_the_keys_whose_decision_reads_them() -> None:
     assert ctl.keys_for(JOBS, job) == {("finetune", "ns", "c")}
     assert ctl.all_keys() == {("shared", "ns", "g"), ("model", "ns", "solo"),
                               ("gpugroup", "ns", "gg")}
+
+
+def test_standalone_model_deployments_get_their_own_key() -> None:
+    ctl = controller()
+    put = ctl.cache.store
+    solo = {"metadata": meta("solo-md"), "spec": {}}
+    member = {"metadata": meta("m2"), "spec": {"gpuGroupRef": "gg"}}
+    listed = {"metadata": meta("m1"), "spec": {}}  # in gg's spec.models, no gpuGroupRef
+    for md in (solo, member, listed):
+        put(MODEL_DEPLOYMENTS).write_through(md)
+    put(DEPLOYMENTS).write_through(
+        {"metadata": meta("solo-md"), "spec": {"selector": {"matchLabels": {"app": "solo-md"}}}}
+    )
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, solo) == {("modeldeployment", "ns", "solo-md")}
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, member) == set()
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, listed) == {("gpugroup", "ns", "gg")}
+    pod = {"metadata": meta("solo-md-1", labels={"app": "solo-md"})}
+    assert ctl.keys_for(PODS, pod) == {("modeldeployment", "ns", "solo-md")}
+    assert ("modeldeployment", "ns", "solo-md") in ctl.all_keys()
+    assert ("modeldeployment", "ns", "m1") not in ctl.all_keys()
+    # m1 leaves its group: the group's old object queues m1's standalone key.
+    old_group = ctl.cache.get(GPU_GROUPS, "ns", "gg")
+    assert old_group is not None
+    put(GPU_GROUPS).write_through({"metadata": meta("gg", resourceVersion="2"),
+                                   "spec": {"models": [{"name": "m2"}]}})
+    assert ("modeldeployment", "ns", "m1") in ctl.keys_for(GPU_GROUPS, old_group)

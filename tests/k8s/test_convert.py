@@ -15,6 +15,8 @@ from flexinfer_core import (
     SharedState,
     decide_gpu_group,
     decide_group,
+    decide_standalone,
+    reasons,
 )
 from flexinfer_k8s import convert
 
@@ -299,3 +301,32 @@ def test_gpu_group_state_and_status_round_trip() -> None:
     second = decide_gpu_group(again, now=NOW)
     assert second.phase is GpuGroupPhase.SWAPPING
     assert second.swap_count == 1
+
+
+def test_standalone_model_deployment_round_trip_writes_nothing_twice() -> None:
+    md: dict[str, Any] = {
+        "metadata": {"name": "solo", "namespace": "ns", "generation": 2},
+        "spec": {"replicas": 2, "minReplicas": 0, "idleTimeoutSeconds": 30},
+        "status": {"lastAccessTime": convert.format_time(NOW - timedelta(seconds=40))},
+    }
+    deployment = {"metadata": {"name": "solo", "namespace": "ns"}, "spec": {"replicas": 2}}
+    state = convert.standalone_from_k8s(md, deployment=deployment, pods=[])
+    assert (state.replicas, state.current_replicas, state.ready_replicas) == (2, 2, 0)
+    assert state.idle_timeout == timedelta(seconds=30)
+    assert state.cold_start_timeout == timedelta(seconds=60)  # the CRD default
+    decision = decide_standalone(state, now=NOW)
+    assert decision.reason == reasons.COLD_START  # woken, no pod ready yet
+    status = convert.standalone_status(md, decision, replicas=2, pods=[], now=NOW)
+    assert (status["phase"], status["readyReplicas"], status["observedGeneration"]) == (
+        "Pending",
+        0,
+        2,
+    )
+    ready = status["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "ColdStart")
+    md["status"].update(status)
+    later = convert.standalone_status(
+        md, decision, replicas=2, pods=[], now=NOW + timedelta(seconds=5)
+    )
+    assert not convert.status_differs(md["status"], later)
+    assert convert.standalone_from_k8s(md, deployment=None, pods=[]).current_replicas is None

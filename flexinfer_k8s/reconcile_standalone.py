@@ -1,0 +1,79 @@
+"""Reconcile one standalone ModelDeployment: snapshot -> `decide_standalone` -> apply the diff.
+
+A ModelDeployment without `spec.gpuGroupRef` and listed in no GPUGroup runs as the
+Deployment of the same name (docs/controller.md). The proxy records requests in
+`status.lastAccessTime`; the core turns that into desired replicas. The writes
+are: the Deployment's replicas through the scale subresource when they differ
+(with an Event saying why), then the ModelDeployment's status (observed `phase`,
+`readyReplicas`, `message` and a `Ready` condition carrying the decision's
+reason) when it differs, conditional on the resourceVersion it was decided on.
+Nothing else is written; a reconcile that changes nothing writes nothing. The
+caller arms a timer at the returned `next_change_at` (the idle-timeout lapse).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flexinfer_core import decide_standalone
+from flexinfer_k8s import convert
+from flexinfer_k8s.apply import Writer
+from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.clock import Clock
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, MODEL_DEPLOYMENTS
+from flexinfer_k8s.reconcile_shared import Outcome
+
+log = logging.getLogger("flexinfer.standalone")
+
+
+class StandaloneReconciler:
+    def __init__(self, cache: ClusterCache, writer: Writer, clock: Clock) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.clock = clock
+
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        md = self.cache.standalone_model_deployment(namespace, name)
+        if md is None:
+            return Outcome(None, False)  # gone, or its GPUGroup decides for it
+        now = self.clock.now()
+        deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+        pods = self.cache.pods_of(deployment)
+        state = convert.standalone_from_k8s(md, deployment=deployment, pods=pods)
+        decision = decide_standalone(state, now=now)
+        wrote = False
+
+        replicas = state.current_replicas
+        if decision.scale_to is not None and self.writer.scale(namespace, name, decision.scale_to):
+            wrote = True
+            replicas = decision.scale_to
+            if decision.event is not None:
+                self.writer.event(
+                    md,
+                    reason=decision.event.reason,
+                    message=decision.event.message,
+                    type=decision.event.type,
+                    now=now,
+                )
+
+        # After the scale, so the phase written is the one the new replicas give
+        # (Pending while woken pods start), not a stale Idle rewritten a moment later.
+        wanted = convert.standalone_status(md, decision, replicas=replicas, pods=pods, now=now)
+        if convert.status_differs(md.get("status"), wanted):
+            wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
+
+        if wrote:
+            log.info(
+                "applied standalone decision",
+                extra={
+                    "fields": {
+                        "namespace": namespace,
+                        "modeldeployment": name,
+                        "replicas": decision.desired_replicas,
+                        "phase": wanted["phase"],
+                        "reason": decision.reason,
+                        "message": decision.message,
+                    }
+                },
+            )
+        return Outcome(decision.next_change_at, wrote, decision.reason)

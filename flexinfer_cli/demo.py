@@ -71,8 +71,7 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
     controller: Controller | None = None
     try:
         say(f"  API server {cluster.server}, kubeconfig {cluster.kubeconfig}")
-        cluster.kubectl("apply", "--server-side", "-k", str(CRD_DIR))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        cluster.install_crds(CRD_DIR)
         cluster.kubectl("create", "namespace", NAMESPACE)
         api = KubeApi(new_api_client(str(cluster.kubeconfig)))
         metrics = ControllerMetrics(CollectorRegistry())

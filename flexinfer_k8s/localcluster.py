@@ -220,6 +220,34 @@ class LocalCluster:
             timeout=60,
         )
 
+    def install_crds(self, crd_dir: Path, *, timeout: float = 60.0) -> list[str]:
+        """Apply a kustomization of CRDs and return their names once all are Established.
+
+        Polls the CRDs' conditions rather than `kubectl wait`, which fails outright
+        ("accessor error") on a CRD whose status the API server has not written yet.
+        """
+        applied = self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-k", str(crd_dir), "-o", "name"
+        ).stdout.split()
+        names = [name.split("/", 1)[1] for name in applied if "/" in name]
+        extensions: Any = k8s_client.ApiextensionsV1Api(self.api_client)
+
+        def established() -> bool:
+            for name in names:
+                crd = extensions.read_custom_resource_definition(name)
+                conditions = (crd.status.conditions if crd.status else None) or []
+                if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                    return False
+            return True
+
+        self._wait(
+            established,
+            timeout=timeout,
+            what=f"CRDs {', '.join(names)} to be Established",
+            blame=("kube-apiserver",),
+        )
+        return names
+
     def add_node(self, node: KwokNode, *, wait: bool = True, timeout: float = 30.0) -> None:
         """Register a kwok node; with `wait`, return once kwok has marked it Ready."""
         core: Any = k8s_client.CoreV1Api(self.api_client)

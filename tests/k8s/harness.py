@@ -389,8 +389,8 @@ def kubectl(local_cluster: LocalCluster) -> Kubectl:
 
 
 @pytest.fixture(scope="module")
-def crds(kubectl: Kubectl) -> None:
-    install_crds(kubectl)
+def crds(local_cluster: LocalCluster) -> None:
+    install_crds(local_cluster)
 
 
 @pytest.fixture

@@ -92,15 +92,9 @@ CRD_NAMES = (
 )
 
 
-def install_crds(kubectl: Kubectl) -> None:
+def install_crds(cluster: LocalCluster) -> None:
     """Apply crds/ (idempotent) and wait until every CRD is Established."""
-    kubectl.ok("apply", "--server-side", "--force-conflicts", "-k", str(CRD_DIR))
-    kubectl.ok(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        *(f"crd/{name}" for name in CRD_NAMES),
-    )
+    assert sorted(cluster.install_crds(CRD_DIR)) == sorted(CRD_NAMES)
 
 
 def create_namespace(kubectl: Kubectl, prefix: str) -> str:

@@ -38,8 +38,8 @@ def kubectl(local_cluster: LocalCluster) -> Kubectl:
 
 
 @pytest.fixture(scope="module")
-def crds_installed(kubectl: Kubectl) -> None:
-    install_crds(kubectl)
+def crds_installed(local_cluster: LocalCluster) -> None:
+    install_crds(local_cluster)
 
 
 @pytest.fixture(scope="module")

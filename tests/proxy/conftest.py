@@ -6,7 +6,6 @@ The backends (two fake OpenAI servers) live for the session. `kubectl` and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +14,6 @@ from flexinfer_k8s.localcluster import LocalCluster
 
 from ..k8s.kubectl import (
     Kubectl,
-    KubectlError,
     create_namespace,
     delete_namespace,
     install_crds,
@@ -40,25 +38,9 @@ def kubectl(local_cluster: LocalCluster) -> Kubectl:
 
 
 @pytest.fixture(scope="module")
-def namespace(kubectl: Kubectl) -> Iterator[str]:
+def namespace(local_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[str]:
     """A fresh namespace per test module, with the CRDs installed."""
-    _install_crds(kubectl)
+    install_crds(local_cluster)
     name = create_namespace(kubectl, "proxy")
     yield name
     delete_namespace(kubectl, name)
-
-
-def _install_crds(kubectl: Kubectl, attempts: int = 5) -> None:
-    """install_crds, again if `kubectl wait` met a CRD whose status is not written yet.
-
-    On a fresh cluster `kubectl wait --for=condition=Established` can fail with
-    ".status.conditions accessor error: <nil>" right after the CRDs are created.
-    """
-    for attempt in range(attempts):
-        try:
-            install_crds(kubectl)
-            return
-        except KubectlError as error:
-            if "accessor error" not in str(error) or attempt == attempts - 1:
-                raise
-            time.sleep(1)

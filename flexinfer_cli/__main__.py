@@ -4,6 +4,7 @@
     flexinfer demo                     a local control plane, the controller, two models
     flexinfer dev cluster up|down|env  a local control plane to point kubectl at
     flexinfer controller ...           the controller (same as python -m flexinfer_k8s)
+    flexinfer proxy ...                the proxy (same as python -m flexinfer_proxy)
 
 Each subcommand parses its arguments and calls into the packages; nothing here
 decides anything.
@@ -32,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flexinfer_k8s.__main__ import main as controller_main
 
         return controller_main(args[1:])
+    if args[:1] == ["proxy"]:
+        from flexinfer_proxy.__main__ import main as proxy_main
+
+        return proxy_main(args[1:])
     parser = argparse.ArgumentParser(prog="flexinfer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="play a scenario through the election core")
@@ -41,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--keep", action="store_true", help="leave the cluster running")
     sub.add_parser("dev", help="`flexinfer dev cluster up|down|env`: a local control plane")
     sub.add_parser("controller", help="run the controller (`flexinfer controller --help`)")
+    sub.add_parser("proxy", help="run the OpenAI-compatible proxy (`flexinfer proxy --help`)")
     parsed = parser.parse_args(args)
     try:
         if parsed.command == "simulate":

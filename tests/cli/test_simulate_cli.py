@@ -83,6 +83,10 @@ def test_dev_and_controller_are_handed_their_arguments(
     assert done.value.code == 0
     assert "--leader-elect" in capsys.readouterr().out
     with pytest.raises(SystemExit) as done:
+        main(["proxy", "--help"])
+    assert done.value.code == 0
+    assert "--max-per-backend" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
         main(["dev", "cluster", "--help"])
     assert done.value.code == 0
     assert "{up,down,env}" in capsys.readouterr().out

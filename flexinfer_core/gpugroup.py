@@ -319,8 +319,10 @@ def _finish(
         occupied = [m.name for m in state.members if m.name != target.name and m.has_pods]
         waiting_for = ", ".join(sorted(occupied))
         if occupied and state.preemption_policy is PreemptionPolicy.GRACEFUL:
-            drain_deadline = (last_swap_time or now) + state.drain_timeout
-            draining = now < drain_deadline
+            # Without a recorded swap (status written by hand or by an older
+            # version) there is no drain start; waiting from `now` on every
+            # reconcile would never end, so the drain counts as timed out.
+            draining = last_swap_time is not None and now < last_swap_time + state.drain_timeout
     if draining and not swapping:
         action = GpuGroupAction.DRAIN
         reason = reasons.DRAINING

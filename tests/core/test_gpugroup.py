@@ -244,3 +244,16 @@ def test_deciding_again_after_recording_the_swap_keeps_it() -> None:
     assert second.active_model == first.active_model
     assert second.swap_count == first.swap_count
     assert second.last_swap_time == first.last_swap_time
+
+
+def test_drain_without_a_recorded_swap_does_not_wait_forever() -> None:
+    # activeModel set but no lastSwapTime (hand-written status): a lingering pod of
+    # another member must not hold the holder back on every reconcile.
+    state = group(
+        GpuGroupMember("coder", queued=1, oldest_waiting=ago(5)),
+        GpuGroupMember("chat", has_pods=True),
+        current_model="coder",
+    )
+    decision = decide_gpu_group(state, now=T0)
+    assert decision.replicas_for("coder") == 1
+    assert decision.phase is GpuGroupPhase.SWAPPING

@@ -72,10 +72,12 @@ def check_graceful_drain(state: GpuGroupState, now: datetime, decision: GpuGroup
         others_have_pods = any(m.has_pods for m in state.members if m.name != name)
         if replicas and not member.has_pods and others_have_pods:
             # Only once the drain timeout since the swap has run out, or Immediate. (No
-            # recorded swap: the core starts the drain clock now.)
-            swapped = decision.last_swap_time or now
-            assert state.preemption_policy is PreemptionPolicy.IMMEDIATE or (
-                now >= swapped + state.drain_timeout
+            # recorded swap at all: there is no drain to wait for; docs/election.md.)
+            swapped = decision.last_swap_time
+            assert (
+                state.preemption_policy is PreemptionPolicy.IMMEDIATE
+                or swapped is None
+                or (now >= swapped + state.drain_timeout)
             )
 
 

@@ -44,10 +44,12 @@ def governing_lease(
     if not active:
         return None
 
-    def rank(lease: GpuLease) -> tuple[int, int, float, str]:
+    def rank(lease: GpuLease) -> tuple[int, int, float, str, str, str]:
         no_ttl = 0 if lease.expires_at is None else 1
         expiry = 0.0 if lease.expires_at is None else -lease.expires_at.timestamp()
-        return (0 if lease.source is LeaseSource.GPU_LEASE else 1, no_ttl, expiry, lease.name)
+        source = 0 if lease.source is LeaseSource.GPU_LEASE else 1
+        # Owner and node last, so the choice is total even for look-alike leases.
+        return (source, no_ttl, expiry, lease.name, lease.owner, lease.node)
 
     return min(active, key=rank)
 

@@ -124,3 +124,13 @@ def test_lifecycle_release_when_cache_deleted() -> None:
         _cache(lease_exists=True, job=JobPhase.ACTIVE, cache_deleted=True), now=T0
     )
     assert plan.action is LeaseAction.DELETE
+
+
+def test_governing_lease_choice_is_total() -> None:
+    # Found by the order-independence property: two look-alike carriers that differ
+    # only by owner must not be chosen by listing order.
+    a = GpuLease(name="gpu-lease-g", group="g", owner="a", source=LeaseSource.CONFIG_MAP)
+    b = GpuLease(name="gpu-lease-g", group="g", owner="b", source=LeaseSource.CONFIG_MAP)
+    first = governing_lease([a, b], namespace="default", group="g", now=T0)
+    second = governing_lease([b, a], namespace="default", group="g", now=T0)
+    assert first is second is a

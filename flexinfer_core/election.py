@@ -149,6 +149,9 @@ def _elect(
     if key is None:
         return Election(None, reasons.EMPTY_GROUP, "the group has no members")
     namespace, group = key
+    # One sort by the total order; "the best member such that ..." is then the first
+    # one that qualifies (the same as `best` over the filtered members, cheaper).
+    models = sorted(models, key=candidate_rank)
 
     # 2. A GPU lease parks everyone; it beats forcePromotion.
     if group and not lease_unreadable:
@@ -164,7 +167,7 @@ def _elect(
             )
 
     # 3. forcePromotion.
-    forced = best(m for m in models if m.force_promotion)
+    forced = next((m for m in models if m.force_promotion), None)
     if forced is not None:
         return Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set")
 
@@ -176,7 +179,7 @@ def _elect(
     recently_preempted = [
         m for m in models if m.phase is not Phase.READY and in_cooldown(m, now, cooldown)
     ]
-    holder = best(m for m in models if m.shared_state is SharedState.ACTIVE)
+    holder = next((m for m in models if m.shared_state is SharedState.ACTIVE), None)
     if recently_preempted and holder is not None:
         victim = min(recently_preempted, key=lambda m: (-_ts(m.preempted_at), m.name))
         assert victim.preempted_at is not None
@@ -212,9 +215,9 @@ def _elect(
 
     # 6. Classify the runnable members.
     runnable = [m for m in models if m.runnable]
-    ready = best(m for m in runnable if m.phase is Phase.READY)
-    recent = best(m for m in runnable if is_recent(m, now, policy))
-    demanded = best(m for m in runnable if is_demanded(m, now, policy))
+    ready = next((m for m in runnable if m.phase is Phase.READY), None)
+    recent = next((m for m in runnable if is_recent(m, now, policy)), None)
+    demanded = next((m for m in runnable if is_demanded(m, now, policy)), None)
 
     # 7. Demand preemption.
     if demanded is not None and ready is not None and demanded.name != ready.name:

@@ -11,6 +11,7 @@ decision then deciding again at the same `now` yields no writes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -420,14 +421,22 @@ def _parked_decision(
         reason=reason,
         message=message,
         conditions=(
-            Condition(CONDITION_ACTIVE, False, reason, message),
+            _parked_condition(reason, message),
             _ready_condition(phase, model.name, evict_reason),
         ),
         events=events,
     )
 
 
+@functools.lru_cache(maxsize=16384)
+def _parked_condition(reason: str, message: str) -> Condition:
+    return Condition(CONDITION_ACTIVE, False, reason, message)
+
+
+@functools.lru_cache(maxsize=16384)
 def _ready_condition(phase: Phase, name: str, preempt_reason: str) -> Condition:
+    # Cached: the same few (phase, member) pairs recur at every reconcile, and the
+    # condition is an immutable value.
     if phase is Phase.READY:
         return Condition(CONDITION_READY, True, "Ready", f"{name} is serving")
     if phase is Phase.PREEMPTED:

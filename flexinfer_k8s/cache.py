@@ -1,7 +1,8 @@
 """The controller's view of the cluster: one `Store` per watched resource, and lookups.
 
-Reconcilers read only from here (plus one live Pod list before a scale-up, see
-`reconcile_shared`). The lookups encode the naming conventions the controller
+Reconcilers read only from here, plus one live Pod list before a scale-up
+(`members_with_live_pods`: the cache may not have seen a pod yet, and
+break-before-make must not trust it). The lookups encode the naming conventions the controller
 relies on until the rendering issue lands: a Model's or ModelDeployment's
 Deployment and Service share its name; a Deployment's pods are those its
 selector matches. Reads only; no writes, no decisions.
@@ -27,6 +28,7 @@ from flexinfer_k8s.kubeapi import (
     MODELS,
     PODS,
     SERVICES,
+    KubeApi,
     Resource,
 )
 
@@ -137,3 +139,16 @@ class ClusterCache:
 
     def services(self) -> Store:
         return self.stores[SERVICES]
+
+
+def members_with_live_pods(
+    api: KubeApi, cache: ClusterCache, namespace: str, names: list[str]
+) -> set[str]:
+    """Which of `names` have live pods now, from a fresh Pod list (not the cache)."""
+    pods = api.list(PODS, namespace).get("items") or []
+    occupied = set()
+    for name in names:
+        deployment = cache.get(DEPLOYMENTS, namespace, name)
+        if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
+            occupied.add(name)
+    return occupied

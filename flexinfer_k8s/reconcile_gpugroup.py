@@ -20,9 +20,9 @@ from datetime import datetime, timedelta
 from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, reasons
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
-from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
 from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, JSON, MODEL_DEPLOYMENTS, PODS, KubeApi
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, JSON, MODEL_DEPLOYMENTS, KubeApi
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.reconcile_shared import Outcome
 
@@ -96,7 +96,7 @@ class GpuGroupReconciler:
         deferred = False
         if ups:
             cached = {m for m in members if convert.live_pods(member_pods[m])}
-            live = self._members_with_live_pods(namespace, members)
+            live = members_with_live_pods(self.api, self.cache, namespace, members)
             for member in ups:
                 surprise = sorted((live - cached) - {member})
                 if surprise:
@@ -164,12 +164,3 @@ class GpuGroupReconciler:
                     type="Warning",
                     now=now,
                 )
-
-    def _members_with_live_pods(self, namespace: str, members: list[str]) -> set[str]:
-        pods = self.api.list(PODS, namespace).get("items") or []
-        occupied = set()
-        for member in members:
-            deployment = self.cache.get(DEPLOYMENTS, namespace, member)
-            if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
-                occupied.add(member)
-        return occupied

@@ -39,9 +39,9 @@ from flexinfer_core import (
 )
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
-from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
 from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_LEASES, JSON, MODELS, PODS, SERVICES, KubeApi
+from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_LEASES, JSON, MODELS, SERVICES, KubeApi
 from flexinfer_k8s.metrics import ControllerMetrics
 
 log = logging.getLogger("flexinfer.shared")
@@ -280,8 +280,11 @@ class SharedGroupReconciler:
             and m.desired_replicas > (observed[m.name].replicas or 0)
         ]
         if ups:
-            occupied = self._members_with_live_pods(
-                namespace, [convert.name_of(o) for o in objs] + sorted(departed)
+            occupied = members_with_live_pods(
+                self.api,
+                self.cache,
+                namespace,
+                [convert.name_of(o) for o in objs] + sorted(departed),
             )
             for member in ups:
                 others = sorted(occupied - {member.name})
@@ -337,15 +340,6 @@ class SharedGroupReconciler:
             if group and event.reason == reasons.PROMOTED:
                 self.metrics.swaps.labels(namespace=namespace, group=group, kind="shared").inc()
         events.clear()
-
-    def _members_with_live_pods(self, namespace: str, names: list[str]) -> set[str]:
-        pods = self.api.list(PODS, namespace).get("items") or []
-        occupied = set()
-        for name in names:
-            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
-            if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
-                occupied.add(name)
-        return occupied
 
     # -- metrics ----------------------------------------------------------------------
 

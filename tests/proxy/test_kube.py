@@ -281,6 +281,9 @@ async def test_a_name_resolves_to_the_first_namespace_that_has_it(
         for directory in (preferring_other, everywhere):
             await directory.start()
         try:
+            # Until both namespaces have listed, the name may resolve to whichever
+            # listed first; the preference is only defined on a full view.
+            await _until(lambda: preferring_other.synced, what="both namespaces' lists")
             first = await _until(
                 lambda: preferring_other.lookup("shadowed"), what="the Model in both namespaces"
             )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from flexinfer_core import (
@@ -38,6 +38,7 @@ from flexinfer_core import (
     observed_phase,
     parse_duration,
 )
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 
 JSON = dict[str, Any]
 
@@ -48,6 +49,10 @@ MODEL_CONDITIONS = ("Active", "Ready")
 
 
 # --- small readers -------------------------------------------------------------------
+
+# The adapter's names for the core's one RFC 3339 reader and writer.
+parse_time = parse_rfc3339
+format_time = format_rfc3339
 
 
 def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
@@ -65,32 +70,6 @@ def name_of(obj: Mapping[str, Any]) -> str:
 
 def namespace_of(obj: Mapping[str, Any]) -> str:
     return str(_get(obj, "metadata", "namespace") or "")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 instant as an aware UTC datetime; None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value.strip().replace("z", "Z")
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
-
-
-def format_time(value: datetime | None) -> str | None:
-    """RFC 3339 in UTC, microseconds kept so a written instant reads back equal."""
-    if value is None:
-        return None
-    utc = value.astimezone(UTC)
-    if utc.microsecond:
-        return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:

@@ -41,21 +41,3 @@ class ManualClock:
         with self._lock:
             self._now += delta
             return self._now
-
-
-def format_rfc3339(value: datetime) -> str:
-    """`2026-11-29T17:00:04Z`: UTC, whole seconds, as the CRDs' date-time fields hold."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(value: object) -> datetime | None:
-    """An RFC 3339 instant as an aware UTC datetime; None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        return None
-    return parsed.astimezone(UTC)

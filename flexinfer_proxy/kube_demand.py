@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from flexinfer_proxy.clock import format_rfc3339, parse_rfc3339
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CONFLICTED,

@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
-from flexinfer_proxy.clock import parse_rfc3339
+from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
     Listener,

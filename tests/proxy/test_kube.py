@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_k8s.localcluster import LocalCluster
-from flexinfer_proxy.clock import format_rfc3339
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CONFLICTED,

@@ -110,7 +110,7 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
     say("1. A request for chat arrives.")
     _ask(api, "chat")
     _wait(lambda: _serving(api, "chat"), "chat to be Ready")
-    _show(cluster, api, say, "chat")
+    _show(cluster, api, say)
 
     say("2. A request for coder (more important) arrives while chat is busy.")
     watch = _PodWatch(api)
@@ -118,7 +118,7 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
     _ask(api, "coder")
     _wait(lambda: _serving(api, "coder") and watch.poll(), "coder to take the GPU")
     say(f"   break-before-make: {watch.summary()}")
-    _show(cluster, api, say, "coder")
+    _show(cluster, api, say)
 
     say("3. A fine-tuning job takes a GPU lease on the group.")
     api.create(
@@ -132,14 +132,14 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
         },
     )
     _wait(lambda: not _pods(api), "every model to be parked")
-    _show(cluster, api, say, "coder")
+    _show(cluster, api, say)
 
     say("4. The training job ends (lease deleted) and chat is asked for again.")
     api.delete(GPU_LEASES, NAMESPACE, "finetune-gpu-lease")
     time.sleep(1)
     _ask(api, "chat")
     _wait(lambda: _serving(api, "chat") or _serving(api, "coder"), "serving to return")
-    _show(cluster, api, say, None)
+    _show(cluster, api, say)
 
 
 def _model(name: str, priority: int) -> JSON:
@@ -204,9 +204,7 @@ class _PodWatch:
         return "chat's pod was gone before coder's pod was created"
 
 
-def _show(
-    cluster: LocalCluster, api: KubeApi, say: Callable[[str], None], leader: str | None
-) -> None:
+def _show(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:
     table = cluster.kubectl("get", "models", "-n", NAMESPACE).stdout.rstrip()
     say("   " + table.replace("\n", "\n   "))
     for name in ("chat", "coder"):
@@ -233,7 +231,6 @@ def _show(
         for name in ("chat", "coder")
     }
     say(f"   ai.flexinfer/active-services: {annotations}\n")
-    del leader
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout: float = 90.0) -> None:

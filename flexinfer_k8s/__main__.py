@@ -25,7 +25,7 @@ from flexinfer_core import Policy, parse_duration
 from flexinfer_k8s import logs
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.kubeapi import KubeApi, new_api_client
-from flexinfer_k8s.leader import run_leader_election
+from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 
 log = logging.getLogger("flexinfer.main")
@@ -52,9 +52,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("POD_NAMESPACE") or "flexinfer-system",
     )
     parser.add_argument("--leader-election-id", default="flexinfer-controller")
-    parser.add_argument("--lease-duration", type=int, default=15)
-    parser.add_argument("--renew-deadline", type=int, default=10)
-    parser.add_argument("--retry-period", type=int, default=2)
+    parser.add_argument(
+        "--lease-duration",
+        type=int,
+        default=15,
+        help="seconds a standby waits after the last renew before taking the Lease",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=int,
+        default=10,
+        help="seconds after its last successful renew at which the leader stops writing "
+        "and exits (must be below --lease-duration)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=int,
+        default=2,
+        help="seconds between lease attempts (must be below --renew-deadline)",
+    )
     parser.add_argument("--identity", default=None)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resync-seconds", type=float, default=300.0)
@@ -72,7 +88,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 < args.retry_period < args.renew_deadline < args.lease_duration:
+        parser.error(
+            "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration; "
+            f"got {args.retry_period} < {args.renew_deadline} < {args.lease_duration}"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,9 +106,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
+    user_agent = f"flexinfer-controller/{identity}"
+    leadership: Leadership | None = None
+    if args.leader_elect:
+
+        def lost(why: str) -> None:
+            # Another replica may already be acting: stop at once, never overlap.
+            metrics.leading.set(0)
+            log.error(
+                "lost leadership; exiting", extra={"fields": {"identity": identity, "why": why}}
+            )
+            os._exit(1)
+
+        leadership = Leadership(renew_deadline=args.renew_deadline, on_lost=lost)
     api = KubeApi(
-        new_api_client(args.kubeconfig, context=args.context),
+        new_api_client(args.kubeconfig, context=args.context, user_agent=user_agent),
         on_request=metrics.count_request,
+        write_guard=leadership.guard_write if leadership is not None else None,
     )
     controller = Controller(
         api,
@@ -110,13 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return True, "standby"
         return controller.ready()
 
+    def healthy() -> tuple[bool, str]:
+        if leadership is not None:
+            ok, detail = leadership.healthy()
+            if not ok:
+                return ok, detail
+        return controller.healthy()
+
     endpoints = [
         HttpEndpoints(args.metrics_port, registry=registry, host=args.bind_address).start()
     ]
     if args.health_port != args.metrics_port:
         endpoints.append(
             HttpEndpoints(
-                args.health_port, healthz=controller.healthy, readyz=ready, host=args.bind_address
+                args.health_port, healthz=healthy, readyz=ready, host=args.bind_address
             ).start()
         )
     log.info(
@@ -132,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    if args.leader_elect:
+    if leadership is not None:
 
         def started() -> None:
             log.info("became leader", extra={"fields": {"identity": identity}})
@@ -140,18 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             controller.start()
             stop.wait()
 
-        def stopped() -> None:
-            # Another replica may already be acting: stop at once, never overlap.
-            log.error("lost leadership; exiting", extra={"fields": {"identity": identity}})
-            os._exit(1)
-
         run_leader_election(
-            new_api_client(args.kubeconfig, context=args.context),
+            new_api_client(
+                args.kubeconfig, context=args.context, user_agent=f"{user_agent}/leader-election"
+            ),
             name=args.leader_election_id,
             namespace=args.leader_election_namespace,
             identity=identity,
+            leadership=leadership,
             on_started=started,
-            on_stopped=stopped,
             lease_duration=args.lease_duration,
             renew_deadline=args.renew_deadline,
             retry_period=args.retry_period,

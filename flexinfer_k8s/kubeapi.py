@@ -53,6 +53,10 @@ class Transient(KubeError):
     """429, 5xx, timeouts and connection errors: retry later."""
 
 
+class NotLeading(KubeError):
+    """A write refused before it was sent: this replica's leadership is not fresh."""
+
+
 def error_for(status: int, message: str) -> KubeError:
     if status == 404:
         return NotFound(status, message)
@@ -106,6 +110,9 @@ MERGE_PATCH = "application/merge-patch+json"
 RequestHook = Callable[[str, str], None]
 """Called with (method, path) before every request (the write counter uses it)."""
 
+WriteGuard = Callable[[str, str], None]
+"""Called with (method, path) before every write; raises (`NotLeading`) to refuse it."""
+
 
 def new_api_client(
     kubeconfig: str | None = None,
@@ -113,12 +120,14 @@ def new_api_client(
     context: str | None = None,
     impersonate: str | None = None,
     pool_size: int = 32,
+    user_agent: str | None = None,
 ) -> Any:
     """An ApiClient from a kubeconfig, else the in-cluster config, else ~/.kube/config.
 
     The pool is sized for one watch per resource plus the writers (urllib3's
     default of 4 would make every watch past the fourth open a fresh connection).
-    `impersonate` sends `Impersonate-User` (tests run as a less privileged user).
+    `impersonate` sends `Impersonate-User` (tests run as a less privileged user);
+    `user_agent` names the caller in the API server's audit log.
     """
     configuration = k8s_client.Configuration()
     load_kube_config: Any = k8s_config.load_kube_config
@@ -136,15 +145,24 @@ def new_api_client(
     api_client: Any = k8s_client.ApiClient(configuration)
     if impersonate:
         api_client.set_default_header("Impersonate-User", impersonate)
+    if user_agent:
+        api_client.user_agent = user_agent
     return api_client
 
 
 class KubeApi:
     """JSON requests over an ApiClient; see the module docstring."""
 
-    def __init__(self, api_client: Any, *, on_request: RequestHook | None = None) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        on_request: RequestHook | None = None,
+        write_guard: WriteGuard | None = None,
+    ) -> None:
         self.api_client = api_client
         self._on_request = on_request
+        self._write_guard = write_guard
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -159,6 +177,8 @@ class KubeApi:
         timeout: float | tuple[float, float] | None = 30.0,
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
+        if self._write_guard is not None and method != "GET":
+            self._write_guard(method, path)
         if self._on_request is not None:
             self._on_request(method, path)
         serialized = self.api_client.param_serialize(

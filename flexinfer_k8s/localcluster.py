@@ -19,6 +19,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -72,6 +73,18 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "ttl-after-finished-controller",
 )
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  # Who wrote what, and when: the admin user's writes (the controller, the proxy and the
+  # tests all use the admin kubeconfig and tell themselves apart by their User-Agent).
+  - level: Metadata
+    users: ["flexinfer-admin"]
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: None
+"""
 LOG_TAIL_LINES = 30
 PORT_ATTEMPTS = 3
 
@@ -157,11 +170,14 @@ class LocalCluster:
         assets_dir: Path | None = None,
         startup_timeout: float = 90.0,
         name: str = "flexinfer-local",
+        audit: bool = False,
     ) -> None:
         self._nodes = tuple(default_nodes() if nodes is None else nodes)
         self._assets_dir = assets_dir
         self._startup_timeout = startup_timeout
         self.name = name
+        self.audit = audit
+        """Record the admin user's writes in an audit log (`audit_events()`)."""
         self._workdir: Path | None = None
         self._processes: list[_Process] = []
         self._api_client: Any = None
@@ -210,6 +226,19 @@ class LocalCluster:
 
     def log_path(self, binary: str) -> Path:
         return self.workdir / f"{binary}.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The API server's audit events so far (writes by the admin user), oldest first."""
+        if not self.audit:
+            raise LocalClusterError(f"{self.name} was started without audit=True")
+        path = self.workdir / "audit.log"
+        if not path.exists():
+            return []
+        events = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+        return events
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -443,6 +472,7 @@ class LocalCluster:
                 # lifts it; kwok nodes are Ready at once and that controller is not run.
                 "--disable-admission-plugins=TaintNodesByCondition",
                 "--profiling=false",
+                *self._audit_args(work),
             ],
         )
         # The controller manager gives up (exits) when the API server is not healthy
@@ -491,6 +521,19 @@ class LocalCluster:
                 "--cidr=10.244.0.0/16",
             ],
         )
+
+    def _audit_args(self, work: Path) -> list[str]:
+        if not self.audit:
+            return []
+        policy = work / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={work / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",
+        ]
 
     def _launch(self, assets: Path, binary: str, args: list[str]) -> None:
         log = self.log_path(binary)

@@ -23,7 +23,7 @@ def local_cluster() -> Iterator[LocalCluster]:
         assets = ensure_assets(build=False)
     except AssetsError as error:
         pytest.fail(f"control-plane binaries are missing: {error}", pytrace=False)
-    cluster = LocalCluster(assets_dir=assets, name="flexinfer-test")
+    cluster = LocalCluster(assets_dir=assets, name="flexinfer-test", audit=True)
     cluster.start()
     try:
         yield cluster

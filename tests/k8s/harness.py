@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -238,7 +239,7 @@ class ControllerProcess:
     """`python -m flexinfer_k8s` as a child process (killable for real)."""
 
     def __init__(self, local: LocalCluster, namespace: str, *, log: Path,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), kubeconfig: Path | None = None) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT)
         self.log_path = log
@@ -246,7 +247,7 @@ class ControllerProcess:
         self.popen = subprocess.Popen(
             [
                 sys.executable, "-m", "flexinfer_k8s",
-                "--kubeconfig", str(local.kubeconfig),
+                "--kubeconfig", str(kubeconfig or local.kubeconfig),
                 "--namespace", namespace,
                 "--metrics-port", "0", "--health-port", "0",
                 "--bind-address", "127.0.0.1",
@@ -256,6 +257,36 @@ class ControllerProcess:
             ],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
         )
+
+    def log_lines(self) -> list[JSON]:
+        lines = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    lines.append(entry)
+        return lines
+
+    def health_port(self) -> int:
+        """The /healthz port it picked (from its "listening" log line)."""
+        def port() -> int | None:
+            for entry in self.log_lines():
+                if entry.get("msg") == "listening":
+                    return int(entry["ports"][-1])
+            return None
+
+        return wait_until(port, what=f"{self.log_path.name} to log its ports", timeout=30)
+
+    def healthz(self) -> int:
+        """The status code of GET /healthz (0 when nothing answers)."""
+        url = f"http://127.0.0.1:{self.health_port()}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+        except OSError:
+            return 0
 
     def kill(self) -> None:
         if self.popen.poll() is None:

@@ -6,7 +6,10 @@ middle of a swap, a restart; and an idle cluster that gets no writes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from .harness import (  # noqa: F401  (fixtures)
     crds,
     kubectl,
 )
+from .outage import Forwarder
 from .test_controller_gpugroup import add_group, add_member, group_status, queue
 
 pytestmark = pytest.mark.k8s
@@ -37,6 +41,147 @@ def holder(c: Cluster) -> str | None:
     except NotFound:
         return None
     return (lease.get("spec") or {}).get("holderIdentity")
+
+
+def renewed_at(c: Cluster) -> datetime | None:
+    try:
+        lease: dict[str, Any] = c.api.get(LEASES, c.namespace, "flexinfer-controller")
+    except NotFound:
+        return None
+    text = (lease.get("spec") or {}).get("renewTime")
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def controller_writes(local: Any, namespace: str) -> list[tuple[str, str, str]]:
+    """(when, identity, what) for every write a controller replica sent to the API server
+    in `namespace`, oldest first, from the API server's audit log (lease renewals, which
+    carry their own User-Agent, left out)."""
+    writes = []
+    for event in local.audit_events():
+        agent = str(event.get("userAgent") or "")
+        ref = event.get("objectRef") or {}
+        if not agent.startswith("flexinfer-controller/") or agent.endswith("/leader-election"):
+            continue
+        if ref.get("namespace") != namespace:
+            continue
+        what = f"{event.get('verb')} {ref.get('resource')}/{ref.get('name')}"
+        if ref.get("subresource"):
+            what += f"/{ref['subresource']}"
+        identity = agent.removeprefix("flexinfer-controller/")
+        writes.append((str(event["requestReceivedTimestamp"]), identity, what))
+    return sorted(writes)
+
+
+def writer_runs(writes: list[tuple[str, str, str]]) -> list[str]:
+    """The identities in the order they wrote, consecutive writes of one folded together:
+    a single writer at a time means no identity appears twice."""
+    runs: list[str] = []
+    for _, identity, _ in writes:
+        if not runs or runs[-1] != identity:
+            runs.append(identity)
+    return runs
+
+
+def test_a_short_api_server_outage_leaves_one_leader_that_keeps_renewing(
+    local_cluster: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Both replicas lose the API server for 5 s on the default 15/10/2 timings: their
+    election threads survive (the outage raises urllib3 errors, not ApiException), the
+    leader keeps renewing, and the audit log shows one writer throughout."""
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("a")
+    c.add_model("b", priority=200)
+    c.demand("a")
+    forwarder = Forwarder(local_cluster.server)
+    kubeconfig = forwarder.kubeconfig(local_cluster.kubeconfig, tmp_path / "cut.kubeconfig")
+    election = ("--leader-elect", "--leader-election-namespace", c.namespace)
+    processes = [
+        ControllerProcess(local_cluster, c.namespace, log=tmp_path / "one.log",
+                          kubeconfig=kubeconfig, extra=(*election, "--identity", "one")),
+    ]
+    try:
+        wait_until(lambda: holder(c) == "one", what="replica one to lead")
+        processes.append(
+            ControllerProcess(local_cluster, c.namespace, log=tmp_path / "two.log",
+                              kubeconfig=kubeconfig, extra=(*election, "--identity", "two"))
+        )
+        c.wait_serving("a")
+        assert [p.healthz() for p in processes] == [200, 200]
+
+        forwarder.cut()
+        time.sleep(5)
+        forwarder.restore()
+        back = datetime.now(UTC)
+
+        # The leader renews again: its election thread lived through the outage.
+        wait_until(lambda: (renewed_at(c) or back) > back, what="a renew after the outage",
+                   timeout=30)
+        assert holder(c) == "one"
+        assert [p.popen.poll() for p in processes] == [None, None]
+        assert [p.healthz() for p in processes] == [200, 200]
+        # And it still acts: a swap after the outage.
+        c.demand("a")
+        c.demand("b")
+        c.wait_serving("b")
+        assert holder(c) == "one"
+    finally:
+        for process in processes:
+            process.kill()
+        forwarder.close()
+        timeline.stop()
+    writes = controller_writes(local_cluster, c.namespace)
+    assert writes, "the audit log recorded no controller writes"
+    assert writer_runs(writes) == ["one"], writes
+    assert timeline.violations == []
+
+
+def test_a_paused_leader_never_writes_after_it_resumes(
+    local_cluster: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGSTOP the leader past its lease: the standby takes over and acts; when the old
+    leader resumes it refuses every write (its last renew is older than the renew deadline
+    on the monotonic clock) and exits, instead of acting on what it saw before the pause."""
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("a")
+    c.add_model("b", priority=200)
+    c.demand("a")
+    election = (
+        "--leader-elect", "--leader-election-namespace", c.namespace,
+        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
+    )
+    one = ControllerProcess(local_cluster, c.namespace, log=tmp_path / "one.log",
+                            extra=(*election, "--identity", "one"))
+    two: ControllerProcess | None = None
+    try:
+        wait_until(lambda: holder(c) == "one", what="replica one to lead")
+        two = ControllerProcess(local_cluster, c.namespace, log=tmp_path / "two.log",
+                                extra=(*election, "--identity", "two"))
+        c.wait_serving("a")
+        os.kill(one.popen.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: holder(c) == "two", what="replica two to take over", timeout=60)
+            # Work for both: one saw none of it, and will see all of it when it resumes.
+            c.demand("a")
+            c.demand("b")
+            c.wait_serving("b")
+        finally:
+            os.kill(one.popen.pid, signal.SIGCONT)
+        assert wait_until(lambda: one.popen.poll() is not None, what="the old leader to exit",
+                          timeout=30)
+        assert one.popen.returncode == 1
+        lost = [e for e in one.log_lines() if e.get("msg") == "lost leadership; exiting"]
+        assert lost, one.log_path.read_text()[-2000:]
+        assert holder(c) == "two" and two.popen.poll() is None
+    finally:
+        one.kill()
+        if two is not None:
+            two.kill()
+        timeline.stop()
+    writes = controller_writes(local_cluster, c.namespace)
+    assert writer_runs(writes) == ["one", "two"], writes
+    assert timeline.violations == []
 
 
 def test_standby_takes_over_a_swap_whose_leader_was_killed(

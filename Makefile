@@ -26,7 +26,7 @@ contracts: $(STAMP)
 
 # Builds etcd, kube-*, kubectl and kwok once (minutes) into ~/.cache/flexinfer; then instant.
 assets: $(STAMP)
-	$(BIN)/python -m flexinfer_k8s.assets
+	$(BIN)/python -m flexinfer_devcluster.assets
 
 unit: $(STAMP) assets
 	$(BIN)/pytest -q tests property_tests

@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flexinfer_core import Policy  # noqa: E402
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, PODS, KubeApi, Resource, Transient  # noqa: E402
-from flexinfer_k8s.localcluster import LocalCluster  # noqa: E402
+from flexinfer_devcluster.localcluster import LocalCluster  # noqa: E402
+from flexinfer_kube.kubeapi import KubeApi, Transient  # noqa: E402
+from flexinfer_kube.resources import DEPLOYMENTS, PODS, Resource  # noqa: E402
 from tests.k8s.harness import Cluster, controller  # noqa: E402
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)

@@ -1,7 +1,7 @@
 """Figures for the local control plane, printed as JSON (never asserted anywhere).
 
 - cold build: seconds to compile the six binaries from an empty cache. By default it is
-  read from the build record `flexinfer_k8s.assets` wrote when it built the cache in use;
+  read from the build record `flexinfer_devcluster.assets` wrote when it built the cache in use;
   `--cold` measures it now, building into a temporary cache with an empty Go build
   cache (Go module downloads stay cached, so network time is not included).
 - warm start: seconds from `LocalCluster.start()` to a usable cluster (API server
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flexinfer_k8s import asset_versions as pins
-from flexinfer_k8s.assets import ensure_assets, manifest
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster import asset_versions as pins
+from flexinfer_devcluster.assets import ensure_assets, manifest
+from flexinfer_devcluster.localcluster import LocalCluster
 
 
 def cold_build() -> dict[str, Any]:

@@ -13,10 +13,12 @@ decides anything.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from flexinfer_core import FlexinferError
 from flexinfer_core.simulate import Timeline, simulate
@@ -26,9 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # Subcommands that own their whole argument list are handed it untouched.
     if args[:2] == ["dev", "cluster"]:
-        from flexinfer_k8s import devcluster
-
-        return devcluster.main(args[2:])
+        devcluster = _dev_module("flexinfer_devcluster.devcluster", "dev cluster")
+        return 2 if devcluster is None else int(devcluster.main(args[2:]))
     if args[:1] == ["controller"]:
         from flexinfer_k8s.__main__ import main as controller_main
 
@@ -52,14 +53,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         if parsed.command == "simulate":
             return run_simulate(parsed.scenario, as_json=parsed.json)
         if parsed.command == "demo":
-            from flexinfer_cli.demo import run_demo
-
-            return run_demo(keep=parsed.keep)
+            demo = _dev_module("flexinfer_cli.demo", "demo")
+            return 2 if demo is None else int(demo.run_demo(keep=parsed.keep))
     except FlexinferError as err:
         print(f"flexinfer: {err}", file=sys.stderr)
         return 2
     parser.print_help()
     return 2
+
+
+DEV_PACKAGES = ("flexinfer_devcluster", "cryptography")
+
+
+def _dev_module(module: str, verb: str) -> Any:
+    """Import a dev verb's module, or tell the user what to install (and return None).
+
+    The dev control plane is not part of the wheel or the image: it comes with a
+    source checkout and the `dev` extra.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in DEV_PACKAGES:
+            raise
+        print(
+            f"flexinfer {verb}: the local control plane is not installed ({error.name} is "
+            "missing). It comes with a source checkout and the `dev` extra: "
+            "git clone the repository, then `pip install -e '.[dev]'` (or `make demo`).",
+            file=sys.stderr,
+        )
+        return None
 
 
 def run_simulate(path: Path, *, as_json: bool) -> int:

@@ -26,22 +26,13 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
+from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
+from flexinfer_devcluster.localcluster import KwokNode, LocalCluster
 from flexinfer_k8s import convert
 from flexinfer_k8s.controller import Controller
-from flexinfer_k8s.kubeapi import (
-    DEPLOYMENTS,
-    EVENTS,
-    GPU_LEASES,
-    JSON,
-    MODELS,
-    PODS,
-    SERVICES,
-    KubeApi,
-    new_api_client,
-)
-from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
-from flexinfer_k8s.localcluster import KwokNode, LocalCluster
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
 
 NAMESPACE = "demo"
 GROUP = "homelab-gpu"

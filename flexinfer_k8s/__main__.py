@@ -22,11 +22,11 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy, parse_duration
-from flexinfer_k8s import logs
 from flexinfer_k8s.controller import Controller
-from flexinfer_k8s.kubeapi import KubeApi, new_api_client
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from flexinfer_kube import logs
+from flexinfer_kube.kubeapi import KubeApi, new_api_client
 
 log = logging.getLogger("flexinfer.main")
 

@@ -20,16 +20,9 @@ from datetime import datetime
 from typing import Any
 
 from flexinfer_k8s.convert import format_time
-from flexinfer_k8s.informers import Store
-from flexinfer_k8s.kubeapi import (
-    DEPLOYMENTS,
-    EVENTS,
-    JSON,
-    Conflict,
-    KubeApi,
-    NotFound,
-    Resource,
-)
+from flexinfer_kube.informers import Store
+from flexinfer_kube.kubeapi import JSON, Conflict, KubeApi, NotFound
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, Resource
 
 log = logging.getLogger("flexinfer.apply")
 

@@ -15,20 +15,19 @@ from typing import Any
 
 from flexinfer_core import GpuLease
 from flexinfer_k8s import convert
-from flexinfer_k8s.informers import Informer, Store
-from flexinfer_k8s.kubeapi import (
+from flexinfer_kube.informers import Informer, Store
+from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
     GPU_GROUPS,
     GPU_LEASES,
     JOBS,
-    JSON,
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
     PODS,
     SERVICES,
-    KubeApi,
     Resource,
 )
 

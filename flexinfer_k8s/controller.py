@@ -29,30 +29,28 @@ from flexinfer_core import DEFAULT_POLICY, FlexinferError, Policy
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import WATCHED, ClusterCache
-from flexinfer_k8s.clock import Clock, SystemClock
-from flexinfer_k8s.informers import Informer, wait_all
-from flexinfer_k8s.kubeapi import (
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.reconcile_finetune import FinetuneLeaseReconciler
+from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
+from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
+from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
+from flexinfer_k8s.workqueue import WorkQueue
+from flexinfer_kube.clock import Clock, SystemClock
+from flexinfer_kube.informers import Informer, wait_all
+from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError
+from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
     GPU_GROUPS,
     GPU_LEASES,
     JOBS,
-    JSON,
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
     PODS,
     SERVICES,
-    KubeApi,
-    KubeError,
     Resource,
 )
-from flexinfer_k8s.leases import FinetuneLeaseReconciler
-from flexinfer_k8s.metrics import ControllerMetrics
-from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
-from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
-from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
-from flexinfer_k8s.workqueue import WorkQueue
 
 log = logging.getLogger("flexinfer.controller")
 

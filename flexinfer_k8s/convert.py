@@ -39,6 +39,9 @@ from flexinfer_core import (
     parse_duration,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_kube.objects import get_path
+from flexinfer_kube.objects import name_of as name_of
+from flexinfer_kube.objects import namespace_of as namespace_of
 
 JSON = dict[str, Any]
 
@@ -55,21 +58,7 @@ parse_time = parse_rfc3339
 format_time = format_rfc3339
 
 
-def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
-    cur: Any = obj
-    for part in path:
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-def name_of(obj: Mapping[str, Any]) -> str:
-    return str(_get(obj, "metadata", "name") or "")
-
-
-def namespace_of(obj: Mapping[str, Any]) -> str:
-    return str(_get(obj, "metadata", "namespace") or "")
+_get = get_path
 
 
 def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:

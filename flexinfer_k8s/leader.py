@@ -32,7 +32,7 @@ from kubernetes import client as k8s_client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from flexinfer_k8s.kubeapi import NotLeading
+from flexinfer_kube.kubeapi import NotLeading
 
 log = logging.getLogger("flexinfer.leader")
 

@@ -21,10 +21,11 @@ from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, r
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
-from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_GROUPS, JSON, MODEL_DEPLOYMENTS, KubeApi
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_kube.clock import Clock
+from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
 

@@ -40,9 +40,10 @@ from flexinfer_core import (
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
-from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, GPU_LEASES, JSON, MODELS, SERVICES, KubeApi
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_kube.clock import Clock
+from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.resources import DEPLOYMENTS, GPU_LEASES, MODELS, SERVICES
 
 log = logging.getLogger("flexinfer.shared")
 

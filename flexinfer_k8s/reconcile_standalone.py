@@ -19,9 +19,9 @@ from flexinfer_core import decide_standalone
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
-from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, MODEL_DEPLOYMENTS
 from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_kube.clock import Clock
+from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.standalone")
 

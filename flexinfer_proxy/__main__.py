@@ -15,13 +15,10 @@ import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
-
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
+from flexinfer_kube.kubeapi import KubeApi, new_api_client
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
@@ -56,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="namespace to route models from (repeatable; default: all namespaces)",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: the in-cluster config, else ~/.kube/config)",
+    )
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -88,26 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    config: Any = k8s_config  # the kubernetes package is untyped
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig, persist_config=False)
-    configuration = k8s_client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)
-    return k8s_client.ApiClient(configuration)
-
-
 async def run(args: argparse.Namespace) -> None:
-    client = api_client(args.kubeconfig)
+    client = new_api_client(args.kubeconfig, user_agent="flexinfer-proxy")
+    api = KubeApi(client)
     directory = KubeDirectory(
-        client, namespaces=args.namespace, endpoint_overrides=dict(args.endpoint)
+        api, namespaces=args.namespace, endpoint_overrides=dict(args.endpoint)
     )
     config = ProxyConfig(
         min_queue_wait=timedelta(seconds=args.min_queue_wait),
         retry_after_seconds=args.retry_after,
         max_per_backend=args.max_per_backend,
     )
-    proxy = Proxy(directory, KubeDemandSink(client), config=config)
+    proxy = Proxy(directory, KubeDemandSink(api), config=config)
     runner, port = await serve(proxy, host=args.host, port=args.port)
     log.info("flexinfer proxy listening on %s:%d", args.host, port)
     print(f"listening on {args.host}:{port}", flush=True)

@@ -23,9 +23,9 @@ import attrs
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
 from flexinfer_proxy.backend_slots import BackendSlots
-from flexinfer_proxy.clock import Clock, SystemClock
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry
 from flexinfer_proxy.forward import BackendUnavailable, StreamCut, new_upstream_session, relay

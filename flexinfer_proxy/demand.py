@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import attrs
 
 from flexinfer_core.timestamps import format_rfc3339
-from flexinfer_proxy.clock import Clock
+from flexinfer_kube.clock import Clock
 from flexinfer_proxy.directory import ModelEntry
 from flexinfer_proxy.metrics import ProxyMetrics
 

@@ -9,7 +9,7 @@
 - `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
   GPUGroup, a merge patch touching only that key (null removes it).
 
-Blocking client calls run in worker threads (`asyncio.to_thread`). This module
+Blocking `KubeApi` calls run in worker threads (`asyncio.to_thread`). This module
 touches nothing else: no spec, no other status field, no other annotation.
 """
 
@@ -19,12 +19,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
-
-from kubernetes import client as k8s_client
-from kubernetes.client.exceptions import ApiException
 
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_kube.kubeapi import Conflict, KubeApi, KubeError, NotFound
+from flexinfer_kube.objects import JSON
+from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS, Resource
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CONFLICTED,
@@ -38,15 +37,11 @@ from flexinfer_proxy.demand import (
     demand_annotation_value,
 )
 from flexinfer_proxy.directory import ModelEntry, ModelKind
-from flexinfer_proxy.kube_directory import GROUP, MODEL_DEPLOYMENTS, MODELS
 
 log = logging.getLogger("flexinfer.proxy.demand")
 
-JSON = dict[str, Any]
-MERGE_PATCH = "application/merge-patch+json"
 MAX_ATTEMPTS = 3
 OTHER_WRITER_WINDOW = timedelta(seconds=30)
-GPUGROUPS_VERSION = "v1alpha1"
 
 
 def activity_field(kind: ModelKind) -> str:
@@ -54,7 +49,7 @@ def activity_field(kind: ModelKind) -> str:
 
 
 class KubeDemandSink:
-    """Writes demand with the given `kubernetes.client.ApiClient`.
+    """Writes demand through the given `KubeApi`.
 
     `before_write(obj)` runs between the read and the write of each attempt; it
     exists so tests can provoke the conflict the retry loop is there for.
@@ -62,12 +57,12 @@ class KubeDemandSink:
 
     def __init__(
         self,
-        api_client: Any,
+        api: KubeApi,
         *,
         before_write: Callable[[JSON], None] | None = None,
         max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
-        self._api = k8s_client.CustomObjectsApi(api_client)
+        self._api = api
         self._before_write = before_write
         self._max_attempts = max_attempts
 
@@ -95,9 +90,9 @@ class KubeDemandSink:
                     return MarkOutcome(WRITTEN, conflicts)
                 conflicts += 1
             current = parse_rfc3339((self._read_status(entry).get("status") or {}).get(field))
-        except ApiException as error:
-            if error.status == 404:
-                return MarkOutcome(NOT_FOUND, conflicts)
+        except NotFound:
+            return MarkOutcome(NOT_FOUND, conflicts)
+        except KubeError as error:
             log.warning("writing %s of %s/%s: %s", field, entry.namespace, entry.name, error)
             return MarkOutcome(FAILED, conflicts)
         if current is not None and now - current <= OTHER_WRITER_WINDOW:
@@ -112,18 +107,8 @@ class KubeDemandSink:
         value = demand_annotation_value(report, now=now) if report is not None else None
         body = {"metadata": {"annotations": {demand_annotation_key(entry.name): value}}}
         try:
-            self._api.patch_namespaced_custom_object(
-                GROUP,
-                GPUGROUPS_VERSION,
-                entry.namespace,
-                "gpugroups",
-                entry.gpu_group,
-                body,
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+            self._api.patch(GPU_GROUPS, entry.namespace, entry.gpu_group, body)
+        except NotFound:
             log.warning(
                 "GPUGroup %s/%s of %s does not exist; queue not reported",
                 entry.namespace,
@@ -131,38 +116,24 @@ class KubeDemandSink:
                 entry.name,
             )
 
-    def _resource(self, entry: ModelEntry) -> tuple[str, str]:
-        resource = MODELS if entry.kind is ModelKind.MODEL else MODEL_DEPLOYMENTS
-        return resource.version, resource.plural
+    def _resource(self, entry: ModelEntry) -> Resource:
+        return MODELS if entry.kind is ModelKind.MODEL else MODEL_DEPLOYMENTS
 
     def _read_status(self, entry: ModelEntry) -> JSON:
-        version, plural = self._resource(entry)
-        obj = self._api.get_namespaced_custom_object_status(
-            GROUP, version, entry.namespace, plural, entry.name
+        return self._api.get(
+            self._resource(entry), entry.namespace, entry.name, subresource="status"
         )
-        if not isinstance(obj, dict):
-            raise TypeError(f"unexpected answer reading {plural}/{entry.name}: {obj!r}")
-        return obj
 
     def _patch_status(self, entry: ModelEntry, obj: JSON, *, field: str, now: datetime) -> bool:
         """One optimistic write; False on 409 Conflict (someone wrote since the read)."""
-        version, plural = self._resource(entry)
         body = {
             "metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
             "status": {field: format_rfc3339(now)},
         }
         try:
-            self._api.patch_namespaced_custom_object_status(
-                GROUP,
-                version,
-                entry.namespace,
-                plural,
-                entry.name,
-                body,
-                _content_type=MERGE_PATCH,
+            self._api.patch(
+                self._resource(entry), entry.namespace, entry.name, body, subresource="status"
             )
-        except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
+        except Conflict:
+            return False
         return True

@@ -1,10 +1,9 @@
-"""The cluster-backed `ModelDirectory`: list+watch Models, ModelDeployments, Services.
+"""The cluster-backed `ModelDirectory`: Models, ModelDeployments and Services, watched.
 
-One daemon thread per (resource, namespace) lists, then watches from the list's
-resourceVersion (bookmarks on); a 410 Gone re-lists, any other failure backs off
-and re-lists. Objects are kept raw; a name's `ModelEntry` is recomputed whenever
-its Model, ModelDeployment or Service changes, and listeners are called on the
-event loop (never on a watch thread) when the entry changed.
+One `flexinfer_kube` informer per (resource, namespace) keeps a `Store`; a name's
+`ModelEntry` is recomputed whenever its Model, ModelDeployment or Service changes,
+and listeners are called on the event loop (never on an informer thread) when the
+entry changed.
 
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,
@@ -22,20 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
-
-import attrs
-from kubernetes import client as k8s_client
-from kubernetes import watch as k8s_watch
-from kubernetes.client.exceptions import ApiException
 
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
 from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_kube.informers import Informer, Store
+from flexinfer_kube.kubeapi import KubeApi
+from flexinfer_kube.objects import JSON, Key, get_path, object_key
+from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
     Listener,
@@ -43,44 +39,13 @@ from flexinfer_proxy.directory import (
     ModelKind,
 )
 
-log = logging.getLogger("flexinfer.proxy.directory")
-
-JSON = dict[str, Any]
-Key = tuple[str, str]
-GROUP = "ai.flexinfer"
 BACKEND_PORT = 8000
 WATCH_TIMEOUT_SECONDS = 30
-RETRY_SECONDS = 2.0
 
-
-@attrs.frozen
-class WatchedResource:
-    kind: str
-    version: str
-    plural: str
-
-
-MODELS = WatchedResource("Model", "v1alpha2", "models")
-MODEL_DEPLOYMENTS = WatchedResource("ModelDeployment", "v1alpha1", "modeldeployments")
-SERVICES = WatchedResource("Service", "v1", "services")
 WATCHED = (MODELS, MODEL_DEPLOYMENTS, SERVICES)
 # A Model shadows a ModelDeployment of the same name in the same namespace.
 _RESOLUTION_ORDER = ((MODELS, ModelKind.MODEL), (MODEL_DEPLOYMENTS, ModelKind.MODEL_DEPLOYMENT))
-# The watch helper is untyped; calling it through Any keeps mypy --strict honest elsewhere.
-_new_watch: Any = k8s_watch.Watch
-
-
-def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
-    value: Any = obj
-    for part in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
-
-
-def object_key(obj: JSON) -> Key:
-    return (str(_get(obj, "metadata", "namespace") or ""), str(_get(obj, "metadata", "name")))
+_get = get_path
 
 
 def service_endpoint(service: JSON | None) -> str | None:
@@ -163,39 +128,41 @@ def entry_from_object(
     )
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old: list again."""
-
-
 class KubeDirectory:
     """A `ModelDirectory` kept current by watching the API server."""
 
     def __init__(
         self,
-        api_client: Any,
+        api: KubeApi,
         *,
         namespaces: Sequence[str] = (),
         endpoint_overrides: Mapping[str, str] | None = None,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
-        self._api_client = api_client
         self._namespaces: tuple[str, ...] = tuple(dict.fromkeys(namespaces))
         self._overrides = dict(endpoint_overrides or {})
-        self._watch_timeout = watch_timeout_seconds
         self._lock = threading.Lock()
-        self._objects: dict[str, dict[Key, JSON]] = {r.kind: {} for r in WATCHED}
+        self._stores: dict[Resource, Store] = {r: Store(r) for r in WATCHED}
         self._entries: dict[str, ModelEntry] = {}
         self._homes: dict[str, set[str]] = {}
-        self._listed: set[tuple[str, str]] = set()
         self._listeners: list[Listener] = []
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._informers = [
+            Informer(
+                api,
+                resource,
+                self._stores[resource],
+                namespace=namespace or None,
+                on_change=self._on_change,
+                watch_timeout=watch_timeout_seconds,
+            )
+            for resource in WATCHED
+            for namespace in self._namespaces or ("",)
+        ]
 
     @property
     def synced(self) -> bool:
-        scopes = self._namespaces or ("",)
-        return len(self._listed) >= len(WATCHED) * len(scopes)
+        return all(informer.synced.is_set() for informer in self._informers)
 
     def lookup(self, name: str) -> ModelEntry | None:
         return self._entries.get(name)
@@ -210,113 +177,18 @@ class KubeDirectory:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for resource in WATCHED:
-            for namespace in self._namespaces or ("",):
-                thread = threading.Thread(
-                    target=self._run,
-                    args=(resource, namespace),
-                    name=f"watch-{resource.plural}-{namespace or 'all'}",
-                    daemon=True,
-                )
-                self._threads.append(thread)
-                thread.start()
+        for informer in self._informers:
+            informer.start()
 
     async def stop(self) -> None:
-        """Signal the watch threads; they end at their next event or watch timeout."""
-        self._stop.set()
+        """Stop the informers (their open watches are shut down)."""
+        for informer in self._informers:
+            informer.stop()
 
-    # -- watch threads -----------------------------------------------------
-
-    def _run(self, resource: WatchedResource, namespace: str) -> None:
-        while not self._stop.is_set():
-            try:
-                version = self._list(resource, namespace)
-                self._watch(resource, namespace, version)
-            except _Gone:
-                log.info("watch of %s in %r expired; listing again", resource.plural, namespace)
-            except Exception:
-                if self._stop.is_set():
-                    return  # the client may already be closed under us
-                log.exception("watching %s in %r failed; retrying", resource.plural, namespace)
-                self._stop.wait(RETRY_SECONDS)
-
-    def _list_call(
-        self, resource: WatchedResource, namespace: str
-    ) -> tuple[Callable[..., Any], JSON]:
-        if resource is SERVICES:
-            core = k8s_client.CoreV1Api(self._api_client)
-            if namespace:
-                return core.list_namespaced_service, {"namespace": namespace}
-            return core.list_service_for_all_namespaces, {}
-        custom = k8s_client.CustomObjectsApi(self._api_client)
-        args: JSON = {"group": GROUP, "version": resource.version, "plural": resource.plural}
-        if namespace:
-            return custom.list_namespaced_custom_object, {**args, "namespace": namespace}
-        return custom.list_cluster_custom_object, args
-
-    def _list(self, resource: WatchedResource, namespace: str) -> str:
-        call, kwargs = self._list_call(resource, namespace)
-        listing = self._api_client.sanitize_for_serialization(call(**kwargs))
-        items = [i for i in listing.get("items") or [] if isinstance(i, dict)]
-        self._replace(resource, namespace, items)
-        return str(_get(listing, "metadata", "resourceVersion") or "")
-
-    def _watch(self, resource: WatchedResource, namespace: str, version: str) -> None:
-        call, kwargs = self._list_call(resource, namespace)
-        while not self._stop.is_set():
-            watcher = _new_watch()
-            try:
-                stream = watcher.stream(
-                    call,
-                    **kwargs,
-                    resource_version=version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=self._watch_timeout,
-                )
-                for event in stream:
-                    if self._stop.is_set():
-                        return
-                    version = self._handle_event(resource, event) or version
-            except ApiException as error:
-                if error.status == 410:
-                    raise _Gone() from error
-                raise
-            finally:
-                watcher.stop()
-
-    def _handle_event(self, resource: WatchedResource, event: Mapping[str, Any]) -> str | None:
-        kind = event.get("type")
-        raw = event.get("raw_object")
-        if not isinstance(raw, dict):
-            return None
-        if kind == "ERROR":
-            if raw.get("code") == 410:
-                raise _Gone()
-            raise RuntimeError(f"watch error: {raw.get('message')}")
-        version = str(_get(raw, "metadata", "resourceVersion") or "") or None
-        if kind == "BOOKMARK":
-            return version
+    def _on_change(self, old: JSON | None, new: JSON | None) -> None:
+        keys = {object_key(obj) for obj in (old, new) if obj is not None}
         with self._lock:
-            store = self._objects[resource.kind]
-            if kind == "DELETED":
-                store.pop(object_key(raw), None)
-            else:
-                store[object_key(raw)] = raw
-            changed = self._recompute([object_key(raw)])
-        self._notify(changed)
-        return version
-
-    def _replace(self, resource: WatchedResource, namespace: str, items: Iterable[JSON]) -> None:
-        with self._lock:
-            store = self._objects[resource.kind]
-            keys = {k for k in store if not namespace or k[0] == namespace}
-            for key in keys:
-                del store[key]
-            for item in items:
-                store[object_key(item)] = item
-                keys.add(object_key(item))
             changed = self._recompute(keys)
-            self._listed.add((resource.kind, namespace))
         self._notify(changed)
 
     # -- the view ------------------------------------------------------------
@@ -340,8 +212,10 @@ class KubeDirectory:
 
     def _index(self, namespace: str, name: str) -> None:
         """Keep `_homes` (name → namespaces with a Model or ModelDeployment of it) current."""
-        key = (namespace, name)
-        present = any(key in self._objects[r.kind] for r, _ in _RESOLUTION_ORDER)
+        present = any(
+            self._stores[resource].get(namespace, name) is not None
+            for resource, _ in _RESOLUTION_ORDER
+        )
         homes = self._homes.setdefault(name, set())
         if present:
             homes.add(namespace)
@@ -357,10 +231,9 @@ class KubeDirectory:
 
     def _resolve(self, name: str) -> ModelEntry | None:
         for namespace in self._namespace_order(name):
-            key = (namespace, name)
-            service = self._objects[SERVICES.kind].get(key)
+            service = self._stores[SERVICES].get(namespace, name)
             for resource, kind in _RESOLUTION_ORDER:
-                obj = self._objects[resource.kind].get(key)
+                obj = self._stores[resource].get(namespace, name)
                 if obj is not None:
                     return entry_from_object(
                         kind, obj, service=service, override=self._overrides.get(name)

@@ -23,7 +23,7 @@ import logging
 from collections import deque
 from datetime import datetime
 
-from flexinfer_proxy.clock import Clock
+from flexinfer_kube.clock import Clock
 from flexinfer_proxy.demand import DemandSignaller, QueueReport
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry
 from flexinfer_proxy.metrics import ProxyMetrics

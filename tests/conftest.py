@@ -1,8 +1,8 @@
 """Fixtures shared by every integration suite.
 
 `local_cluster` is one real control plane (etcd, kube-apiserver, controller manager,
-scheduler, kwok) for the whole session; see `flexinfer_k8s.localcluster`. The binaries
-must already be built (`make test` runs `python -m flexinfer_k8s.assets` first): a
+scheduler, kwok) for the whole session; see `flexinfer_devcluster.localcluster`. The binaries
+must already be built (`make test` runs `python -m flexinfer_devcluster.assets` first): a
 missing build fails the test with the command to run instead of compiling for minutes
 inside a test timeout.
 """
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexinfer_k8s.assets import AssetsError, ensure_assets
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.assets import AssetsError, ensure_assets
+from flexinfer_devcluster.localcluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

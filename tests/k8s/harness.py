@@ -27,25 +27,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
-from flexinfer_k8s import convert
-from flexinfer_k8s.clock import SystemClock
-from flexinfer_k8s.controller import Controller
-from flexinfer_k8s.kubeapi import (
-    DEPLOYMENTS,
-    EVENTS,
-    JSON,
-    MODELS,
-    PODS,
-    SERVICES,
-    KubeApi,
-    Transient,
-    new_api_client,
-)
-from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
-from flexinfer_k8s.localcluster import (
+from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
+from flexinfer_devcluster.localcluster import (
     LocalCluster,
 )
+from flexinfer_k8s import convert
+from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from flexinfer_kube.clock import SystemClock
+from flexinfer_kube.kubeapi import JSON, KubeApi, Transient, new_api_client
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, PODS, SERVICES
 from tests.k8s.kubectl import (
     Kubectl,
     create_namespace,

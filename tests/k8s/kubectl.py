@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from flexinfer_k8s.assets import ensure_assets
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.assets import ensure_assets
+from flexinfer_devcluster.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from flexinfer_k8s.apply import RetryNow, Writer
-from flexinfer_k8s.informers import Store
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, MODELS, Conflict, NotFound, Resource
+from flexinfer_kube.informers import Store
+from flexinfer_kube.kubeapi import Conflict, NotFound
+from flexinfer_kube.resources import DEPLOYMENTS, MODELS, Resource
 
 
 class FakeApi:

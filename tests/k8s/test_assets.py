@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flexinfer_k8s import asset_versions as pins
-from flexinfer_k8s.assets import (
+from flexinfer_devcluster import asset_versions as pins
+from flexinfer_devcluster.assets import (
     ENV_ASSETS,
     ENV_CACHE,
     ENV_KUBEBUILDER_ASSETS,
@@ -95,7 +95,7 @@ def test_kubebuilder_assets_is_used_only_when_complete(
         tmp_path / "envtest", without=("kube-controller-manager", "kube-scheduler", "kwok")
     )
     monkeypatch.setenv(ENV_KUBEBUILDER_ASSETS, str(envtest))
-    with pytest.raises(AssetsError, match=r"python -m flexinfer_k8s\.assets"):
+    with pytest.raises(AssetsError, match=r"python -m flexinfer_devcluster\.assets"):
         ensure_assets(build=False)
 
 

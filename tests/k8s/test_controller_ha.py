@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from flexinfer_k8s.kubeapi import GPU_GROUPS, NotFound, Resource
+from flexinfer_kube.kubeapi import NotFound
+from flexinfer_kube.resources import GPU_GROUPS, Resource
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)

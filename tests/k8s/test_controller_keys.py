@@ -7,7 +7,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from flexinfer_k8s.controller import Controller
-from flexinfer_k8s.kubeapi import (
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_kube.kubeapi import KubeApi
+from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
     GPU_GROUPS,
@@ -17,9 +19,7 @@ from flexinfer_k8s.kubeapi import (
     MODEL_DEPLOYMENTS,
     MODELS,
     PODS,
-    KubeApi,
 )
-from flexinfer_k8s.metrics import ControllerMetrics
 
 
 def meta(name: str, **extra: Any) -> dict[str, Any]:

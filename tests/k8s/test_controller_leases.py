@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from flexinfer_k8s.convert import format_time
-from flexinfer_k8s.kubeapi import CONFIG_MAPS, GPU_LEASES, JOBS, MODEL_CACHES, Resource
+from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, JOBS, MODEL_CACHES, Resource
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
@@ -204,7 +204,7 @@ def test_finetune_lease_is_taken_before_the_job_and_released_after(
 
 
 def _get_or_none(c: Cluster, resource: Resource, name: str) -> dict[str, Any] | None:
-    from flexinfer_k8s.kubeapi import NotFound
+    from flexinfer_kube.kubeapi import NotFound
 
     try:
         return c.api.get(resource, c.namespace, name)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from flexinfer_k8s.kubeapi import MODELS
+from flexinfer_kube.resources import MODELS
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)

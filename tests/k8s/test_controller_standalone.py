@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from flexinfer_k8s.kubeapi import DEPLOYMENTS, MODEL_DEPLOYMENTS, SERVICES
-from flexinfer_k8s.kwok_workloads import kwok_deployment, kwok_service
+from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
+from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS, SERVICES
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)

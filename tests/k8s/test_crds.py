@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.localcluster import LocalCluster
 
 from .kubectl import (
     CRD_NAMES,

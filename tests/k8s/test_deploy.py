@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from flexinfer_k8s.localcluster import (
+from flexinfer_devcluster.localcluster import (
     KWOK_NODE_LABEL,
     KWOK_NODE_LABEL_VALUE,
     READY_DELAY_ANNOTATION,

@@ -1,4 +1,4 @@
-"""`python -m flexinfer_k8s.devcluster up --detach | env | down`, as a person runs it."""
+"""`python -m flexinfer_devcluster.devcluster up --detach | env | down`, as a person runs it."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from flexinfer_k8s.assets import ENV_ASSETS, ENV_CACHE, ensure_assets
-from flexinfer_k8s.localcluster import processes_mentioning
+from flexinfer_devcluster.assets import ENV_ASSETS, ENV_CACHE, ensure_assets
+from flexinfer_devcluster.localcluster import processes_mentioning
 
 pytestmark = pytest.mark.k8s
 
 
 def _devcluster(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "flexinfer_k8s.devcluster", *args],
+        [sys.executable, "-m", "flexinfer_devcluster.devcluster", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flexinfer_k8s.informers import Store
-from flexinfer_k8s.kubeapi import MODELS
+from flexinfer_kube.informers import Store
+from flexinfer_kube.resources import MODELS
 
 
 def obj(name: str, version: int, *, namespace: str = "ns", **extra: Any) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import pytest
 import urllib3
 from kubernetes.leaderelection import electionconfig
 
-from flexinfer_k8s.kubeapi import KubeApi, NotLeading
 from flexinfer_k8s.leader import Leadership, _FencedElection
+from flexinfer_kube.kubeapi import KubeApi, NotLeading
 
 
 class Ticks:

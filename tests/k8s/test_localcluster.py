@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from flexinfer_k8s.assets import ensure_assets
-from flexinfer_k8s.localcluster import (
+from flexinfer_devcluster.assets import ensure_assets
+from flexinfer_devcluster.localcluster import (
     COMPLETE_DELAY_ANNOTATION,
     GPU_RESOURCE,
     READY_DELAY_ANNOTATION,
@@ -359,7 +359,7 @@ def test_a_binary_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> No
 def test_a_port_taken_between_choosing_and_binding_is_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from flexinfer_k8s import localcluster
+    from flexinfer_devcluster import localcluster
 
     real_free_ports = localcluster._free_ports
     handed_out: list[list[int]] = []

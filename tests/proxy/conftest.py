@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.localcluster import LocalCluster
 
 from ..k8s.kubectl import (
     Kubectl,

@@ -26,8 +26,8 @@ import attrs
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from flexinfer_kube.clock import Clock, ManualClock
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
-from flexinfer_proxy.clock import Clock, ManualClock
 from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
 

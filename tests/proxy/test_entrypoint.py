@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.localcluster import LocalCluster
 
 from ..k8s.kubectl import Kubectl
 from .harness import ROOT, BackendProcess, async_test, eventually

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from flexinfer_core.timestamps import format_rfc3339
-from flexinfer_k8s.localcluster import LocalCluster
+from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_kube.kubeapi import KubeApi
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CONFLICTED,
@@ -30,9 +31,9 @@ pytestmark = pytest.mark.k8s
 
 
 @pytest.fixture()
-def api_client(local_cluster: LocalCluster) -> Iterator[Any]:
+def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
     client = local_cluster.new_api_client()
-    yield client
+    yield KubeApi(client)
     client.close()
 
 
@@ -81,11 +82,11 @@ def _now() -> datetime:
 
 
 def test_a_model_gets_last_active_time_through_the_status_subresource(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     apply(kubectl, namespace, model("demand-a"))
     target = entry_for("demand-a", namespace, ModelKind.MODEL)
-    sink = KubeDemandSink(api_client)
+    sink = KubeDemandSink(api)
     now = _now()
 
     assert sink.mark_active_blocking(target, now=now).result == WRITTEN
@@ -98,12 +99,12 @@ def test_a_model_gets_last_active_time_through_the_status_subresource(
 
 
 def test_a_model_deployment_gets_last_access_time(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     apply(kubectl, namespace, model_deployment("demand-md"))
     target = entry_for("demand-md", namespace, ModelKind.MODEL_DEPLOYMENT)
     now = _now()
-    assert KubeDemandSink(api_client).mark_active_blocking(target, now=now).result == WRITTEN
+    assert KubeDemandSink(api).mark_active_blocking(target, now=now).result == WRITTEN
     status = status_of(kubectl, namespace, "modeldeployment/demand-md")
     assert status["lastAccessTime"] == format_rfc3339(now)
 
@@ -123,7 +124,7 @@ def _bump(kubectl: Kubectl, namespace: str, resource: str, **status: str) -> Any
 
 
 def test_a_conflict_is_reread_and_retried(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     apply(kubectl, namespace, model("conflict-once"))
     target = entry_for("conflict-once", namespace, ModelKind.MODEL)
@@ -137,39 +138,39 @@ def test_a_conflict_is_reread_and_retried(
             bump(obj)
 
     now = _now()
-    outcome = KubeDemandSink(api_client, before_write=once).mark_active_blocking(target, now=now)
+    outcome = KubeDemandSink(api, before_write=once).mark_active_blocking(target, now=now)
     assert (outcome.result, outcome.conflicts) == (WRITTEN, 1)
     status = status_of(kubectl, namespace, "model/conflict-once")
     assert status["lastActiveTime"] == format_rfc3339(now)
 
 
 def test_three_conflicts_still_count_when_someone_else_set_it_recently(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     apply(kubectl, namespace, model("conflict-other"))
     target = entry_for("conflict-other", namespace, ModelKind.MODEL)
     now = _now()
     recent = format_rfc3339(now - timedelta(seconds=10))
     hook = _bump(kubectl, namespace, "model/conflict-other", lastActiveTime=recent)
-    outcome = KubeDemandSink(api_client, before_write=hook).mark_active_blocking(target, now=now)
+    outcome = KubeDemandSink(api, before_write=hook).mark_active_blocking(target, now=now)
     assert (outcome.result, outcome.conflicts) == (SET_BY_OTHER, 3)
     assert outcome.done
 
 
 def test_three_conflicts_without_recent_activity_are_not_done(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     apply(kubectl, namespace, model("conflict-stale"))
     target = entry_for("conflict-stale", namespace, ModelKind.MODEL)
     hook = _bump(kubectl, namespace, "model/conflict-stale")
-    outcome = KubeDemandSink(api_client, before_write=hook).mark_active_blocking(target, now=_now())
+    outcome = KubeDemandSink(api, before_write=hook).mark_active_blocking(target, now=_now())
     assert (outcome.result, outcome.conflicts) == (CONFLICTED, 3)
     assert not outcome.done
     assert "lastActiveTime" not in status_of(kubectl, namespace, "model/conflict-stale")
 
 
 def test_a_gpugroup_member_queue_is_an_annotation_that_is_cleared(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     group = {
         "apiVersion": "ai.flexinfer/v1alpha1",
@@ -178,7 +179,7 @@ def test_a_gpugroup_member_queue_is_an_annotation_that_is_cleared(
         "spec": {"models": [{"name": "member-a"}, {"name": "member-b"}]},
     }
     apply(kubectl, namespace, group)
-    sink = KubeDemandSink(api_client)
+    sink = KubeDemandSink(api)
     now = _now()
     oldest = now - timedelta(seconds=5)
     member_a = entry_for("member-a", namespace, ModelKind.MODEL_DEPLOYMENT, gpu_group="grp")
@@ -207,9 +208,9 @@ async def _until(probe: Any, *, what: str) -> Any:
 
 @async_test
 async def test_the_directory_follows_models_deployments_and_services(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
-    directory = KubeDirectory(api_client, namespaces=[namespace], watch_timeout_seconds=5)
+    directory = KubeDirectory(api, namespaces=[namespace], watch_timeout_seconds=5)
     changes: list[str] = []
     directory.subscribe(changes.append)
     await directory.start()
@@ -270,14 +271,14 @@ async def test_the_directory_follows_models_deployments_and_services(
 
 @async_test
 async def test_a_name_resolves_to_the_first_namespace_that_has_it(
-    kubectl: Kubectl, namespace: str, api_client: Any
+    kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     other = await asyncio.to_thread(create_namespace, kubectl, "proxy-other")
     try:
         for ns in (namespace, other):
             await asyncio.to_thread(apply, kubectl, ns, model("shadowed"))
-        preferring_other = KubeDirectory(api_client, namespaces=[other, namespace])
-        everywhere = KubeDirectory(api_client)
+        preferring_other = KubeDirectory(api, namespaces=[other, namespace])
+        everywhere = KubeDirectory(api)
         for directory in (preferring_other, everywhere):
             await directory.start()
         try:

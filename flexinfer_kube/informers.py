@@ -23,17 +23,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flexinfer_k8s.kubeapi import JSON, Gone, KubeApi, KubeError, Resource
+from flexinfer_kube.kubeapi import JSON, Gone, KubeApi, KubeError
+from flexinfer_kube.objects import Key, object_key
+from flexinfer_kube.resources import Resource
 
 log = logging.getLogger("flexinfer.informers")
 
-Key = tuple[str, str]
 ChangeHandler = Callable[[JSON | None, JSON | None], None]
-
-
-def object_key(obj: JSON) -> Key:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def resource_version(obj: JSON | None) -> int:

@@ -29,9 +29,10 @@ from flexinfer_core import (
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
-from flexinfer_k8s.clock import Clock
-from flexinfer_k8s.kubeapi import GPU_LEASES, JOBS, JSON, MODEL_CACHES
 from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_kube.clock import Clock
+from flexinfer_kube.kubeapi import JSON
+from flexinfer_kube.resources import GPU_LEASES, JOBS, MODEL_CACHES
 
 log = logging.getLogger("flexinfer.leases")
 

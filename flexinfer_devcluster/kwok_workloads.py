@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flexinfer_k8s.localcluster import (
+from flexinfer_devcluster.localcluster import (
     GPU_RESOURCE,
     KWOK_NODE_LABEL,
     KWOK_NODE_LABEL_VALUE,

@@ -1,4 +1,4 @@
-"""`python -m flexinfer_k8s.devcluster up|down|env`: a LocalCluster for a person to use.
+"""`python -m flexinfer_devcluster.devcluster up|down|env`: a LocalCluster for a person to use.
 
 `up` runs the cluster in the foreground until Ctrl-C or SIGTERM (or, with `--detach`, in
 a background process) and records it in a state file; `env` prints the `KUBECONFIG`
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flexinfer_k8s.assets import AssetsError, cache_root
-from flexinfer_k8s.localcluster import LocalCluster, LocalClusterError, default_nodes
+from flexinfer_devcluster.assets import AssetsError, cache_root
+from flexinfer_devcluster.localcluster import LocalCluster, LocalClusterError, default_nodes
 
 
 def state_dir() -> Path:
@@ -91,7 +91,7 @@ def up(*, nodes: int, gpus: int) -> int:
         temporary.rename(state_file())
         print(
             f"# dev cluster up in {state['started_seconds']}s at {cluster.server}; "
-            "Ctrl-C or `python -m flexinfer_k8s.devcluster down` stops it"
+            "Ctrl-C or `python -m flexinfer_devcluster.devcluster down` stops it"
         )
         print("\n".join(env_lines(state)), flush=True)
         while not stop.wait(1.0):
@@ -119,7 +119,7 @@ def up_detached(*, nodes: int, gpus: int, timeout: float = 300.0) -> int:
             [
                 sys.executable,
                 "-m",
-                "flexinfer_k8s.devcluster",
+                "flexinfer_devcluster.devcluster",
                 "up",
                 f"--nodes={nodes}",
                 f"--gpus={gpus}",
@@ -167,7 +167,7 @@ def down(*, timeout: float = 30.0) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flexinfer_k8s.devcluster")
+    parser = argparse.ArgumentParser(prog="python -m flexinfer_devcluster.devcluster")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="start a local control plane")
     start.add_argument("--detach", action="store_true", help="run in the background")

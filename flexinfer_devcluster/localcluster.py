@@ -42,8 +42,8 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from flexinfer_k8s import localpki
-from flexinfer_k8s.assets import ensure_assets
+from flexinfer_devcluster import localpki
+from flexinfer_devcluster.assets import ensure_assets
 
 READY_DELAY_ANNOTATION = "flexinfer.test/ready-delay"
 """Pod annotation: Go duration ("3s") from container start to Ready. Default 0s."""
@@ -430,7 +430,7 @@ class LocalCluster:
                 cluster=self.name,
             )
         stages = work / "kwok-stages.yaml"
-        stages.write_text(resources.files("flexinfer_k8s").joinpath("kwok_stages.yaml").read_text())
+        stages.write_text(resources.files("flexinfer_devcluster").joinpath("kwok_stages.yaml").read_text())
 
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._launch(

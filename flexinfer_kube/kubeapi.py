@@ -15,11 +15,12 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import attrs
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.watch import watch as k8s_watch
+
+from flexinfer_kube.resources import Resource
 
 JSON = dict[str, Any]
 
@@ -68,42 +69,6 @@ def error_for(status: int, message: str) -> KubeError:
         return Transient(status, message)
     return Rejected(status, message)
 
-
-@attrs.frozen
-class Resource:
-    """One API resource: where it lives and what it is called."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        return base
-
-
-MODELS = Resource("ai.flexinfer", "v1alpha2", "models", "Model")
-GPU_LEASES = Resource("ai.flexinfer", "v1alpha2", "gpuleases", "GPULease")
-GPU_GROUPS = Resource("ai.flexinfer", "v1alpha1", "gpugroups", "GPUGroup")
-MODEL_DEPLOYMENTS = Resource("ai.flexinfer", "v1alpha1", "modeldeployments", "ModelDeployment")
-MODEL_CACHES = Resource("ai.flexinfer", "v1alpha1", "modelcaches", "ModelCache")
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
-PODS = Resource("", "v1", "pods", "Pod")
-SERVICES = Resource("", "v1", "services", "Service")
-CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
-JOBS = Resource("batch", "v1", "jobs", "Job")
-EVENTS = Resource("", "v1", "events", "Event")
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -221,8 +186,13 @@ class KubeApi:
 
     # -- verbs --------------------------------------------------------------------
 
-    def get(self, resource: Resource, namespace: str, name: str) -> JSON:
-        return self.request("GET", resource.path(namespace, name))
+    def get(
+        self, resource: Resource, namespace: str, name: str, *, subresource: str | None = None
+    ) -> JSON:
+        path = resource.path(namespace, name)
+        if subresource:
+            path += f"/{subresource}"
+        return self.request("GET", path)
 
     def list(
         self,

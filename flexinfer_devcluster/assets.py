@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from flexinfer_k8s import asset_versions as pins
+from flexinfer_devcluster import asset_versions as pins
 
 ENV_ASSETS = "FLEXINFER_ASSETS"
 ENV_KUBEBUILDER_ASSETS = "KUBEBUILDER_ASSETS"
@@ -104,7 +104,7 @@ def ensure_assets(*, build: bool = True, log: bool = True) -> Path:
         return final
     if not build:
         raise AssetsError(
-            f"no control-plane binaries at {final}; run `python -m flexinfer_k8s.assets`"
+            f"no control-plane binaries at {final}; run `python -m flexinfer_devcluster.assets`"
         )
     final.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(final.parent / f"{final.name}.lock", log=log):
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(
-            "usage: python -m flexinfer_k8s.assets\n\nBuild (once) and print the directory "
+            "usage: python -m flexinfer_devcluster.assets\n\nBuild (once) and print the directory "
             f"holding {', '.join(pins.BINARIES)}."
         )
         return 0

@@ -1,0 +1,36 @@
+"""Small readers of Kubernetes JSON (plain dicts, as the API returns them).
+
+A path lookup that tolerates missing or mistyped levels, and an object's name,
+namespace and key. No decisions, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+JSON = dict[str, Any]
+Key = tuple[str, str]
+
+
+def get_path(obj: Mapping[str, Any] | None, *path: str) -> Any:
+    """`obj[path[0]][path[1]]...`, or None where a level is missing or not a mapping."""
+    value: Any = obj
+    for part in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str(get_path(obj, "metadata", "name") or "")
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return str(get_path(obj, "metadata", "namespace") or "")
+
+
+def object_key(obj: Mapping[str, Any]) -> Key:
+    """(namespace, name)."""
+    return (namespace_of(obj), name_of(obj))

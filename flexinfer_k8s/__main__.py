@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     endpoints = [
         HttpEndpoints(args.metrics_port, registry=registry, host=args.bind_address).start()
     ]
-    if args.health_port != args.metrics_port:
+    if args.health_port != args.metrics_port or args.health_port == 0:  # 0: one port each
         endpoints.append(
             HttpEndpoints(
                 args.health_port, healthz=healthy, readyz=ready, host=args.bind_address

@@ -1,0 +1,112 @@
+"""The training Job of a ModelCache's `spec.finetune`.
+
+The trainer is an image (`spec.finetune.image`, else the controller's
+`--finetune-image`) that reads its settings from the environment
+(docs/caches/finetune.md lists the contract): mode, dataset, epochs, batch size,
+learning rate and maximum sequence length, the base model in the cache mounted at
+/cache, and the directory to write its result to. GPUs per vendor
+(`spec.finetune.gpu`), `activeDeadlineSeconds` from `timeoutSeconds`, no retries (a
+failed run is reported, not repeated on a card serving needs back). The GPU lease
+around it is `reconcile_cache`'s. Pure.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from flexinfer_core import InvalidFieldError
+from flexinfer_k8s.render.cache import CacheSpec, cache_labels, cache_model_path, owner_reference
+from flexinfer_k8s.render.workload import Vendor
+from flexinfer_kube.objects import JSON, get_path
+
+CACHE_MOUNT = "/cache"
+OUTPUT_DIR = f"{CACHE_MOUNT}/finetune-output"
+DEFAULT_TIMEOUT_SECONDS = 21600
+
+
+def job_name(cache_name: str) -> str:
+    return f"{cache_name}-finetune"
+
+
+def finetune_job(cache: CacheSpec, obj: Mapping[str, Any], *, default_image: str) -> JSON:
+    """The Job for `spec.finetune` of the ModelCache `obj` (parsed as `cache`)."""
+    finetune = get_path(obj, "spec", "finetune") or {}
+    image = str(finetune.get("image") or default_image)
+    if not image:
+        raise InvalidFieldError(
+            "spec.finetune.image",
+            "",
+            "is required: flexinfer ships no trainer; set spec.finetune.image (or the "
+            "controller's --finetune-image) to an image that follows docs/caches/finetune.md",
+        )
+    gpu = finetune.get("gpu") or {}
+    try:
+        vendor = Vendor(str(gpu.get("vendor") or "amd"))
+    except ValueError:
+        raise InvalidFieldError(
+            "spec.finetune.gpu.vendor", gpu.get("vendor"), "must be amd or nvidia"
+        ) from None
+    count = gpu.get("count", 1)
+    resources: JSON = {}
+    if vendor.resource and count:
+        resources = {
+            "requests": {vendor.resource: str(count)},
+            "limits": {vendor.resource: str(count)},
+        }
+    if cache.claim:
+        volume: JSON = {"name": "cache", "persistentVolumeClaim": {"claimName": cache.claim}}
+        mount: JSON = {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": cache.content_dir}
+    else:
+        volume = {"name": "cache", "hostPath": {"path": cache.node_dir, "type": "Directory"}}
+        mount = {"name": "cache", "mountPath": CACHE_MOUNT}
+    volumes, mounts = [volume], [mount]
+    dataset = str(finetune.get("dataset") or "")
+    if dataset.startswith("file:///"):
+        host = posixpath.normpath(dataset.removeprefix("file://"))
+        inside = f"/dataset/{posixpath.basename(host)}"
+        volumes.append({"name": "dataset", "hostPath": {"path": host}})
+        mounts.append({"name": "dataset", "mountPath": inside, "readOnly": True})
+        dataset = inside
+    base = cache_model_path(cache).replace(cache.serving_mount, CACHE_MOUNT, 1)
+    env = {
+        "FLEXINFER_FINETUNE_MODE": str(finetune.get("mode") or "qlora"),
+        "FLEXINFER_BASE_MODEL": base,
+        "FLEXINFER_DATASET": dataset,
+        "FLEXINFER_EPOCHS": str(finetune.get("epochs") or 3),
+        "FLEXINFER_BATCH_SIZE": str(finetune.get("batchSize") or 4),
+        "FLEXINFER_LEARNING_RATE": str(finetune.get("learningRate") or "2e-4"),
+        "FLEXINFER_MAX_SEQ_LEN": str(finetune.get("maxSeqLen") or 2048),
+        "FLEXINFER_OUTPUT_DIR": OUTPUT_DIR,
+    }
+    container: JSON = {
+        "name": "finetune",
+        "image": image,
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "volumeMounts": mounts,
+    }
+    if resources:
+        container["resources"] = resources
+    pod: JSON = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
+    if cache.node_selector:
+        pod["nodeSelector"] = dict(cache.node_selector)
+    labels = {**cache_labels(cache), "app.kubernetes.io/component": "finetune"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(cache.name),
+            "namespace": cache.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(cache)],
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(finetune.get("timeoutSeconds") or DEFAULT_TIMEOUT_SECONDS),
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(cache.pod_annotations)},
+                "spec": pod,
+            },
+        },
+    }

@@ -1,0 +1,371 @@
+"""A Model or ModelDeployment as a Deployment and a Service.
+
+Every backend gets the same frame: a Deployment with strategy Recreate (a restart
+never puts two pods of a model on one card), owned by the resource (controller
+reference, so deleting it collects them), labelled with the `app.kubernetes.io/*`
+set plus `ai.flexinfer/model`, `ai.flexinfer/kind`, `ai.flexinfer/backend` (and
+`ai.flexinfer/group` on pods of a group member, so a member's pods are found even
+after the member is gone); the server container on port 8000 named `http` with the
+backend's probes, GPUs as requests = limits, the ROCm device groups, an in-memory
+/dev/shm, and the model's volumes; a ClusterIP Service on port 8000.
+
+`spec.replicas` is not rendered: replicas belong to the election. The controller
+creates a Deployment with `replicas: 0` and hands the field to its scale writes
+(`flexinfer_k8s.apply_workload`). Pure: values in, manifests out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+
+from flexinfer_core import InvalidFieldError
+from flexinfer_core.vram import QWEN_7B_KV_BYTES_PER_TOKEN, kv_cache_bytes, mlc_mode_settings
+from flexinfer_k8s.render.backend import PORT, Backend, ModelLocation, ServerPlan
+from flexinfer_k8s.render.cache import CacheImages, CacheSpec, cache_model_path, serving_mount
+from flexinfer_k8s.render.llama_cpp import LlamaCpp
+from flexinfer_k8s.render.mlc_llm import MlcLlm
+from flexinfer_k8s.render.ollama import Ollama
+from flexinfer_k8s.render.source import Scheme
+from flexinfer_k8s.render.vllm import Vllm
+from flexinfer_k8s.render.workload import Kind, Vendor, Workload
+from flexinfer_kube.objects import JSON
+
+BACKENDS: Mapping[str, Backend] = {b.name: b for b in (MlcLlm(), Vllm(), LlamaCpp(), Ollama())}
+MODEL_LABEL = "ai.flexinfer/model"
+KIND_LABEL = "ai.flexinfer/kind"
+BACKEND_LABEL = "ai.flexinfer/backend"
+GROUP_LABEL = "ai.flexinfer/group"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "flexinfer"}
+SOURCE_MOUNT = "/models/source"
+ASSUMED_CONTEXT_WINDOW = 32768
+"""mlc-llm's mode defaults need the model's context window, which the resource does
+not give; the VRAM estimate assumes a 32k model unless `maxTotalSeqLength` is set."""
+
+
+@attrs.frozen
+class RenderSettings:
+    """Controller configuration the renderer reads (flags of `python -m flexinfer_k8s`)."""
+
+    images: Mapping[tuple[str, Vendor], str] = attrs.field(factory=dict)
+    """`--image BACKEND[:VENDOR]=IMAGE` overrides of the backends' default images."""
+    video_gid: int = 44
+    render_gid: int = 109
+    cache_images: CacheImages = attrs.field(factory=CacheImages)
+
+    def image_for(self, backend: Backend, vendor: Vendor) -> str:
+        return (
+            self.images.get((backend.name, vendor))
+            or self.images.get((backend.name, Vendor.AMD if vendor is Vendor.AMD else vendor))
+            or backend.default_images.get(vendor, "")
+        )
+
+
+@attrs.frozen
+class VramCheck:
+    """mlc-llm's KV cache against `gpuMemoryBytes`: a warning, never a block."""
+
+    fits: bool
+    kv_cache_bytes: int
+    budget_bytes: int
+    message: str
+
+
+@attrs.frozen
+class RenderedWorkload:
+    deployment: JSON
+    service: JSON
+    served_name: str
+    endpoint: str
+    """`http://<service>.<namespace>.svc:8000/v1`: for people; the proxy finds the
+    Service by its labels."""
+    vram: VramCheck | None
+
+
+def selector_labels(kind: Kind, name: str) -> dict[str, str]:
+    return {MODEL_LABEL: name, KIND_LABEL: kind.value}
+
+
+def workload_labels(workload: Workload) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": workload.backend,
+        "app.kubernetes.io/instance": workload.name,
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/part-of": "flexinfer",
+        **MANAGED_BY,
+        **selector_labels(workload.kind, workload.name),
+        BACKEND_LABEL: workload.backend,
+    }
+
+
+def owner_reference(workload: Workload) -> JSON:
+    return {
+        "apiVersion": workload.api_version,
+        "kind": workload.kind.value,
+        "name": workload.name,
+        "uid": workload.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def backend_of(workload: Workload) -> Backend:
+    backend = BACKENDS.get(workload.backend)
+    if backend is None:
+        raise InvalidFieldError(
+            "spec.backend", workload.backend, f"must be one of {', '.join(sorted(BACKENDS))}"
+        )
+    return backend
+
+
+def model_location(
+    workload: Workload, cache: CacheSpec | None, images: CacheImages
+) -> ModelLocation:
+    """Where the server finds the model: the cache's mount, the source's volume, or a
+    remote id the backend fetches itself."""
+    if cache is not None:
+        mount = serving_mount(cache, images)
+        return ModelLocation(
+            path=cache_model_path(cache),
+            local=True,
+            volumes=mount.volumes,
+            mounts=mount.mounts,
+            init_containers=mount.init_containers,
+            node_selector=mount.node_selector,
+            cached=True,
+        )
+    source = workload.source
+    if source is None:
+        return ModelLocation(path=workload.model, local=False)
+    if source.scheme is Scheme.FILE:
+        inside = f"{SOURCE_MOUNT}/{source.file_name}"
+        return ModelLocation(
+            path=inside,
+            local=True,
+            volumes=({"name": "model-source", "hostPath": {"path": source.path}},),
+            mounts=({"name": "model-source", "mountPath": inside, "readOnly": True},),
+        )
+    if source.scheme is Scheme.PVC:
+        return ModelLocation(
+            path=f"{SOURCE_MOUNT}/{source.path}" if source.path else SOURCE_MOUNT,
+            local=True,
+            volumes=(
+                {
+                    "name": "model-source",
+                    "persistentVolumeClaim": {"claimName": source.repo, "readOnly": True},
+                },
+            ),
+            mounts=({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True},),
+        )
+    if source.scheme is Scheme.HUGGINGFACE:
+        return ModelLocation(path=source.repo, local=False)
+    return ModelLocation(path=source.ollama_tag, local=False)
+
+
+def _env(plan: ServerPlan, workload: Workload) -> list[JSON]:
+    # The user's value wins over the backend's for the same name; names stay unique
+    # (server-side apply keys env by name).
+    merged = dict(plan.env)
+    merged.update(dict(workload.env))
+    return [{"name": k, "value": v} for k, v in merged.items()]
+
+
+def _resources(workload: Workload) -> JSON:
+    requests = dict(workload.requests)
+    limits = dict(workload.limits)
+    gpu = workload.vendor.resource
+    if gpu and workload.gpu_count > 0:
+        # Extended resources must be requested and limited alike.
+        requests[gpu] = limits[gpu] = str(workload.gpu_count)
+    resources: JSON = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def _probes(workload: Workload, backend: Backend) -> JSON:
+    check = {"httpGet": {"path": backend.health_path, "port": "http"}}
+    health = workload.health_check
+    if health is not None:  # ModelDeployment healthCheck drives readiness and liveness
+        timing = {
+            "initialDelaySeconds": health.initial_delay_seconds,
+            "periodSeconds": health.period_seconds,
+            "timeoutSeconds": health.timeout_seconds,
+            "failureThreshold": health.failure_threshold,
+        }
+        return {"readinessProbe": {**check, **timing}, "livenessProbe": {**check, **timing}}
+    period = 5
+    return {
+        # A load may take the whole cold-start timeout before the server answers.
+        "startupProbe": {
+            **check,
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": max(1, math.ceil(workload.cold_start_seconds / period)),
+        },
+        "readinessProbe": {
+            **check,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+
+
+def _node_selector(workload: Workload, model: ModelLocation) -> dict[str, str]:
+    selector = dict(workload.node_selector)
+    for key, value in model.node_selector:
+        if key in selector and selector[key] != value:
+            raise InvalidFieldError(
+                f"spec.nodeSelector[{key}]",
+                selector[key],
+                f"conflicts with ModelCache {workload.cache_ref}'s {key}={value}: the cache's "
+                "copy exists only on that node",
+            )
+        selector[key] = value
+    return selector
+
+
+def vram_check(workload: Workload) -> VramCheck | None:
+    mlc = workload.mlc
+    if workload.backend != MlcLlm.name or mlc.gpu_memory_bytes is None:
+        return None
+    settings = mlc_mode_settings(
+        mlc.mode,
+        context_window=mlc.max_total_seq_length or ASSUMED_CONTEXT_WINDOW,
+        max_num_sequence=mlc.max_num_sequence,
+        max_total_seq_length=mlc.max_total_seq_length,
+    )
+    kv = kv_cache_bytes(
+        max_num_sequence=settings.max_num_sequence,
+        max_total_seq_length=settings.max_total_seq_length,
+        bytes_per_token=QWEN_7B_KV_BYTES_PER_TOKEN,
+    )
+    utilization = float(mlc.gpu_memory_utilization) if mlc.gpu_memory_utilization else 1.0
+    budget = int(mlc.gpu_memory_bytes * utilization)
+    estimate = (
+        f"KV cache ≈ {kv / 1e9:.1f} GB ({settings.max_num_sequence} sequences × "
+        f"{settings.max_total_seq_length} tokens × {QWEN_7B_KV_BYTES_PER_TOKEN // 1000} kB per "
+        f"token, a 7B Qwen's)"
+    )
+    budget_text = f"gpuMemoryBytes {mlc.gpu_memory_bytes / 1e9:.1f} GB" + (
+        f" × {mlc.gpu_memory_utilization}" if mlc.gpu_memory_utilization else ""
+    )
+    if kv <= budget:
+        message = f"{estimate} fits {budget_text}; weights and buffers come on top"
+    else:
+        message = (
+            f"{estimate} alone exceeds {budget_text}: lower maxNumSequence or "
+            "maxTotalSeqLength, or raise gpuMemoryBytes"
+        )
+    return VramCheck(fits=kv <= budget, kv_cache_bytes=kv, budget_bytes=budget, message=message)
+
+
+def render_workload(
+    workload: Workload, *, cache: CacheSpec | None, settings: RenderSettings
+) -> RenderedWorkload:
+    """The Deployment (without `replicas`) and Service of one Model or ModelDeployment."""
+    backend = backend_of(workload)
+    model = model_location(workload, cache, settings.cache_images)
+    plan = backend.plan(workload, model)
+    image = workload.image or settings.image_for(backend, workload.vendor)
+    if not image:
+        raise InvalidFieldError(
+            "spec.image",
+            "",
+            f"is required: flexinfer has no default {backend.name} image for "
+            f"{workload.vendor.value} GPUs (set spec.image, or the controller's "
+            f"--image {backend.name}={{image}}; see docs/backends/{backend.name}.md)",
+        )
+    labels = workload_labels(workload)
+    pod_labels = {**dict(workload.pod_labels), **labels}
+    if workload.group:
+        pod_labels[GROUP_LABEL] = workload.group
+    container: JSON = {
+        "name": "server",
+        "image": image,
+        "args": list(plan.args),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": _env(plan, workload),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *model.mounts,
+            *plan.mounts,
+        ],
+        **_probes(workload, backend),
+    }
+    if plan.command:
+        container["command"] = list(plan.command)
+    resources = _resources(workload)
+    if resources:
+        container["resources"] = resources
+    init_containers = [
+        {"image": image, **c} if "image" not in c else c
+        for c in (*model.init_containers, *plan.init_containers)
+    ]
+    pod: JSON = {
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "dshm",
+                "emptyDir": {
+                    "medium": "Memory",
+                    "sizeLimit": workload.shm_size or backend.shm_size,
+                },
+            },
+            *model.volumes,
+            *plan.volumes,
+        ],
+    }
+    if init_containers:
+        pod["initContainers"] = init_containers
+    selector = _node_selector(workload, model)
+    if selector:
+        pod["nodeSelector"] = selector
+    if workload.tolerations:
+        pod["tolerations"] = [dict(t) for t in workload.tolerations]
+    if workload.vendor is Vendor.AMD and workload.gpu_count > 0:
+        # /dev/kfd and /dev/dri/renderD* belong to these groups on the host.
+        pod["securityContext"] = {"supplementalGroups": [settings.video_gid, settings.render_gid]}
+    meta = {
+        "name": workload.name,
+        "namespace": workload.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(workload)],
+    }
+    deployment: JSON = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": selector_labels(workload.kind, workload.name)},
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": dict(workload.pod_annotations)},
+                "spec": pod,
+            },
+        },
+    }
+    service: JSON = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(workload.kind, workload.name),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return RenderedWorkload(
+        deployment=deployment,
+        service=service,
+        served_name=plan.served_name,
+        endpoint=f"http://{workload.name}.{workload.namespace}.svc:{PORT}/v1",
+        vram=vram_check(workload),
+    )

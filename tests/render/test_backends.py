@@ -1,0 +1,349 @@
+"""The renderer per backend and mode: the fields that matter for running the server.
+
+Expected values are written from the backends' documented command lines (and the
+issue's list), never produced by the renderer itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flexinfer_core import InvalidFieldError
+from flexinfer_k8s.render.cache import cache_from_k8s
+from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
+from flexinfer_k8s.render.workloads import RenderSettings, render_workload
+
+SETTINGS = RenderSettings(images={("mlc-llm", "amd"): "registry.local/mlc-llm:rocm"})  # type: ignore[dict-item]
+
+
+def model(name: str = "m", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"backend": "vllm", "source": "HF://org/repo"}
+    body.update(spec)
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-1"},
+        "spec": body,
+    }
+
+
+def md(name: str = "d", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"backend": "vllm", "model": "Qwen/Qwen3-4B"}
+    body.update(spec)
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-2"},
+        "spec": body,
+    }
+
+
+def cache(name: str = "c", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"source": "HF://org/repo", "storageStrategy": "SharedPVC"}
+    body.update(spec)
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "ModelCache",
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-3"},
+        "spec": body,
+    }
+
+
+def render(obj: dict[str, Any], cache_obj: dict[str, Any] | None = None,
+           settings: RenderSettings = SETTINGS) -> Any:
+    workload = (
+        workload_from_model(obj) if obj["kind"] == "Model" else workload_from_model_deployment(obj)
+    )
+    spec = cache_from_k8s(cache_obj) if cache_obj is not None else None
+    return render_workload(workload, cache=spec, settings=settings)
+
+
+def server(rendered: Any) -> dict[str, Any]:
+    containers = rendered.deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["server"]
+    return dict(containers[0])
+
+
+def pod(rendered: Any) -> dict[str, Any]:
+    return dict(rendered.deployment["spec"]["template"]["spec"])
+
+
+def env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env") or []}
+
+
+# --- vLLM ----------------------------------------------------------------------------
+
+
+def test_vllm_serves_under_the_resource_name_on_port_8000() -> None:
+    rendered = render(model("chat", vllm={"gpuMemoryUtilization": "0.9", "maxModelLen": 8192}))
+    c = server(rendered)
+    assert c["image"] == "rocm/vllm:latest"
+    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert c["args"] == [
+        "--model", "org/repo", "--host", "0.0.0.0", "--port", "8000",
+        "--served-model-name", "chat", "--gpu-memory-utilization", "0.9",
+        "--max-model-len", "8192",
+    ]
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert rendered.served_name == "chat"
+    assert rendered.endpoint == "http://chat.ns.svc:8000/v1"
+
+
+def test_vllm_renders_only_the_flags_the_user_set() -> None:
+    args = server(render(model()))["args"]
+    assert args == ["--model", "org/repo", "--host", "0.0.0.0", "--port", "8000",
+                    "--served-model-name", "m"]
+    assert not [a for a in args if "swap" in a]
+
+
+def test_a_model_deployment_names_its_model_plainly() -> None:
+    args = server(render(md("tools", vllm={"maxNumSeqs": 8})))["args"]
+    assert args[:2] == ["--model", "Qwen/Qwen3-4B"]
+    assert args[-2:] == ["--max-num-seqs", "8"]
+
+
+# --- mlc-llm -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["local", "interactive", "server"])
+def test_mlc_llm_serve_is_the_subcommand_and_the_mode_a_flag(mode: str) -> None:
+    rendered = render(
+        model("qwen", backend="mlc-llm", source="HF://mlc-ai/Qwen-q4f16_1-MLC",
+              cache={"modelCacheRef": "c"}, mlcllm={"mode": mode}),
+        cache("c", source="HF://mlc-ai/Qwen-q4f16_1-MLC"),
+    )
+    c = server(rendered)
+    assert c["command"] == ["python3", "-m", "mlc_llm"]
+    assert c["args"] == ["serve", "/models/c", "--host", "0.0.0.0", "--port", "8000",
+                         "--mode", mode]
+    assert c["image"] == "registry.local/mlc-llm:rocm"
+    assert rendered.served_name == "/models/c"
+
+
+def test_mlc_llm_overrides_carry_only_what_is_set_in_a_fixed_order() -> None:
+    c = server(render(md(
+        "q", backend="mlc-llm", model="file:///srv/models/qwen-mlc",
+        mlcllm={
+            "mode": "server", "modelLibPath": "/srv/lib/qwen-rocm.so", "jitPolicy": "OFF",
+            "gpuMemoryBytes": 24_000_000_000,
+            "overrides": {"maxNumSequence": 2, "maxTotalSeqLength": 131072,
+                          "gpuMemoryUtilization": "0.9"},
+        },
+    )))
+    assert c["args"] == [
+        "serve", "/models/source/qwen-mlc", "--host", "0.0.0.0", "--port", "8000",
+        "--mode", "server", "--model-lib", "/srv/lib/qwen-rocm.so",
+        "--overrides", "max_total_seq_length=131072;max_num_sequence=2;gpu_memory_utilization=0.9",
+    ]
+    assert env(c)["MLC_JIT_POLICY"] == "OFF"
+    assert env(c)["MLC_GPU_SIZE_BYTES"] == "24000000000"
+
+
+def test_mlc_llm_without_a_local_model_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidFieldError, match=r"spec.source: 'HF://org/repo'.*ModelCache"):
+        render(model(backend="mlc-llm"))
+
+
+def test_mlc_llm_has_no_default_image_and_says_what_to_set() -> None:
+    with pytest.raises(InvalidFieldError, match=r"spec.image.*--image mlc-llm="):
+        render(md(backend="mlc-llm", model="file:///srv/m"), settings=RenderSettings())
+
+
+def test_the_vram_estimate_warns_when_the_kv_cache_alone_cannot_fit() -> None:
+    # 2 sequences x 131072 tokens x 55 kB = 14.4 GB of KV cache against 12 GB.
+    rendered = render(md(backend="mlc-llm", model="file:///srv/m", mlcllm={
+        "gpuMemoryBytes": 12_000_000_000,
+        "overrides": {"maxNumSequence": 2, "maxTotalSeqLength": 131072},
+    }))
+    assert rendered.vram is not None and not rendered.vram.fits
+    assert rendered.vram.kv_cache_bytes == 2 * 131072 * 55_000
+    assert "14.4 GB" in rendered.vram.message and "12.0 GB" in rendered.vram.message
+    roomy = render(md(backend="mlc-llm", model="file:///srv/m", mlcllm={
+        "gpuMemoryBytes": 24_000_000_000,
+        "overrides": {"maxNumSequence": 2, "maxTotalSeqLength": 131072},
+    }))
+    assert roomy.vram is not None and roomy.vram.fits
+    assert render(md()).vram is None
+
+
+# --- llama.cpp -----------------------------------------------------------------------
+
+
+def test_llama_cpp_renders_args_only_for_the_image_entrypoint() -> None:
+    rendered = render(model("coder", backend="llama-cpp",
+                            source="file:///srv/models/coder-q4.gguf",
+                            llamacpp={"ctxSize": 8192}))
+    c = server(rendered)
+    assert "command" not in c
+    assert c["image"] == "ghcr.io/ggml-org/llama.cpp:server-rocm"
+    assert c["args"] == [
+        "-m", "/models/source/coder-q4.gguf", "--host", "0.0.0.0", "--port", "8000",
+        "--alias", "coder", "--n-gpu-layers", "999", "--ctx-size", "8192",
+    ]
+    volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
+    assert volumes["model-source"] == {"name": "model-source",
+                                       "hostPath": {"path": "/srv/models/coder-q4.gguf"}}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["model-source"]["mountPath"] == "/models/source/coder-q4.gguf"
+    assert mounts["model-source"]["readOnly"] is True
+
+
+def test_llama_cpp_from_a_cache_loads_the_gguf_file_its_source_names() -> None:
+    c = server(render(
+        model(backend="llama-cpp", source="HF://Qwen/Coder-GGUF/coder-q4_k_m.gguf",
+              cache={"modelCacheRef": "gguf"}),
+        cache("gguf", source="HF://Qwen/Coder-GGUF/coder-q4_k_m.gguf"),
+    ))
+    assert c["args"][:2] == ["-m", "/models/gguf/coder-q4_k_m.gguf"]
+
+
+def test_llama_cpp_needs_a_local_gguf_file() -> None:
+    with pytest.raises(InvalidFieldError, match=r"spec.source.*llama-server loads one local"):
+        render(model(backend="llama-cpp", source="HF://Qwen/Coder-GGUF"))
+    with pytest.raises(InvalidFieldError, match=r"names no .gguf file"):
+        render(model(backend="llama-cpp", source="pvc://models/qwen"))
+
+
+def test_a_cpu_model_requests_no_gpu_and_offloads_no_layers() -> None:
+    rendered = render(model(backend="llama-cpp", source="file:///m.gguf",
+                            gpu={"vendor": "cpu"}))
+    c = server(rendered)
+    assert c["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert "resources" not in c
+    assert c["args"][c["args"].index("--n-gpu-layers") + 1] == "0"
+    assert "securityContext" not in pod(rendered)
+
+
+# --- Ollama --------------------------------------------------------------------------
+
+
+def test_ollama_serves_on_8000_and_pulls_before_the_server_starts() -> None:
+    rendered = render(model("small", backend="ollama", source="ollama://llama3.2:1b"))
+    c = server(rendered)
+    assert c["image"] == "ollama/ollama:rocm"
+    assert "command" not in c and c["args"] == ["serve"]
+    assert env(c)["OLLAMA_HOST"] == "0.0.0.0:8000"
+    assert env(c)["OLLAMA_KEEP_ALIVE"] == "-1"
+    init = pod(rendered)["initContainers"]
+    assert [i["name"] for i in init] == ["ollama-pull"]
+    assert init[0]["image"] == "ollama/ollama:rocm"
+    assert "ollama pull llama3.2:1b" in init[0]["command"][-1]
+    assert rendered.served_name == "llama3.2:1b"  # the proxy rewrites requests to it
+    assert c["readinessProbe"]["httpGet"]["path"] == "/"
+
+
+def test_ollama_pulls_hugging_face_gguf_repositories_by_their_hub_name() -> None:
+    rendered = render(model(backend="ollama", source="HF://bartowski/Qwen-GGUF"))
+    assert rendered.served_name == "hf.co/bartowski/Qwen-GGUF"
+
+
+# --- GPUs, images, pass-through ------------------------------------------------------
+
+
+def test_amd_gpus_are_requested_and_limited_with_the_device_groups() -> None:
+    settings = RenderSettings(render_gid=110)
+    rendered = render(model(gpu={"count": 2}, resources={"requests": {"cpu": "2"}}),
+                      settings=settings)
+    c = server(rendered)
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "amd.com/gpu": "2"},
+        "limits": {"amd.com/gpu": "2"},
+    }
+    assert pod(rendered)["securityContext"] == {"supplementalGroups": [44, 110]}
+    shm = next(v for v in pod(rendered)["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_nvidia_swaps_the_resource_and_the_image() -> None:
+    rendered = render(model(gpu={"vendor": "nvidia"}))
+    c = server(rendered)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert c["image"] == "vllm/vllm-openai:latest"
+    assert "securityContext" not in pod(rendered)
+
+
+def test_a_model_deployment_follows_its_resources_for_the_vendor() -> None:
+    c = server(render(md(resources={"limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}})))
+    assert c["resources"]["limits"] == {"memory": "16Gi", "nvidia.com/gpu": "1"}
+    default = server(render(md()))
+    assert default["resources"]["limits"] == {"amd.com/gpu": "1"}  # AMD, never NVIDIA
+
+
+def test_spec_image_overrides_the_default() -> None:
+    assert server(render(md(image="my/vllm:dev")))["image"] == "my/vllm:dev"
+    assert server(render(model(image="my/vllm:dev")))["image"] == "my/vllm:dev"
+
+
+def test_env_selectors_tolerations_and_pod_metadata_pass_through() -> None:
+    toleration = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    rendered = render(model(
+        env=[{"name": "HSA_OVERRIDE_GFX_VERSION", "value": "11.0.0"}],
+        nodeSelector={"kubernetes.io/hostname": "gpu-1"},
+        tolerations=[toleration],
+        podAnnotations={"flexinfer.test/ready-delay": "3s"},
+        podLabels={"team": "a", "ai.flexinfer/model": "spoof"},
+        shmSize="2Gi",
+    ))
+    p = pod(rendered)
+    assert env(server(rendered))["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
+    assert p["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
+    assert p["tolerations"] == [toleration]
+    template = rendered.deployment["spec"]["template"]["metadata"]
+    assert template["annotations"] == {"flexinfer.test/ready-delay": "3s"}
+    assert template["labels"]["team"] == "a"
+    assert template["labels"]["ai.flexinfer/model"] == "m"  # ours win: the selector must hold
+    shm = next(v for v in p["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["sizeLimit"] == "2Gi"
+
+
+# --- the frame ------------------------------------------------------------------------
+
+
+def test_deployment_and_service_are_owned_labelled_and_never_carry_replicas() -> None:
+    rendered = render(model("chat", gpu={"shared": "homelab"}))
+    deployment, service = rendered.deployment, rendered.service
+    owner = {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model", "name": "chat",
+             "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
+    assert deployment["metadata"]["ownerReferences"] == [owner]
+    assert service["metadata"]["ownerReferences"] == [owner]
+    assert "replicas" not in deployment["spec"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    labels = deployment["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "flexinfer"
+    assert labels["app.kubernetes.io/instance"] == "chat"
+    assert labels["ai.flexinfer/model"] == "chat"
+    assert labels["ai.flexinfer/backend"] == "vllm"
+    selector = {"ai.flexinfer/model": "chat", "ai.flexinfer/kind": "Model"}
+    assert deployment["spec"]["selector"] == {"matchLabels": selector}
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["ai.flexinfer/group"] == "homelab"
+
+
+def test_models_get_a_startup_probe_sized_from_the_cold_start_timeout() -> None:
+    c = server(render(model(serverless={"coldStartTimeout": "3m"})))
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 180
+    assert c["startupProbe"]["failureThreshold"] == 36
+    assert "livenessProbe" not in c
+
+
+def test_model_deployment_health_check_drives_readiness_and_liveness() -> None:
+    c = server(render(md(healthCheck={"initialDelaySeconds": 180})))
+    expected = {"httpGet": {"path": "/health", "port": "http"}, "initialDelaySeconds": 180,
+                "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3}
+    assert c["readinessProbe"] == expected
+    assert c["livenessProbe"] == expected
+    assert "startupProbe" not in c
+
+
+def test_an_unknown_backend_names_the_field() -> None:
+    with pytest.raises(InvalidFieldError, match=r"spec.backend: 'tgi'"):
+        render(model(backend="tgi"))

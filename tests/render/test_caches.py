@@ -50,7 +50,7 @@ def test_no_claim_for_strategies_that_do_not_use_one() -> None:
 
 
 def test_node_local_needs_a_node() -> None:
-    with pytest.raises(InvalidFieldError, match=r"spec.nodeSelector: \{\} is required for NodeLocal"):
+    with pytest.raises(InvalidFieldError, match=r"nodeSelector: \{\} is required for NodeLocal"):
         cache_from_k8s(cache("c", storageStrategy="NodeLocal"))
 
 

@@ -237,12 +237,39 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
     ("missing-source", without_source, "spec.source", "Required value"),
     ("unknown-scheme", lambda: model(source="s3://bucket/model"), "spec.source", "s3://"),
     (
-        "cache-pvc-scheme",
-        lambda: model_cache(source="pvc://claim/model"),
+        "cache-unknown-scheme",
+        lambda: model_cache(source="s3://bucket/model"),
         "spec.source",
-        "pvc://",
+        "s3://",
     ),
     ("gpu-count-9", lambda: model(gpu={"count": 9}), "spec.gpu.count", "8"),
+    ("env-without-name", lambda: model(env=[{"value": "x"}]), "spec.env[0].name", "Required"),
+    (
+        "thirty-three-extra-args",
+        lambda: model_deployment(extraArgs=["--x"] * 33),
+        "spec.extraArgs",
+        "32",
+    ),
+    (
+        "toleration-operator",
+        lambda: model(tolerations=[{"key": "gpu", "operator": "Maybe"}]),
+        "spec.tolerations[0].operator",
+        "Maybe",
+    ),
+    (
+        "vllm-utilization-1.5",
+        lambda: model(vllm={"gpuMemoryUtilization": "1.5"}),
+        "spec.vllm.gpuMemoryUtilization",
+        "1.5",
+    ),
+    ("ctx-size-64", lambda: model(llamacpp={"ctxSize": 64}), "spec.llamacpp.ctxSize", "128"),
+    ("shm-size", lambda: model_deployment(shmSize="lots"), "spec.shmSize", "lots"),
+    (
+        "finetune-gpus-9",
+        lambda: model_cache(finetune={"gpu": {"count": 9}}),
+        "spec.finetune.gpu.count",
+        "8",
+    ),
     (
         "gpu-in-model-resources",
         lambda: model(resources={"limits": {"amd.com/gpu": "1"}}),
@@ -338,6 +365,37 @@ def assert_contains(stored: Any, sent: Any, where: str) -> None:
             assert_contains(left, right, f"{where}[{index}]")
     else:
         assert stored == sent, where
+
+
+def test_rendering_fields_are_kept_and_defaulted(
+    kubectl: Kubectl, crds_installed: None, namespace: str
+) -> None:
+    sent = {
+        "env": [{"name": "HSA_OVERRIDE_GFX_VERSION", "value": "11.0.0"}],
+        "podLabels": {"team": "a"},
+        "podAnnotations": {"flexinfer.test/ready-delay": "2s"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "shmSize": "4Gi",
+        "extraArgs": ["--verbose"],
+        "vllm": {"gpuMemoryUtilization": "0.85", "maxModelLen": 8192},
+        "llamacpp": {"ctxSize": 2048},
+    }
+    for manifest, kind in (
+        (model(source="ollama://llama3.2:1b", backend="ollama", **sent), "mdl"),
+        (model_deployment(image="my/image:1", **sent), "modeldeployment"),
+    ):
+        manifest["metadata"]["name"] = "rendering-fields"
+        kubectl.ok("apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+        stored = kubectl.json("get", "-n", namespace, f"{kind}/rendering-fields")
+        assert_contains(stored["spec"], manifest["spec"], f"{kind}.spec")
+        assert stored["spec"]["llamacpp"] == {"ctxSize": 2048, "nGpuLayers": 999}
+    cache = model_cache(source="pvc://models/qwen", downloadImage="mirror/copy:1",
+                        finetune={"gpu": {"vendor": "nvidia"}})
+    cache["metadata"]["name"] = "rendering-fields"
+    kubectl.ok("apply", "-n", namespace, "-f", "-", stdin=json.dumps(cache))
+    stored = kubectl.json("get", "-n", namespace, "modelcache/rendering-fields")
+    assert stored["spec"]["finetune"]["gpu"] == {"vendor": "nvidia", "count": 1}
+    assert stored["spec"]["source"] == "pvc://models/qwen"
 
 
 def test_blocks_left_out_are_defaulted_whole(

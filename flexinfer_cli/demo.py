@@ -16,7 +16,9 @@ windows are shortened (demand 20s, cooldown 5s) so the story takes a minute.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -26,13 +28,18 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
-from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
-from flexinfer_devcluster.localcluster import KwokNode, LocalCluster
+from flexinfer_devcluster.localcluster import (
+    KWOK_NODE_LABEL,
+    KWOK_NODE_LABEL_VALUE,
+    READY_DELAY_ANNOTATION,
+    KwokNode,
+    LocalCluster,
+)
 from flexinfer_k8s import convert
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
-from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
+from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
 
 NAMESPACE = "demo"
 GROUP = "homelab-gpu"
@@ -93,9 +100,11 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
 def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:
     for name, priority in (("chat", 100), ("coder", 200)):
         api.create(MODELS, NAMESPACE, _model(name, priority))
-        api.create(DEPLOYMENTS, NAMESPACE, kwok_deployment(name, load_time=LOAD_TIME))
-        api.create(SERVICES, NAMESPACE, kwok_service(name))
+    _wait(lambda: _rendered(api), "the controller to render both Models")
     say(f"Two Models share the GPU group {GROUP!r}: chat (priority 100), coder (priority 200).")
+    say("The controller rendered each into a llama.cpp Deployment and Service (0 replicas):")
+    table = cluster.kubectl("get", "deployments,services", "-n", NAMESPACE).stdout.rstrip()
+    say("   " + table.replace("\n", "\n   "))
     say(f"Each pod takes {LOAD_TIME} to load on the simulated GPU node.\n")
 
     say("1. A request for chat arrives.")
@@ -104,10 +113,13 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
     _show(cluster, api, say)
 
     say("2. A request for coder (more important) arrives while chat is busy.")
-    watch = _PodWatch(api)
-    _ask(api, "chat")
-    _ask(api, "coder")
-    _wait(lambda: _serving(api, "coder") and watch.poll(), "coder to take the GPU")
+    watch = PodWatch(api, NAMESPACE)  # from before the request: it sees every pod event
+    try:
+        _ask(api, "chat")
+        _ask(api, "coder")
+        _wait(lambda: _serving(api, "coder") and watch.created("coder"), "coder to take the GPU")
+    finally:
+        watch.stop()
     say(f"   break-before-make: {watch.summary()}")
     _show(cluster, api, say)
 
@@ -140,12 +152,20 @@ def _model(name: str, priority: int) -> JSON:
         "metadata": {"name": name},
         "spec": {
             "backend": "llama-cpp",
-            "source": f"HF://demo/{name}",
+            "source": f"file:///var/lib/flexinfer/demo/{name}.gguf",
             "gpu": {"shared": GROUP, "priority": priority, "swapCooldown": "5s"},
             "serverless": {"idleTimeout": "5m", "coldStartTimeout": "30s"},
             "serviceLabels": [name],
+            # kwok runs the pods: on its node, Ready after the simulated load time.
+            "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
+            "podAnnotations": {READY_DELAY_ANNOTATION: LOAD_TIME},
         },
     }
+
+
+def _rendered(api: KubeApi) -> bool:
+    statuses = [_status(api, name) for name in ("chat", "coder")]
+    return all(s.get("endpoint") for s in statuses)
 
 
 def _ask(api: KubeApi, name: str) -> None:
@@ -169,30 +189,99 @@ def _pods(api: KubeApi) -> list[JSON]:
     return list(api.list(PODS, NAMESPACE).get("items") or [])
 
 
-class _PodWatch:
-    """Samples pods to show that the old holder's pods were gone before the new one's."""
+MODEL_LABEL = "ai.flexinfer/model"
 
-    def __init__(self, api: KubeApi) -> None:
+
+class PodWatch:
+    """Watches the namespace's model pods from the moment it is made, in the API server's
+    order, and records any moment one model's pod was created while another's was alive.
+
+    A watch that dies (an ERROR event, a dropped stream) is reported by `summary`, never
+    read as "no overlap".
+    """
+
+    def __init__(self, api: KubeApi, namespace: str) -> None:
         self.api = api
-        self.chat_gone: datetime | None = None
-        self.coder_created: datetime | None = None
-        self.overlap = False
+        self.namespace = namespace
+        self.live: dict[str, str] = {}  # pod -> model
+        self.order: list[tuple[str, str]] = []  # (ADDED|DELETED, model)
+        self.overlaps: list[str] = []
+        self.error = ""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        listing = api.list(PODS, namespace)
+        for pod in listing.get("items") or []:
+            self._added(pod)
+        self._version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name="demo-pod-watch", daemon=True)
+        self._thread.start()
 
-    def poll(self) -> bool:
-        apps = {(p["metadata"].get("labels") or {}).get("app") for p in _pods(self.api)}
-        now = datetime.now(UTC)
-        if "chat" in apps and "coder" in apps:
-            self.overlap = True
-        if "chat" not in apps and self.chat_gone is None:
-            self.chat_gone = now
-        if "coder" in apps and self.coder_created is None:
-            self.coder_created = now
-        return self.coder_created is not None
+    def _model(self, pod: JSON) -> str:
+        return str(((pod.get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL) or "")
+
+    def _added(self, pod: JSON) -> None:
+        model, name = self._model(pod), str(pod["metadata"]["name"])
+        if not model or name in self.live:
+            return
+        others = sorted({m for m in self.live.values() if m != model})
+        if others:
+            self.overlaps.append(f"pod {name} of {model} created while {others} had pods")
+        self.live[name] = model
+        self.order.append(("ADDED", model))
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for event in self.api.watch(
+                    PODS,
+                    self.namespace,
+                    resource_version=self._version,
+                    timeout_seconds=30,
+                    on_open=self._opened,
+                ):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise RuntimeError(f"pod watch error: {obj.get('message')}")
+                    self._version = str(obj["metadata"].get("resourceVersion") or self._version)
+                    with self._lock:
+                        if event["type"] == "ADDED":
+                            self._added(obj)
+                        elif event["type"] == "DELETED":
+                            model = self.live.pop(str(obj["metadata"]["name"]), None)
+                            if model:
+                                self.order.append(("DELETED", model))
+        except Exception as error:  # the summary says the watch failed; nothing passes silently
+            if not self._stop.is_set():
+                self.error = f"{type(error).__name__}: {error}"
+
+    def _opened(self, response: Any) -> None:
+        self._response = response
+
+    def created(self, model: str) -> bool:
+        with self._lock:
+            return ("ADDED", model) in self.order
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._response is not None:
+            with contextlib.suppress(Exception):
+                self._response.shutdown()
+        self._thread.join(5)
+
+    @property
+    def held(self) -> bool:
+        """The watch ran to the end, saw the swap, and saw no overlap."""
+        return not self.error and not self.overlaps and bool(self.order)
 
     def summary(self) -> str:
-        if self.overlap:
-            return "chat and coder pods were seen at the same time (unexpected)"
-        return "chat's pod was gone before coder's pod was created"
+        if self.error:
+            return f"the pod watch failed ({self.error}): nothing can be said"
+        if self.overlaps:
+            return "OVERLAP: " + "; ".join(self.overlaps)
+        return (
+            "chat's pod was gone before coder's pod was created (watched from before the request)"
+        )
 
 
 def _show(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:

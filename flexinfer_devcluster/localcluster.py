@@ -58,7 +58,10 @@ KWOK_NODE_ANNOTATION_VALUE = "fake"
 KWOK_NODE_LABEL = "type"
 KWOK_NODE_LABEL_VALUE = "kwok"
 
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/16"
+"""Room for a Service per Model at benchmark scale (1,000 Models need more than a /24)."""
+STATIC_VOLUMES = 32
+"""Static hostPath PersistentVolumes the binder hands to claims (ModelCache SharedPVC)."""
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = (
     "deployment-controller",
@@ -72,6 +75,7 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
     "pod-garbage-collector-controller",
     "ttl-after-finished-controller",
+    "persistentvolume-binder-controller",
 )
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -337,6 +341,8 @@ class LocalCluster:
             core: Any = k8s_client.CoreV1Api(self.api_client)
             for node in self._nodes:
                 core.create_node(node.manifest())
+            for index in range(STATIC_VOLUMES):
+                core.create_persistent_volume(self._static_volume(index))
             self._wait(
                 lambda: all(_node_is_ready(core, node.name) for node in self._nodes),
                 timeout=self._startup_timeout,
@@ -430,7 +436,9 @@ class LocalCluster:
                 cluster=self.name,
             )
         stages = work / "kwok-stages.yaml"
-        stages.write_text(resources.files("flexinfer_devcluster").joinpath("kwok_stages.yaml").read_text())
+        stages.write_text(
+            resources.files("flexinfer_devcluster").joinpath("kwok_stages.yaml").read_text()
+        )
 
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._launch(
@@ -521,6 +529,25 @@ class LocalCluster:
                 "--cidr=10.244.0.0/16",
             ],
         )
+
+    def _static_volume(self, index: int) -> dict[str, Any]:
+        """A PersistentVolume on loopback storage: kwok pods never write to it, but the
+        binder, the scheduler's volume checks and claim status all run for real."""
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": f"local-pv-{index:02d}",
+                "labels": {"flexinfer.dev/static": "yes"},
+            },
+            "spec": {
+                "capacity": {"storage": "100Gi"},
+                "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(self.workdir / "volumes" / f"{index:02d}")},
+            },
+        }
 
     def _audit_args(self, work: Path) -> list[str]:
         if not self.audit:

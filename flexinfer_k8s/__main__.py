@@ -19,12 +19,16 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+import attrs
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy, parse_duration
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from flexinfer_k8s.render.cache import CacheImages
+from flexinfer_k8s.render.workload import Vendor
+from flexinfer_k8s.render.workloads import BACKENDS, RenderSettings
 from flexinfer_kube import logs
 from flexinfer_kube.kubeapi import KubeApi, new_api_client
 
@@ -86,15 +90,84 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="election policy: cooldown of a Model without spec.gpu.swapCooldown",
     )
     parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="BACKEND[:VENDOR]=IMAGE",
+        help="default image of a backend (mlc-llm has none built in), e.g. "
+        "mlc-llm=registry.local/mlc-llm:rocm or vllm:nvidia=vllm/vllm-openai:v0.9 "
+        "(repeatable; spec.image still wins)",
+    )
+    parser.add_argument(
+        "--render-group-id",
+        type=int,
+        default=109,
+        help="gid of the host's `render` group, added to AMD GPU pods (getent group render)",
+    )
+    parser.add_argument(
+        "--video-group-id", type=int, default=44, help="gid of the host's `video` group"
+    )
+    parser.add_argument(
+        "--cache-image",
+        action="append",
+        default=[],
+        metavar="KIND=IMAGE",
+        help="image of a ModelCache helper: huggingface, copy, ollama (downloads) or "
+        "loader (the Memory flash loader) (repeatable)",
+    )
+    parser.add_argument(
+        "--finetune-image",
+        default="",
+        help="trainer image for ModelCaches whose spec.finetune.image is empty",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     args = parser.parse_args(argv)
+    try:
+        args.render_settings = render_settings(args.image, args.cache_image, args)
+    except ValueError as error:
+        parser.error(str(error))
     if not 0 < args.retry_period < args.renew_deadline < args.lease_duration:
         parser.error(
             "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration; "
             f"got {args.retry_period} < {args.renew_deadline} < {args.lease_duration}"
         )
     return args
+
+
+def render_settings(
+    images: Sequence[str], cache_images: Sequence[str], args: argparse.Namespace
+) -> RenderSettings:
+    """`--image`, `--cache-image` and the group ids as the renderer's settings."""
+    by_backend: dict[tuple[str, Vendor], str] = {}
+    for text in images:
+        key, sep, image = text.partition("=")
+        backend, _, vendor = key.partition(":")
+        if not sep or not image or backend not in BACKENDS:
+            raise ValueError(
+                f"--image {text!r}: expected BACKEND[:VENDOR]=IMAGE with BACKEND one of "
+                f"{', '.join(sorted(BACKENDS))}"
+            )
+        try:
+            by_backend[(backend, Vendor(vendor or "amd"))] = image
+        except ValueError:
+            raise ValueError(f"--image {text!r}: VENDOR must be amd, nvidia or cpu") from None
+    helpers = {}
+    for text in cache_images:
+        kind, sep, image = text.partition("=")
+        if not sep or not image or kind not in attrs.fields_dict(CacheImages):
+            raise ValueError(
+                f"--cache-image {text!r}: expected KIND=IMAGE with KIND one of "
+                f"{', '.join(attrs.fields_dict(CacheImages))}"
+            )
+        helpers[kind] = image
+    return RenderSettings(
+        images=by_backend,
+        video_gid=args.video_group_id,
+        render_gid=args.render_group_id,
+        cache_images=CacheImages(**helpers),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=args.workers,
         resync_seconds=args.resync_seconds,
         identity=identity,
+        render_settings=args.render_settings,
+        finetune_image=args.finetune_image,
         policy=Policy(
             demand_window=parse_duration(args.demand_window, field="--demand-window"),
             recent_window=parse_duration(args.recent_window, field="--recent-window"),

@@ -27,6 +27,10 @@ from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, Resource
 log = logging.getLogger("flexinfer.apply")
 
 COMPONENT = "flexinfer-controller"
+FIELD_MANAGER = "flexinfer-controller"
+"""Server-side apply manager of everything flexinfer renders (but replicas)."""
+REPLICAS_MANAGER = "flexinfer-scale"
+"""The manager of `spec.replicas`: the election's scale writes, and the hand-over."""
 
 
 class RetryNow(Exception):
@@ -64,7 +68,12 @@ class Writer:
         """Set a Deployment's replicas through the scale subresource; False if it is gone."""
         try:
             scale = self.api.patch(
-                DEPLOYMENTS, namespace, name, {"spec": {"replicas": replicas}}, subresource="scale"
+                DEPLOYMENTS,
+                namespace,
+                name,
+                {"spec": {"replicas": replicas}},
+                subresource="scale",
+                field_manager=REPLICAS_MANAGER,
             )
         except NotFound:
             log.info(
@@ -83,6 +92,19 @@ class Writer:
                 updated["metadata"]["resourceVersion"] = version
             store.write_through(updated)
         return True
+
+    def apply(self, resource: Resource, body: JSON, *, field_manager: str = FIELD_MANAGER) -> JSON:
+        """Server-side apply `body`; what the API server returns goes into the cache."""
+        meta = body.get("metadata") or {}
+        updated = self.api.apply(
+            resource,
+            str(meta.get("namespace") or ""),
+            str(meta.get("name") or ""),
+            body,
+            field_manager=field_manager,
+        )
+        self._remember(resource, updated)
+        return updated
 
     # -- status and metadata --------------------------------------------------------
 

@@ -10,11 +10,12 @@ selector matches. Reads only; no writes, no decisions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flexinfer_core import GpuLease
 from flexinfer_k8s import convert
+from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi
 from flexinfer_kube.resources import (
@@ -26,6 +27,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    PERSISTENT_VOLUME_CLAIMS,
     PODS,
     SERVICES,
     Resource,
@@ -42,6 +44,7 @@ WATCHED: tuple[Resource, ...] = (
     PODS,
     SERVICES,
     JOBS,
+    PERSISTENT_VOLUME_CLAIMS,
 )
 LEASE_SOURCES: tuple[Resource, ...] = (GPU_LEASES, CONFIG_MAPS)
 
@@ -83,6 +86,26 @@ class ClusterCache:
             d
             for d in self.objects(DEPLOYMENTS, convert.namespace_of(pod))
             if convert.selector_matches((d.get("spec") or {}).get("selector"), labels)
+        ]
+
+    def group_occupants(self, namespace: str, *, group: str, kind: str) -> set[str]:
+        """`occupants` from the cache (what the decision is made on)."""
+        return occupants(self.objects(PODS, namespace), group=group, kind=kind)
+
+    def group_deployments(self, namespace: str, *, group: str, kind: str) -> list[JSON]:
+        """Deployments whose pods carry `group`'s label, members or not (a deleted
+        member's Deployment that was orphaned still runs pods)."""
+        return [
+            d
+            for d in self.objects(DEPLOYMENTS, namespace)
+            if (
+                labels := ((d.get("spec") or {}).get("template") or {})
+                .get("metadata", {})
+                .get("labels")
+                or {}
+            )
+            and labels.get(GROUP_LABEL) == group
+            and labels.get(KIND_LABEL) == kind
         ]
 
     def leases(self, namespace: str) -> list[GpuLease]:
@@ -140,14 +163,26 @@ class ClusterCache:
         return self.stores[SERVICES]
 
 
-def members_with_live_pods(
-    api: KubeApi, cache: ClusterCache, namespace: str, names: list[str]
-) -> set[str]:
-    """Which of `names` have live pods now, from a fresh Pod list (not the cache)."""
-    pods = api.list(PODS, namespace).get("items") or []
-    occupied = set()
-    for name in names:
-        deployment = cache.get(DEPLOYMENTS, namespace, name)
-        if deployment is not None and convert.live_pods(convert.pods_of(deployment, pods)):
-            occupied.add(name)
-    return occupied
+def group_selector(group: str, kind: str) -> str:
+    """The label selector of every pod rendered for a member of `group` (of `kind`)."""
+    return f"{GROUP_LABEL}={group},{KIND_LABEL}={kind}"
+
+
+def occupants(pods: Iterable[JSON], *, group: str, kind: str) -> set[str]:
+    """The members (by their model label) that have live pods among `pods` of `group`,
+    whether or not they are still members: a deleted member's pods hold the card until
+    they are gone."""
+    found = set()
+    for pod in convert.live_pods(list(pods)):
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(GROUP_LABEL) == group and labels.get(KIND_LABEL) == kind:
+            found.add(str(labels.get(MODEL_LABEL) or ""))
+    found.discard("")
+    return found
+
+
+def live_occupants(api: KubeApi, namespace: str, *, group: str, kind: str) -> set[str]:
+    """`occupants` from a fresh, label-selected Pod list (not the cache): what
+    break-before-make checks right before a scale-up."""
+    listing = api.list(PODS, namespace, label_selector=group_selector(group, kind))
+    return occupants(listing.get("items") or [], group=group, kind=kind)

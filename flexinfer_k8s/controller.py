@@ -9,7 +9,10 @@ the reconciler's `next_change_at` arms that key's timer. Keys:
 - ("gpugroup", namespace, name): a GPUGroup;
 - ("modeldeployment", namespace, name): a standalone ModelDeployment (no
   `gpuGroupRef`, in no GPUGroup), scaled to zero when idle;
-- ("finetune", namespace, name): a ModelCache's finetune GPU lease.
+- ("modelcache", namespace, name): a ModelCache (storage, download, finetune and its
+  GPU lease);
+- ("model-workload" | "md-workload", namespace, name): what a Model or ModelDeployment
+  runs as (its rendered Deployment and Service, `reconcile_workload`).
 
 A slow resync (default 5 min) re-queues every key as a safety net; correctness
 never depends on it. Failures back off per key. The controller owns threads and
@@ -30,10 +33,12 @@ from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import WATCHED, ClusterCache
 from flexinfer_k8s.metrics import ControllerMetrics
-from flexinfer_k8s.reconcile_finetune import FinetuneLeaseReconciler
+from flexinfer_k8s.reconcile_cache import CacheReconciler
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
 from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
 from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
+from flexinfer_k8s.reconcile_workload import WorkloadReconciler
+from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, RenderSettings
 from flexinfer_k8s.workqueue import WorkQueue
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_kube.informers import Informer, wait_all
@@ -47,6 +52,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    PERSISTENT_VOLUME_CLAIMS,
     PODS,
     SERVICES,
     Resource,
@@ -72,6 +78,8 @@ class Controller:
         resync_seconds: float = 300.0,
         watch_timeout: int = 60,
         identity: str = "flexinfer-controller",
+        render_settings: RenderSettings | None = None,
+        finetune_image: str = "",
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -84,8 +92,18 @@ class Controller:
             self.cache, self.writer, api, metrics, self.clock, policy=policy
         )
         self.gpugroups = GpuGroupReconciler(self.cache, self.writer, api, metrics, self.clock)
-        self.finetune = FinetuneLeaseReconciler(self.cache, self.writer, self.clock)
+        settings = render_settings or RenderSettings()
+        self.caches = CacheReconciler(
+            self.cache,
+            self.writer,
+            self.clock,
+            images=settings.cache_images,
+            finetune_image=finetune_image,
+        )
         self.standalone = StandaloneReconciler(self.cache, self.writer, self.clock)
+        self.workloads = WorkloadReconciler(
+            self.cache, self.writer, self.clock, settings=settings
+        )
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}
@@ -174,15 +192,19 @@ class Controller:
         for group in self.cache.objects(GPU_GROUPS):
             keys.add(("gpugroup", convert.namespace_of(group), convert.name_of(group)))
         for cache in self.cache.objects(MODEL_CACHES):
-            keys.add(("finetune", convert.namespace_of(cache), convert.name_of(cache)))
+            keys.add(("modelcache", convert.namespace_of(cache), convert.name_of(cache)))
         for md in self.cache.objects(MODEL_DEPLOYMENTS):
             keys |= self._model_deployment_keys(md)
+            keys.add(("md-workload", convert.namespace_of(md), convert.name_of(md)))
         return keys
 
     def _model_keys(self, model: JSON) -> set[WorkKey]:
         namespace, name = convert.namespace_of(model), convert.name_of(model)
         group = convert.model_state_group(model)
-        return {("shared", namespace, group) if group else ("model", namespace, name)}
+        return {
+            ("shared", namespace, group) if group else ("model", namespace, name),
+            ("model-workload", namespace, name),
+        }
 
     def _model_deployment_keys(self, md: JSON) -> set[WorkKey]:
         """The standalone key of a ModelDeployment, from the object itself (so that
@@ -198,6 +220,8 @@ class Controller:
     def _workload_keys(self, namespace: str, name: str) -> set[WorkKey]:
         """Keys whose decision reads the Deployment/Service/pods named `name`."""
         keys: set[WorkKey] = set()
+        if self.cache.get(MODEL_DEPLOYMENTS, namespace, name) is not None:
+            keys.add(("md-workload", namespace, name))
         model = self.cache.get(MODELS, namespace, name)
         if model is not None:
             keys |= self._model_keys(model)
@@ -209,15 +233,25 @@ class Controller:
 
     def keys_for(self, resource: Resource, obj: JSON) -> set[WorkKey]:
         namespace, name = convert.namespace_of(obj), convert.name_of(obj)
+        keys: set[WorkKey]
         if resource is MODELS:
             return self._model_keys(obj)
         if resource in (DEPLOYMENTS, SERVICES):
             return self._workload_keys(namespace, name)
         if resource is PODS:
-            keys: set[WorkKey] = set()
+            keys = set()
             for deployment in self.cache.deployments_selecting(obj):
                 keys |= self._workload_keys(namespace, convert.name_of(deployment))
-            return keys
+            # By its group label too: a deleted member's pods still hold the card, and
+            # their going is what lets the next holder in.
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            group = str(labels.get(GROUP_LABEL) or "")
+            if group and labels.get(KIND_LABEL) == MODELS.kind:
+                keys.add(("shared", namespace, group))
+            elif group and labels.get(KIND_LABEL) == MODEL_DEPLOYMENTS.kind:
+                keys.add(("gpugroup", namespace, group))
+            # A pod changes no rendering: only the decisions that read pods.
+            return {k for k in keys if not k[0].endswith("-workload")}
         if resource is GPU_LEASES:
             keys = set()
             lease = convert.gpu_lease_from_k8s(obj)
@@ -225,7 +259,7 @@ class Controller:
                 keys.add(("shared", namespace, lease.group))
             for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
                 if ref.get("kind") == MODEL_CACHES.kind:
-                    keys.add(("finetune", namespace, str(ref.get("name"))))
+                    keys.add(("modelcache", namespace, str(ref.get("name"))))
             return keys
         if resource is CONFIG_MAPS:
             lease = convert.gpu_lease_from_config_map(obj)
@@ -237,21 +271,30 @@ class Controller:
                 md = self.cache.get(MODEL_DEPLOYMENTS, namespace, str(entry.get("name") or ""))
                 if md is not None:
                     keys |= self._model_deployment_keys(md)
+                    keys.add(("md-workload", namespace, convert.name_of(md)))  # its group label
             return keys
         if resource is MODEL_DEPLOYMENTS:
-            return {
-                ("gpugroup", namespace, g)
-                for g in self.cache.gpu_groups_with_member(namespace, name)
-            } | self._model_deployment_keys(obj)
+            return (
+                {
+                    ("gpugroup", namespace, g)
+                    for g in self.cache.gpu_groups_with_member(namespace, name)
+                }
+                | self._model_deployment_keys(obj)
+                | {("md-workload", namespace, name)}
+            )
         if resource is MODEL_CACHES:
-            keys = {("finetune", namespace, name)}
+            keys = {("modelcache", namespace, name)}
             for model in self.cache.objects(MODELS, namespace):
                 if convert.model_cache_ref(model) == name:
                     keys |= self._model_keys(model)
+            for md in self.cache.objects(MODEL_DEPLOYMENTS, namespace):
+                if str((md.get("spec") or {}).get("modelCacheRef") or "") == name:
+                    keys |= self._model_deployment_keys(md)
+                    keys.add(("md-workload", namespace, convert.name_of(md)))
             return keys
-        if resource is JOBS:
+        if resource in (JOBS, PERSISTENT_VOLUME_CLAIMS):
             return {
-                ("finetune", namespace, str(ref.get("name")))
+                ("modelcache", namespace, str(ref.get("name")))
                 for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
                 if ref.get("kind") == MODEL_CACHES.kind
             }
@@ -259,10 +302,6 @@ class Controller:
 
     def _handler(self, resource: Resource) -> Any:
         def on_change(old: JSON | None, new: JSON | None) -> None:
-            if resource is MODELS and old is not None and new is None:
-                self.shared.note_departed(
-                    convert.namespace_of(old), convert.model_state_group(old), convert.name_of(old)
-                )
             keys: set[WorkKey] = set()
             for obj in (old, new):
                 if obj is not None:
@@ -342,10 +381,14 @@ class Controller:
             return self.shared.reconcile_standalone(namespace, name)
         if kind == "gpugroup":
             return self.gpugroups.reconcile(namespace, name)
-        if kind == "finetune":
-            return self.finetune.reconcile(namespace, name)
+        if kind == "modelcache":
+            return self.caches.reconcile(namespace, name)
         if kind == "modeldeployment":
             return self.standalone.reconcile(namespace, name)
+        if kind == "model-workload":
+            return self.workloads.reconcile_model(namespace, name)
+        if kind == "md-workload":
+            return self.workloads.reconcile_model_deployment(namespace, name)
         raise ValueError(f"unknown key kind {kind!r}")
 
     def _failed(self, key: WorkKey, error: Exception) -> None:

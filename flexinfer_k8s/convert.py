@@ -248,7 +248,10 @@ def merge_conditions(
     now: datetime,
     generation: int | None,
 ) -> list[JSON]:
-    """The full conditions list: ours replaced, others kept, transition times preserved."""
+    """The full conditions list: ours replaced in place, others kept, new ones appended,
+    transition times preserved. Keeping the order makes merges by different writers
+    (the election and the workload reconciler share a Model's conditions) agree, so
+    neither sees the other's write as a change to undo."""
     current = [c for c in existing or [] if isinstance(c, Mapping)]
     by_type = {c.get("type"): c for c in current}
     ours = []
@@ -272,8 +275,12 @@ def merge_conditions(
         if generation is not None:
             entry["observedGeneration"] = generation
         ours.append(entry)
-    wanted_types = {c["type"] for c in ours}
-    return [dict(c) for c in current if c.get("type") not in wanted_types] + ours
+    by_wanted = {c["type"]: c for c in ours}
+    merged: list[JSON] = []
+    for item in current:
+        kind = str(item.get("type"))
+        merged.append(by_wanted.pop(kind) if kind in by_wanted else dict(item))
+    return merged + [c for c in ours if c["type"] in by_wanted]
 
 
 def model_status(

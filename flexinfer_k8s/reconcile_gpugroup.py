@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, reasons
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
-from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
+from flexinfer_k8s.cache import ClusterCache, live_occupants
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.reconcile_shared import Outcome
 from flexinfer_kube.clock import Clock
@@ -97,7 +97,8 @@ class GpuGroupReconciler:
         deferred = False
         if ups:
             cached = {m for m in members if convert.live_pods(member_pods[m])}
-            live = members_with_live_pods(self.api, self.cache, namespace, members)
+            # Label-selected: a former member's pods count too (the decision never saw them).
+            live = live_occupants(self.api, namespace, group=name, kind=MODEL_DEPLOYMENTS.kind)
             for member in ups:
                 surprise = sorted((live - cached) - {member})
                 if surprise:

@@ -8,9 +8,14 @@ call `flexinfer_core.decide_group` with `now` from the clock, then write only wh
    preemption, so it comes before the scale-down that makes the phase unreadable);
 2. scale-downs through `deployments/scale`, then the Events of the written statuses;
 3. the `ai.flexinfer/active-services` annotation on each member's Service;
-4. scale-ups, only after a *live* Pod list (not the cache) confirms no other
-   member of the group has a pod left — break-before-make must not rest on a
-   watch that is a few milliseconds behind.
+4. scale-ups, only after a *live* Pod list (not the cache), selected by the group
+   label every rendered pod carries, confirms no other member of the group, present
+   or deleted, has a pod left — break-before-make must not rest on a watch that is a
+   few milliseconds behind, nor on a memory of deletions a restart would lose.
+
+Who occupies the card is read from the cluster at every reconcile: pods labelled with
+the group (a deleted member's included, until they are gone), and Deployments of
+former members that still ask for replicas are scaled to 0.
 
 A reconcile that changes nothing writes nothing. A lease source that cannot be
 listed fails open toward serving, logged and counted. The caller arms a timer at
@@ -39,7 +44,7 @@ from flexinfer_core import (
 )
 from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
-from flexinfer_k8s.cache import ClusterCache, members_with_live_pods
+from flexinfer_k8s.cache import ClusterCache, live_occupants
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.kubeapi import JSON, KubeApi
@@ -77,17 +82,6 @@ class SharedGroupReconciler:
         self.policy = policy
         self._lease_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._governing: dict[tuple[str, str], str] = {}
-        self._departed: dict[tuple[str, str], set[str]] = {}
-
-    def note_departed(self, namespace: str, group: str, name: str) -> None:
-        """A member's Model was deleted: its pods still hold the card until they are gone.
-
-        Its Deployment (garbage-collected once the rendering issue sets owner
-        references) is scaled to 0 and counts as occupying the group meanwhile, so the
-        next holder still waits for it (break-before-make across a deletion).
-        """
-        if group:
-            self._departed.setdefault((namespace, group), set()).add(name)
 
     def reconcile_standalone(self, namespace: str, name: str) -> Outcome:
         model = self.cache.get(MODELS, namespace, name)
@@ -97,31 +91,26 @@ class SharedGroupReconciler:
 
     def reconcile_group(self, namespace: str, group: str) -> Outcome:
         models = self.cache.shared_group_models(namespace, group)
-        departed = self._release_departed(namespace, group, {convert.name_of(m) for m in models})
+        members = {convert.name_of(m) for m in models}
+        released = self._release_former_members(namespace, group, members)
+        departed = self.cache.group_occupants(namespace, group=group, kind=MODELS.kind) - members
         if not models:
             if not departed:
                 self._forget_group(namespace, group)
-            return Outcome(None, False)
+            # Nothing to decide; look again until the former members' pods are gone.
+            return Outcome(None if not departed else self.clock.now() + RECHECK_AFTER, released)
         return self._reconcile(namespace, group, models, departed=departed)
 
-    def _release_departed(self, namespace: str, group: str, members: set[str]) -> set[str]:
-        """Scale deleted members' Deployments to 0; return those that still have pods."""
-        names = self._departed.get((namespace, group), set())
-        occupying: set[str] = set()
-        for name in sorted(names):
-            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
-            if name in members or deployment is None:
-                names.discard(name)
-                continue
-            if (convert.deployment_replicas(deployment) or 0) > 0:
-                self.writer.scale(namespace, name, 0)
-            if convert.live_pods(self.cache.pods_of(deployment)):
-                occupying.add(name)
-            else:
-                names.discard(name)
-        if not names:
-            self._departed.pop((namespace, group), None)
-        return occupying
+    def _release_former_members(self, namespace: str, group: str, members: set[str]) -> bool:
+        """Scale to 0 the Deployments whose pods carry the group's label but whose Model
+        is no longer a member (deleted, or moved to another group) and that still ask
+        for pods: until their pods are gone they hold the card."""
+        wrote = False
+        for deployment in self.cache.group_deployments(namespace, group=group, kind=MODELS.kind):
+            name = convert.name_of(deployment)
+            if name not in members and (convert.deployment_replicas(deployment) or 0) > 0:
+                wrote = self.writer.scale(namespace, name, 0) or wrote
+        return wrote
 
     # -- the reconcile ----------------------------------------------------------------
 
@@ -136,6 +125,8 @@ class SharedGroupReconciler:
         now = self.clock.now()
         states: list[ModelState] = []
         running: set[str] = set(departed)
+        if group:
+            running |= self.cache.group_occupants(namespace, group=group, kind=MODELS.kind)
         for obj in objs:
             name = convert.name_of(obj)
             deployment = self.cache.get(DEPLOYMENTS, namespace, name)
@@ -281,11 +272,10 @@ class SharedGroupReconciler:
             and m.desired_replicas > (observed[m.name].replicas or 0)
         ]
         if ups:
-            occupied = members_with_live_pods(
-                self.api,
-                self.cache,
-                namespace,
-                [convert.name_of(o) for o in objs] + sorted(departed),
+            occupied = (
+                live_occupants(self.api, namespace, group=group, kind=MODELS.kind)
+                if group
+                else set()
             )
             for member in ups:
                 others = sorted(occupied - {member.name})

@@ -71,6 +71,7 @@ def error_for(status: int, message: str) -> KubeError:
 
 
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 RequestHook = Callable[[str, str], None]
 """Called with (method, path) before every request (the write counter uses it)."""
@@ -223,12 +224,32 @@ class KubeApi:
         body: JSON,
         *,
         subresource: str | None = None,
+        field_manager: str | None = None,
     ) -> JSON:
         """A JSON merge patch, optionally on a subresource (`status`, `scale`)."""
         path = resource.path(namespace, name)
         if subresource:
             path += f"/{subresource}"
-        return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+        return self.request(
+            "PATCH",
+            path,
+            body=body,
+            content_type=MERGE_PATCH,
+            query={"fieldManager": field_manager},
+        )
+
+    def apply(
+        self, resource: Resource, namespace: str, name: str, body: JSON, *, field_manager: str
+    ) -> JSON:
+        """Server-side apply of `body` (JSON is YAML) as `field_manager`, forcing conflicts:
+        the manager owns exactly the fields `body` sets; fields others own are kept."""
+        return self.request(
+            "PATCH",
+            resource.path(namespace, name),
+            body=body,
+            content_type=APPLY_PATCH,
+            query={"fieldManager": field_manager, "force": "true"},
+        )
 
     def watch(
         self,

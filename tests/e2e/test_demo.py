@@ -7,12 +7,31 @@ import io
 from flexinfer_cli.demo import run_demo
 
 
+def test_the_demo_watch_reports_an_overlap_and_a_dead_watch() -> None:
+    """The summary the demo prints can say something other than "no overlap"."""
+    from flexinfer_cli.demo import PodWatch
+
+    watch = PodWatch.__new__(PodWatch)
+    watch.live, watch.order, watch.overlaps, watch.error = {}, [], [], ""
+    watch._added({"metadata": {"name": "chat-1", "labels": {"ai.flexinfer/model": "chat"}}})
+    watch._added({"metadata": {"name": "coder-1", "labels": {"ai.flexinfer/model": "coder"}}})
+    assert watch.summary().startswith("OVERLAP: pod coder-1 of coder created while ['chat']")
+    assert not watch.held
+    watch.overlaps, watch.error = [], "Transient: stream dropped"
+    assert "the pod watch failed" in watch.summary()
+
+
 def test_demo_tells_the_whole_story() -> None:
     out = io.StringIO()
     assert run_demo(out=out) == 0
     text = out.getvalue()
+    intro = text.split("1. A request for chat")[0]
+    assert "deployment.apps/chat" in intro and "service/coder" in intro  # rendered
     act2 = text.split("2. A request for coder")[1].split("3. A fine-tuning job")[0]
-    assert "chat's pod was gone before coder's pod was created" in act2
+    assert (
+        "chat's pod was gone before coder's pod was created (watched from before the request)"
+        in act2
+    ), act2
     assert "event Preempted on chat" in act2
     assert "{'chat': '', 'coder': 'coder'}" in act2
     act3 = text.split("3. A fine-tuning job")[1].split("4. The training job ends")[0]

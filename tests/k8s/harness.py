@@ -2,10 +2,10 @@
 
 The controller runs in-process (a `Controller` on its own ApiClient) or as
 `python -m flexinfer_k8s` subprocesses; the test plays the user and the proxy
-through an admin `KubeApi`. Workloads are plain Deployments and Services named like
-their Model (the controller's convention until the rendering issue), with pods
-that kwok runs: `amd.com/gpu: 1`, the kwok node selector and the ready/terminate
-delay annotations.
+through an admin `KubeApi`. The controller renders every Model's Deployment and
+Service; `on_kwok` gives a spec the pod annotations and node selector that put its
+pods on a kwok node with a simulated load time (`amd.com/gpu: 1` comes from the
+Model's `gpu.count`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
-from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
 from flexinfer_devcluster.localcluster import (
+    KWOK_NODE_LABEL,
+    KWOK_NODE_LABEL_VALUE,
+    READY_DELAY_ANNOTATION,
+    TERMINATE_DELAY_ANNOTATION,
     LocalCluster,
 )
 from flexinfer_k8s import convert
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_kube.clock import SystemClock
-from flexinfer_kube.kubeapi import JSON, KubeApi, Transient, new_api_client
+from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, PODS, SERVICES
 from tests.k8s.kubectl import (
     Kubectl,
@@ -54,6 +57,21 @@ TEST_POLICY = Policy(
 )
 
 
+MODEL_LABEL = "ai.flexinfer/model"
+
+
+def on_kwok(*, ready_delay: str = "1s", terminate_delay: str = "1s") -> JSON:
+    """Spec fields that run a Model's or ModelDeployment's pods on a kwok node, Ready
+    after `ready_delay` (the simulated load) and gone `terminate_delay` after deletion."""
+    return {
+        "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
+        "podAnnotations": {
+            READY_DELAY_ANNOTATION: ready_delay,
+            TERMINATE_DELAY_ANNOTATION: terminate_delay,
+        },
+    }
+
+
 def now_text() -> str:
     return str(convert.format_time(datetime.now(UTC)))
 
@@ -70,6 +88,8 @@ def model_body(
     idle_timeout: str = "5m",
     min_replicas: int = 0,
     service_labels: tuple[str, ...] = (),
+    ready_delay: str = "1s",
+    terminate_delay: str = "1s",
 ) -> JSON:
     return {
         "apiVersion": "ai.flexinfer/v1alpha2",
@@ -85,6 +105,7 @@ def model_body(
                 "coldStartTimeout": "10s",
             },
             "serviceLabels": list(service_labels or (f"{name}-svc",)),
+            **on_kwok(ready_delay=ready_delay, terminate_delay=terminate_delay),
         },
     }
 
@@ -97,15 +118,9 @@ class Cluster:
         self.namespace = namespace
         self.api = KubeApi(new_api_client(str(local.kubeconfig)))
 
-    def add_model(self, name: str, *, ready_delay: str = "1s", terminate_delay: str = "1s",
-                  **spec: Any) -> None:
+    def add_model(self, name: str, **spec: Any) -> None:
+        """A Model whose pods kwok runs; the controller renders its Deployment and Service."""
         self.api.create(MODELS, self.namespace, model_body(name, **spec))
-        self.api.create(
-            DEPLOYMENTS,
-            self.namespace,
-            kwok_deployment(name, load_time=ready_delay, terminate_time=terminate_delay),
-        )
-        self.api.create(SERVICES, self.namespace, kwok_service(name))
 
     def model(self, name: str) -> JSON:
         return self.api.get(MODELS, self.namespace, name)
@@ -121,13 +136,18 @@ class Cluster:
         )
 
     def replicas(self, name: str) -> int:
-        return int(self.api.get(DEPLOYMENTS, self.namespace, name)["spec"].get("replicas") or 0)
+        """The replicas of the rendered Deployment (0 while it is not rendered yet)."""
+        try:
+            deployment = self.api.get(DEPLOYMENTS, self.namespace, name)
+        except NotFound:
+            return 0
+        return int(deployment["spec"].get("replicas") or 0)
 
     def pods(self, app: str | None = None) -> list[JSON]:
         items = self.api.list(PODS, self.namespace).get("items") or []
         return [
             p for p in items
-            if app is None or (p["metadata"].get("labels") or {}).get("app") == app
+            if app is None or (p["metadata"].get("labels") or {}).get(MODEL_LABEL) == app
         ]
 
     def ready_pods(self, app: str) -> list[JSON]:
@@ -325,9 +345,9 @@ class PodTimeline:
 
     def _app(self, pod: JSON) -> str | None:
         labels = pod["metadata"].get("labels") or {}
-        if labels.get("flexinfer.test/workload") != "yes":
+        if labels.get("app.kubernetes.io/managed-by") != "flexinfer":
             return None
-        app = labels.get("app")
+        app = labels.get(MODEL_LABEL)
         if self.exclusive is not None and app not in self.exclusive:
             return None
         return str(app) if app else None

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
 from flexinfer_k8s.convert import format_time
-from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS, SERVICES
+from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
@@ -25,6 +24,7 @@ from .harness import (  # noqa: F401  (fixtures)
     controller,
     crds,
     kubectl,
+    on_kwok,
 )
 
 pytestmark = pytest.mark.k8s
@@ -35,11 +35,8 @@ def add_member(c: Cluster, name: str, *, terminate_delay: str = "1s") -> None:
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
         "metadata": {"name": name},
         "spec": {"backend": "vllm", "model": f"test/{name}", "idleTimeoutSeconds": 300,
-                 "gpuGroupRef": "gg"},
+                 "gpuGroupRef": "gg", **on_kwok(terminate_delay=terminate_delay)},
     })
-    c.api.create(DEPLOYMENTS, c.namespace,
-                 kwok_deployment(name, terminate_time=terminate_delay))
-    c.api.create(SERVICES, c.namespace, kwok_service(name))
 
 
 def add_group(c: Cluster, *, policy: str = "Graceful", drain: int = 60, threshold: int = 1,

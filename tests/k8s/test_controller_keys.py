@@ -50,25 +50,35 @@ def test_changes_map_to_the_keys_whose_decision_reads_them() -> None:
     m1_pod = {"metadata": meta("m1-1", labels={"app": "m1"})}
     assert ctl.keys_for(PODS, m1_pod) == {("gpugroup", "ns", "gg")}
     assert ctl.keys_for(PODS, {"metadata": meta("x", labels={"app": "x"})}) == set()
+    # A member's pod by its group label, even when its Deployment is gone.
+    orphan = {"metadata": meta("gone-1", labels={"ai.flexinfer/group": "g",
+                                                  "ai.flexinfer/kind": "Model"})}
+    assert ctl.keys_for(PODS, orphan) == {("shared", "ns", "g")}
     assert ctl.keys_for(MODELS, {"metadata": meta("solo"), "spec": {}}) == {
-        ("model", "ns", "solo")
+        ("model", "ns", "solo"), ("model-workload", "ns", "solo"),
     }
-    assert ctl.keys_for(MODEL_DEPLOYMENTS, {"metadata": meta("m1")}) == {("gpugroup", "ns", "gg")}
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, {"metadata": meta("m1")}) == {
+        ("gpugroup", "ns", "gg"), ("md-workload", "ns", "m1"),
+    }
+    # The workload a Deployment or Service belongs to is reconciled when it changes.
+    assert ("model-workload", "ns", "a") in ctl.keys_for(DEPLOYMENTS, {"metadata": meta("a")})
     lease = {
         "metadata": meta("c-gpu-lease", ownerReferences=[{"kind": "ModelCache", "name": "c"}]),
         "spec": {"group": "g"},
     }
-    assert ctl.keys_for(GPU_LEASES, lease) == {("shared", "ns", "g"), ("finetune", "ns", "c")}
+    assert ctl.keys_for(GPU_LEASES, lease) == {("shared", "ns", "g"), ("modelcache", "ns", "c")}
     legacy = {"metadata": meta("gpu-lease-g", labels={"ai.flexinfer/gpu-lease": "g"}), "data": {}}
     assert ctl.keys_for(CONFIG_MAPS, legacy) == {("shared", "ns", "g")}
     assert ctl.keys_for(MODEL_CACHES, {"metadata": meta("c")}) == {
-        ("finetune", "ns", "c"),
+        ("modelcache", "ns", "c"),
         ("shared", "ns", "g"),  # a references the cache: its readiness changes a's runnable
+        ("model-workload", "ns", "a"),  # and a's CacheReady condition and volume
     }
     job = {"metadata": meta("c-finetune", ownerReferences=[{"kind": "ModelCache", "name": "c"}])}
-    assert ctl.keys_for(JOBS, job) == {("finetune", "ns", "c")}
+    assert ctl.keys_for(JOBS, job) == {("modelcache", "ns", "c")}
     assert ctl.all_keys() == {("shared", "ns", "g"), ("model", "ns", "solo"),
-                              ("gpugroup", "ns", "gg")}
+                              ("gpugroup", "ns", "gg"), ("model-workload", "ns", "a"),
+                              ("model-workload", "ns", "solo")}
 
 
 def test_standalone_model_deployments_get_their_own_key() -> None:
@@ -82,9 +92,13 @@ def test_standalone_model_deployments_get_their_own_key() -> None:
     put(DEPLOYMENTS).write_through(
         {"metadata": meta("solo-md"), "spec": {"selector": {"matchLabels": {"app": "solo-md"}}}}
     )
-    assert ctl.keys_for(MODEL_DEPLOYMENTS, solo) == {("modeldeployment", "ns", "solo-md")}
-    assert ctl.keys_for(MODEL_DEPLOYMENTS, member) == set()
-    assert ctl.keys_for(MODEL_DEPLOYMENTS, listed) == {("gpugroup", "ns", "gg")}
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, solo) == {
+        ("modeldeployment", "ns", "solo-md"), ("md-workload", "ns", "solo-md"),
+    }
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, member) == {("md-workload", "ns", "m2")}
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, listed) == {
+        ("gpugroup", "ns", "gg"), ("md-workload", "ns", "m1"),
+    }
     pod = {"metadata": meta("solo-md-1", labels={"app": "solo-md"})}
     assert ctl.keys_for(PODS, pod) == {("modeldeployment", "ns", "solo-md")}
     assert ("modeldeployment", "ns", "solo-md") in ctl.all_keys()

@@ -178,7 +178,7 @@ def test_finetune_lease_is_taken_before_the_job_and_released_after(
             "spec": {
                 "source": "HF://test/base",
                 "finetune": {"gpuLease": {"group": "g", "ttlSeconds": 120},
-                             "timeoutSeconds": 600},
+                             "timeoutSeconds": 600, "image": "trainer.local/qlora:test"},
             },
         })
         held = wait_until(

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer_devcluster.kwok_workloads import kwok_deployment, kwok_service
-from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS, SERVICES
+from flexinfer_kube.resources import MODEL_DEPLOYMENTS
 from tests.polling import wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
@@ -22,6 +21,7 @@ from .harness import (  # noqa: F401  (fixtures)
     crds,
     kubectl,
     now_text,
+    on_kwok,
 )
 
 pytestmark = pytest.mark.k8s
@@ -44,11 +44,10 @@ def add_standalone(
                 "minReplicas": min_replicas,
                 "idleTimeoutSeconds": idle_seconds,
                 "coldStartTimeoutSeconds": 10,
+                **on_kwok(),
             },
         },
     )
-    c.api.create(DEPLOYMENTS, c.namespace, kwok_deployment(name))
-    c.api.create(SERVICES, c.namespace, kwok_service(name))
 
 
 def request(c: Cluster, name: str) -> None:

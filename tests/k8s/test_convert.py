@@ -9,6 +9,7 @@ from typing import Any
 
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
+    Condition,
     GpuGroupPhase,
     LeaseSource,
     Phase,
@@ -330,3 +331,28 @@ def test_standalone_model_deployment_round_trip_writes_nothing_twice() -> None:
     )
     assert not convert.status_differs(md["status"], later)
     assert convert.standalone_from_k8s(md, deployment=None, pods=[]).current_replicas is None
+
+
+def test_merging_conditions_keeps_their_order_so_two_writers_agree() -> None:
+    """The election writes Ready, the workload reconciler Rendered: each merge keeps the
+    other's entry where it is, so neither sees a change to undo (no write ping-pong)."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    existing = [
+        {"type": "Rendered", "status": "True", "reason": "Rendered", "message": "",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "Ready", "status": "False", "reason": "Queued", "message": "",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]
+    ready = convert.merge_conditions(
+        existing, [Condition("Ready", False, "Queued", "")], now=now, generation=None
+    )
+    assert [c["type"] for c in ready] == ["Rendered", "Ready"]
+    assert ready == existing
+    rendered = convert.merge_conditions(
+        ready, [Condition("Rendered", True, "Rendered", "")], now=now, generation=None
+    )
+    assert rendered == existing
+    added = convert.merge_conditions(
+        existing, [Condition("VRAMFits", True, "KVCacheFits", "")], now=now, generation=None
+    )
+    assert [c["type"] for c in added] == ["Rendered", "Ready", "VRAMFits"]

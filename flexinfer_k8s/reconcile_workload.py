@@ -1,0 +1,362 @@
+"""Reconcile what a Model or ModelDeployment runs as: render, apply what differs, report.
+
+Observe the resource, the ModelCache it references and the Deployment and Service
+named like it; render them (`flexinfer_k8s.render`, pure); server-side apply each one
+the live object does not already hold (one field manager, so labels, annotations or
+env a user adds survive and ours converge); write `endpoint(s)`, `servedModelName`
+and the `Rendered`, `CacheReady` and `VRAMFits` conditions; a Warning Event when a
+condition turns bad. Replicas are never applied: a new Deployment is created at
+`replicas: 0` and the field is handed to the election's scale writes
+(`REPLICAS_MANAGER`) before anything else is applied, so no apply ever resets it to
+the API server's default of 1 beside the group's holder. Who owns `spec.replicas` is
+read from the live object's managedFields at every reconcile, never remembered.
+
+Bad input (an invalid field, a missing or broken cache, a name another resource's
+workload already has) becomes a condition naming it and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from flexinfer_core import Condition, InvalidFieldError, reasons
+from flexinfer_k8s import convert
+from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER, Writer
+from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.live_diff import holds
+from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.render.cache import CacheSpec, cache_from_k8s
+from flexinfer_k8s.render.workload import (
+    Workload,
+    workload_from_model,
+    workload_from_model_deployment,
+)
+from flexinfer_k8s.render.workloads import RenderedWorkload, RenderSettings, render_workload
+from flexinfer_kube.clock import Clock
+from flexinfer_kube.objects import JSON, get_path
+from flexinfer_kube.resources import (
+    DEPLOYMENTS,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    SERVICES,
+    Resource,
+)
+
+log = logging.getLogger("flexinfer.workload")
+
+APPLIED_HASH_ANNOTATION = "ai.flexinfer/applied-hash"
+"""A digest of what flexinfer last applied: a render that drops a field changes it, so
+the apply that removes the field is not skipped as 'already held'."""
+WORKLOAD_CONDITIONS = ("Rendered", "CacheReady", "VRAMFits")
+
+
+@attrs.frozen
+class Problem:
+    reason: str
+    message: str
+
+
+def _with_hash(body: JSON) -> JSON:
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    stamped = copy.deepcopy(body)
+    stamped["metadata"].setdefault("annotations", {})[APPLIED_HASH_ANNOTATION] = digest
+    return stamped
+
+
+def replicas_owned_elsewhere(deployment: Mapping[str, Any]) -> bool:
+    """Whether a manager other than our applier owns `spec.replicas` (so our applies,
+    which leave the field out, can never reset it)."""
+    for entry in get_path(deployment, "metadata", "managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            continue
+        if "f:replicas" in (get_path(entry, "fieldsV1", "f:spec") or {}):
+            return True
+    return False
+
+
+def controller_of(obj: Mapping[str, Any] | None) -> JSON | None:
+    for ref in get_path(obj, "metadata", "ownerReferences") or []:
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+class WorkloadReconciler:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        writer: Writer,
+        clock: Clock,
+        *,
+        settings: RenderSettings | None = None,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.clock = clock
+        self.settings = settings or RenderSettings()
+
+    def reconcile_model(self, namespace: str, name: str) -> Outcome:
+        model = self.cache.get(MODELS, namespace, name)
+        if model is None or get_path(model, "metadata", "deletionTimestamp"):
+            return Outcome(None, False)
+        return self._reconcile(MODELS, model, workload_from_model)
+
+    def reconcile_model_deployment(self, namespace: str, name: str) -> Outcome:
+        md = self.cache.get(MODEL_DEPLOYMENTS, namespace, name)
+        if md is None or get_path(md, "metadata", "deletionTimestamp"):
+            return Outcome(None, False)
+        groups = self.cache.gpu_groups_with_member(namespace, name)
+        group = groups[0] if len(groups) == 1 else ""
+        return self._reconcile(
+            MODEL_DEPLOYMENTS, md, lambda obj: workload_from_model_deployment(obj, group=group)
+        )
+
+    # -- the reconcile -----------------------------------------------------------------
+
+    def _reconcile(
+        self, resource: Resource, obj: JSON, read: Callable[[JSON], Workload]
+    ) -> Outcome:
+        now = self.clock.now()
+        name = convert.name_of(obj)
+        conditions: list[Condition] = []
+        rendered: RenderedWorkload | None = None
+        problem: Problem | None = None
+        try:
+            workload = read(obj)
+            cache, cache_condition, problem = self._cache(workload)
+            if cache_condition is not None:
+                conditions.append(cache_condition)
+            if problem is None:
+                rendered = render_workload(workload, cache=cache, settings=self.settings)
+        except InvalidFieldError as error:
+            problem = Problem(reasons.INVALID_SPEC, str(error))
+        if problem is None:
+            problem = self._clash(resource, obj)
+        wrote = False
+        if problem is None and rendered is not None:
+            wrote = self._apply(rendered)
+            conditions.append(
+                Condition(
+                    "Rendered",
+                    True,
+                    reasons.RENDERED,
+                    f"Deployment and Service {name} serve {rendered.served_name} on "
+                    f"{rendered.endpoint}",
+                )
+            )
+            if rendered.vram is not None:
+                conditions.append(
+                    Condition(
+                        "VRAMFits",
+                        rendered.vram.fits,
+                        reasons.KV_CACHE_FITS
+                        if rendered.vram.fits
+                        else reasons.KV_CACHE_EXCEEDS_GPU_MEMORY,
+                        rendered.vram.message,
+                    )
+                )
+        elif problem is not None:
+            conditions.append(Condition("Rendered", False, problem.reason, problem.message))
+        wrote = self._write_status(resource, obj, rendered, conditions, now=now) or wrote
+        return Outcome(None, wrote, problem.reason if problem else reasons.RENDERED)
+
+    def _cache(
+        self, workload: Workload
+    ) -> tuple[CacheSpec | None, Condition | None, Problem | None]:
+        """The referenced ModelCache, its readiness condition, or why it cannot be used."""
+        ref = workload.cache_ref
+        strategy = workload.cache_strategy
+        if not ref:
+            if strategy not in ("", "None"):
+                return (
+                    None,
+                    None,
+                    Problem(
+                        reasons.INVALID_SPEC,
+                        f"spec.cache.strategy: {strategy!r} needs spec.cache.modelCacheRef naming "
+                        "the ModelCache that holds the copy",
+                    ),
+                )
+            return None, None, None
+        obj = self.cache.get(MODEL_CACHES, workload.namespace, ref)
+        if obj is None:
+            message = f"ModelCache {ref} does not exist in namespace {workload.namespace}"
+            return (
+                None,
+                Condition("CacheReady", False, reasons.CACHE_NOT_FOUND, message),
+                Problem(reasons.CACHE_NOT_FOUND, message),
+            )
+        try:
+            spec = cache_from_k8s(obj)
+        except InvalidFieldError as error:
+            message = f"ModelCache {ref} cannot be used: {error}"
+            return (
+                None,
+                Condition("CacheReady", False, reasons.INVALID_SPEC, message),
+                Problem(reasons.INVALID_SPEC, message),
+            )
+        if strategy and strategy != spec.strategy.value:
+            return (
+                spec,
+                None,
+                Problem(
+                    reasons.INVALID_SPEC,
+                    f"spec.cache.strategy: {strategy!r} differs from ModelCache {ref}'s "
+                    f"storageStrategy {spec.strategy.value}",
+                ),
+            )
+        status = get_path(obj, "status") or {}
+        if status.get("ready"):
+            condition = Condition(
+                "CacheReady", True, reasons.CACHE_READY, f"ModelCache {ref} is ready at {spec.path}"
+            )
+        elif status.get("phase") == "Failed":
+            condition = Condition(
+                "CacheReady",
+                False,
+                reasons.CACHE_FAILED,
+                f"ModelCache {ref} failed: {status.get('message') or 'no reason given'}",
+            )
+        else:
+            condition = Condition(
+                "CacheReady",
+                False,
+                reasons.CACHE_NOT_READY,
+                f"ModelCache {ref} is {status.get('phase') or 'Pending'}: the model runs once "
+                "its copy is complete",
+            )
+        return spec, condition, None
+
+    def _clash(self, resource: Resource, obj: JSON) -> Problem | None:
+        """A Deployment or Service of this name that is not this resource's own."""
+        namespace, name = convert.namespace_of(obj), convert.name_of(obj)
+        uid = get_path(obj, "metadata", "uid")
+        for kind in (DEPLOYMENTS, SERVICES):
+            live = self.cache.get(kind, namespace, name)
+            if live is None:
+                continue
+            owner = controller_of(live)
+            if owner is not None and owner.get("uid") == uid:
+                continue
+            if owner is None:
+                whose = "was not created by flexinfer"
+            elif owner.get("kind") == resource.kind and owner.get("name") == name:
+                whose = (
+                    f"belongs to an earlier {resource.kind} {name} (waiting for the garbage "
+                    "collector to remove it)"
+                )
+            else:
+                whose = f"belongs to {owner.get('kind')} {owner.get('name')}"
+            return Problem(
+                reasons.NAME_CLASH,
+                f"{kind.kind} {namespace}/{name} {whose}; a Model and a ModelDeployment with one "
+                "name cannot share their workload: rename one",
+            )
+        return None
+
+    def _apply(self, rendered: RenderedWorkload) -> bool:
+        wrote = False
+        deployment = _with_hash(rendered.deployment)
+        meta = deployment["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        live = self.cache.get(DEPLOYMENTS, namespace, name)
+        if live is None:
+            # Created at 0; the field goes to the scale writes at once (below).
+            first = copy.deepcopy(deployment)
+            first["spec"]["replicas"] = 0
+            live = self.writer.apply(DEPLOYMENTS, first)
+            wrote = True
+        if not replicas_owned_elsewhere(live):
+            current = int(get_path(live, "spec", "replicas") or 0)
+            live = self.writer.apply(
+                DEPLOYMENTS,
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"replicas": current},
+                },
+                field_manager=REPLICAS_MANAGER,
+            )
+            wrote = True
+        if not holds(deployment, live):
+            self.writer.apply(DEPLOYMENTS, deployment)
+            wrote = True
+        service = _with_hash(rendered.service)
+        if not holds(service, self.cache.get(SERVICES, namespace, name)):
+            self.writer.apply(SERVICES, service)
+            wrote = True
+        if wrote:
+            log.info(
+                "applied workload",
+                extra={
+                    "fields": {
+                        "namespace": namespace,
+                        "name": name,
+                        "kind": meta.get("labels", {}).get("ai.flexinfer/kind"),
+                    }
+                },
+            )
+        return wrote
+
+    def _write_status(
+        self,
+        resource: Resource,
+        obj: JSON,
+        rendered: RenderedWorkload | None,
+        conditions: list[Condition],
+        *,
+        now: datetime,
+    ) -> bool:
+        status = get_path(obj, "status") or {}
+        generation = get_path(obj, "metadata", "generation")
+        current = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+        # Conditions this reconciler owns but no longer reports (a cache reference
+        # removed, a backend that is not mlc-llm) are dropped, others' kept.
+        kept = [
+            c
+            for c in current
+            if c.get("type") not in WORKLOAD_CONDITIONS
+            or any(w.type == c.get("type") for w in conditions)
+        ]
+        wanted: JSON = {
+            "conditions": convert.merge_conditions(
+                kept,
+                conditions,
+                now=now,
+                generation=generation if isinstance(generation, int) else None,
+            ),
+            "servedModelName": rendered.served_name if rendered else None,
+        }
+        if resource is MODELS:
+            wanted["endpoint"] = rendered.endpoint if rendered else None
+        else:
+            wanted["endpoints"] = [rendered.endpoint] if rendered else None
+        if not convert.status_differs(status, wanted):
+            return False
+        written = self.writer.patch_status(resource, obj, wanted)
+        if written is None:
+            return False
+        now_bad = {c.type: c for c in conditions if not c.status}
+        before = {str(c.get("type")): c for c in current}
+        for condition in now_bad.values():
+            old = before.get(condition.type)
+            if (
+                old is not None
+                and old.get("status") == "False"
+                and old.get("reason") == condition.reason
+            ):
+                continue  # already reported
+            self.writer.event(
+                obj, reason=condition.reason, message=condition.message, type="Warning", now=now
+            )
+        return True

@@ -267,8 +267,9 @@ def _settled_for_election(
 
 
 def _held_because(leader: MemberDecision, holding: Election) -> MemberDecision:
-    """The leader's decision with its hold explained by `holding` (unless it waits)."""
-    if leader.reason == reasons.WAITING_FOR_GPU:
+    """The leader's decision with its hold explained by `holding` (unless it waits: for
+    the card to be free, or for its cache)."""
+    if leader.reason in (reasons.WAITING_FOR_GPU, reasons.CACHE_NOT_READY):
         return leader
     active = Condition(CONDITION_ACTIVE, True, holding.reason, holding.message)
     return attrs.evolve(
@@ -339,7 +340,16 @@ def _leader_decision(
 ) -> MemberDecision:
     want = desired_replicas(model, now=now)
     reason, message = election.reason, election.message
-    if want > 0 and occupied and not has_pods:
+    if want > 0 and not model.cache_ready:
+        # Elected as the best of no runnable member (rule 10): it holds the card, but a
+        # pod would mount a copy that is not complete. Nothing runs until it is.
+        want = 0
+        reason = reasons.CACHE_NOT_READY
+        message = (
+            f"{model.name} holds the GPU but its ModelCache is not ready; it starts once "
+            "the copy is complete"
+        )
+    elif want > 0 and occupied and not has_pods:
         want = 0
         reason = reasons.WAITING_FOR_GPU
         message = (

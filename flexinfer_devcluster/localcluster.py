@@ -51,6 +51,8 @@ TERMINATE_DELAY_ANNOTATION = "flexinfer.test/terminate-delay"
 """Pod annotation: Go duration from deletion request to the pod being gone. Default 1s."""
 COMPLETE_DELAY_ANNOTATION = "flexinfer.test/complete-delay"
 """Pod annotation (Job pods): Go duration from Ready to Succeeded. Default 1s."""
+FAIL_ANNOTATION = "flexinfer.test/fail"
+"""Pod annotation (Job pods): fail instead of succeeding, with this termination message."""
 
 GPU_RESOURCE = "amd.com/gpu"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"

@@ -54,7 +54,13 @@ from flexinfer_k8s.render.cache import (
 from flexinfer_k8s.render.finetune import finetune_job, job_name
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.objects import JSON, get_path
-from flexinfer_kube.resources import GPU_LEASES, JOBS, MODEL_CACHES, PERSISTENT_VOLUME_CLAIMS
+from flexinfer_kube.resources import (
+    GPU_LEASES,
+    JOBS,
+    MODEL_CACHES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PODS,
+)
 
 log = logging.getLogger("flexinfer.modelcache")
 
@@ -78,13 +84,30 @@ def job_phase(job: Mapping[str, Any] | None) -> JobPhase:
     return JobPhase.ACTIVE
 
 
-def job_failure(job: Mapping[str, Any] | None) -> str:
-    """The Job's own words for why it failed (its Failed condition)."""
+def job_failure(job: Mapping[str, Any] | None, pods: list[JSON]) -> str:
+    """Why a Job failed, in its own words (its Failed condition) and its last failed
+    pod's (the container's termination reason and message: "401 Unauthorized" says
+    more than "BackoffLimitExceeded")."""
+    why = "the Job failed"
     for condition in get_path(job, "status", "conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
-            reason = condition.get("reason") or "Failed"
-            return f"{reason}: {condition.get('message') or 'the Job failed'}"
-    return "the Job failed"
+            why = f"{condition.get('reason') or 'Failed'}: {condition.get('message') or why}"
+    name = get_path(job, "metadata", "name")
+    failed = [
+        p
+        for p in pods
+        if (get_path(p, "metadata", "labels") or {}).get("job-name") == name
+        and get_path(p, "status", "phase") == "Failed"
+    ]
+    failed.sort(key=lambda p: str(get_path(p, "metadata", "creationTimestamp") or ""))
+    for pod in failed[-1:]:
+        for container in get_path(pod, "status", "containerStatuses") or []:
+            terminated = get_path(container, "state", "terminated") or {}
+            if terminated:
+                detail = terminated.get("message") or f"exit code {terminated.get('exitCode')}"
+                why += f" (last pod: {terminated.get('reason') or 'Error'}: {str(detail)[:512]})"
+                break
+    return why
 
 
 @attrs.frozen
@@ -146,7 +169,8 @@ class CacheReconciler:
                 "Failed",
                 False,
                 reasons.DOWNLOAD_FAILED,
-                f"download Job {spec.download_job_name} failed: {job_failure(download)}",
+                f"download Job {spec.download_job_name} failed: "
+                f"{job_failure(download, self.cache.objects(PODS, namespace))}",
                 spec.download_job_name,
             )
         elif phase is JobPhase.ACTIVE:
@@ -263,7 +287,8 @@ class CacheReconciler:
                 "Failed",
                 False,
                 reasons.FINETUNE_FAILED,
-                f"finetune Job {job_name(name)} failed: {job_failure(job)}{held}",
+                f"finetune Job {job_name(name)} failed: "
+                f"{job_failure(job, self.cache.objects(PODS, namespace))}{held}",
                 job_name(name),
             )
         else:

@@ -65,7 +65,10 @@ def active_members(models: Iterable[ModelState]) -> list[ModelState]:
 
 
 def leader_replicas(model: ModelState, now: datetime) -> int:
-    """spec 1.3 desired replicas for the leader, before break-before-make."""
+    """spec 1.3 desired replicas for the leader, before break-before-make; a leader whose
+    ModelCache is not ready (elected only because nobody is runnable) runs nothing."""
+    if not model.cache_ready:
+        return 0
     serverless = model.serverless
     if not serverless.enabled or model.phase is Phase.LOADING:
         return 1

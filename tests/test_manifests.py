@@ -66,7 +66,8 @@ def crd_files() -> list[Path]:
 
 
 def example_files() -> list[Path]:
-    return sorted(EXAMPLES_DIR.glob("*.yaml"))
+    """Every manifest under examples/ (scenarios/ are simulator inputs, not manifests)."""
+    return sorted(p for p in EXAMPLES_DIR.rglob("*.yaml") if "scenarios" not in p.parts)
 
 
 def crds_by_kind() -> dict[str, dict[str, Any]]:

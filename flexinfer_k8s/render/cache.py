@@ -320,7 +320,8 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             "ownerReferences": [owner_reference(cache)],
         },
         "spec": {
-            "backoffLimit": 2,
+            # One retry: a flaky network gets a second chance, a wrong source fails fast.
+            "backoffLimit": 1,
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(cache.pod_annotations)},
                 "spec": pod,

@@ -268,3 +268,20 @@ def test_ready_leader_with_stale_stamp_decides_the_same_after_apply() -> None:
     second = decide_group(applied, now=T0)
     assert second.leader == first.leader == "vip"
     assert second.changes(applied) == ()
+
+
+def test_a_leader_whose_cache_is_not_ready_runs_nothing() -> None:
+    """Elected only because no member is runnable (rule 10): it keeps the card, but a pod
+    would mount a copy that is not complete, so it wants no replicas until it is."""
+    waiting = member("a", last_active=ago(1), cache_ready=False)
+    decision = decide_group([waiting], now=T0)
+    leader = decision.member("a")
+    assert decision.leader == "a"
+    assert leader.desired_replicas == 0
+    assert leader.reason == reasons.CACHE_NOT_READY
+    assert "ModelCache is not ready" in leader.message
+    # Applying it and deciding again writes nothing more (the reason is kept).
+    again = decide_group(list(apply_decision([waiting], decision)), now=T0)
+    assert again.changes(apply_decision([waiting], decision)) == ()
+    ready = decide_group([member("a", last_active=ago(1))], now=T0)
+    assert ready.member("a").desired_replicas == 1

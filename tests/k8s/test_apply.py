@@ -17,13 +17,16 @@ class FakeApi:
     """Answers like the API server would, from a dict of objects; records requests."""
 
     def __init__(self, objects: dict[str, dict[str, Any]], *, conflict: bool = False) -> None:
+        self.managers: list[str | None] = []
         self.objects = objects
         self.conflict = conflict
         self.calls: list[tuple[str, str, Any]] = []
 
     def patch(self, resource: Resource, namespace: str, name: str, body: Any,
-              *, subresource: str | None = None) -> dict[str, Any]:
+              *, subresource: str | None = None,
+              field_manager: str | None = None) -> dict[str, Any]:
         self.calls.append(("PATCH", f"{name}/{subresource or ''}", body))
+        self.managers.append(field_manager)
         if self.conflict:
             raise Conflict(409, "the object has been modified")
         if name not in self.objects:
@@ -76,3 +79,6 @@ def test_status_and_scale_are_written_through_to_the_cache() -> None:
     assert cached["spec"]["replicas"] == 0
     assert cached["metadata"]["resourceVersion"] == "8"
     assert not writer.scale("ns", "missing", 0)  # NotFound is an outcome, not an error
+    # Scale writes have a field manager of their own: `spec.replicas` is theirs, never
+    # the renderer's (whose applies leave it out and must not reset it).
+    assert api.managers == ["flexinfer-scale", "flexinfer-scale"]

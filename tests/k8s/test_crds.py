@@ -29,7 +29,8 @@ from .kubectl import (
 
 pytestmark = pytest.mark.k8s
 
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
+EXAMPLES = [p for p in EXAMPLES if "scenarios" not in p.parts]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,10 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.finetune.gpuLease.ttlSeconds": 3600,
     },
     ("ModelCache", "qwen3-8b-ram"): {"spec.storageStrategy": "Memory", "spec.storageSize": "8Gi"},
+    ("ModelCache", "qwen-chat-weights"): {"spec.storageStrategy": "SharedPVC"},
+    ("ModelCache", "qwen-coder-gguf"): {"spec.storageStrategy": "SharedPVC"},
+    ("ModelCache", "qwen3-8b-weights"): {"spec.storageSize": "50Gi"},
+    ("ModelCache", "qwen25-7b-mlc"): {"spec.storageStrategy": "SharedPVC"},
     ("ModelDeployment", "qwen3-8b-serverless"): {
         "spec.minReplicas": 0,
         "spec.idleTimeoutSeconds": 300,

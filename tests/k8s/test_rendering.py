@@ -1,0 +1,463 @@
+"""The operator creates what it governs, on the local control plane: Models,
+ModelDeployments and ModelCaches become Deployments, Services, claims and Jobs that
+the real scheduler places and kwok runs; the election owns only replicas."""
+
+# The fixtures come from .harness; test parameters name them again on purpose.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flexinfer_devcluster.localcluster import (
+    COMPLETE_DELAY_ANNOTATION,
+    FAIL_ANNOTATION,
+    GPU_RESOURCE,
+    KwokNode,
+)
+from flexinfer_kube.kubeapi import NotFound
+from flexinfer_kube.resources import (
+    DEPLOYMENTS,
+    GPU_GROUPS,
+    JOBS,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PODS,
+    SERVICES,
+    Resource,
+)
+from tests.polling import wait_until
+
+from .harness import (  # noqa: F401  (fixtures)
+    Cluster,
+    PodTimeline,
+    cluster,
+    controller,
+    crds,
+    kubectl,
+    model_body,
+    now_text,
+    on_kwok,
+)
+from .kubectl import Kubectl
+
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "scenarios" not in p.parts)
+EXAMPLE_NODES = ("gpu-workstation", "gpu-node-1", "5930k")
+MANAGED = "app.kubernetes.io/managed-by=flexinfer"
+
+
+def get_or_none(c: Cluster, resource: Resource, name: str) -> dict[str, Any] | None:
+    try:
+        return c.api.get(resource, c.namespace, name)
+    except NotFound:
+        return None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind:
+            return dict(item)
+    return {}
+
+
+def cache_body(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"source": f"HF://test/{name}", "storageStrategy": "SharedPVC",
+                            "storageSize": "1Gi"}
+    body.update(spec)
+    return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+            "metadata": {"name": name}, "spec": body}
+
+
+def template(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"])
+
+
+@pytest.fixture(scope="module")
+def example_nodes(local_cluster: Any) -> None:
+    """kwok GPU nodes named like the examples' nodeSelectors."""
+    for name in EXAMPLE_NODES:
+        try:
+            local_cluster.add_node(KwokNode(name=name, gpus=1))
+        except Exception as error:  # already there from an earlier module
+            if "AlreadyExists" not in str(error) and "already exists" not in str(error):
+                raise
+
+
+# --- every example ------------------------------------------------------------------
+
+
+def demand_everything(c: Cluster, documents: list[dict[str, Any]]) -> None:
+    """What the proxy would do for one request to each model of the example."""
+    for doc in documents:
+        name = doc["metadata"]["name"]
+        if doc["kind"] == "Model":
+            c.api.patch(MODELS, c.namespace, name, {"status": {"lastActiveTime": now_text()}},
+                        subresource="status")
+        elif doc["kind"] == "ModelDeployment" and not doc["spec"].get("gpuGroupRef"):
+            c.api.patch(MODEL_DEPLOYMENTS, c.namespace, name,
+                        {"status": {"lastAccessTime": now_text()}}, subresource="status")
+        elif doc["kind"] == "GPUGroup":
+            first = doc["spec"]["models"][0]["name"]
+            value = json.dumps({"queued": 1, "oldestWaiting": now_text(),
+                                "reportedAt": now_text()})
+            c.api.patch(GPU_GROUPS, c.namespace, name,
+                        {"metadata": {"annotations": {f"demand.ai.flexinfer/{first}": value}}})
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
+def test_every_example_applies_and_yields_its_objects(
+    local_cluster: Any, cluster: Cluster, kubectl: Kubectl, example_nodes: None, path: Path
+) -> None:
+    c = cluster
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    kubectl.ok("apply", "-n", c.namespace, "-f", str(path))
+    with controller(local_cluster, c.namespace):
+        caches = [d["metadata"]["name"] for d in documents if d["kind"] == "ModelCache"]
+        for name in caches:
+            wait_until(
+                lambda name=name: (get_or_none(c, MODEL_CACHES, name) or {})
+                .get("status", {}).get("ready"),
+                what=f"ModelCache {name} Ready", timeout=120,
+            )
+        served = [d for d in documents if d["kind"] in ("Model", "ModelDeployment")]
+        for doc in served:
+            resource = MODELS if doc["kind"] == "Model" else MODEL_DEPLOYMENTS
+            name = doc["metadata"]["name"]
+            obj = wait_until(
+                lambda resource=resource, name=name: (
+                    obj if condition(obj := get_or_none(c, resource, name), "Rendered")
+                    .get("status") == "True" else None
+                ),
+                what=f"{doc['kind']} {name} rendered", timeout=60,
+            )
+            deployment = c.api.get(DEPLOYMENTS, c.namespace, name)
+            service = c.api.get(SERVICES, c.namespace, name)
+            for rendered in (deployment, service):
+                (owner,) = rendered["metadata"]["ownerReferences"]
+                assert (owner["kind"], owner["name"], owner["uid"]) == (
+                    doc["kind"], name, obj["metadata"]["uid"])
+            selector = doc["spec"].get("nodeSelector") or {}
+            assert selector.items() <= (template(deployment).get("nodeSelector") or {}).items()
+        demand_everything(c, documents)
+        shared = [d for d in served if d["kind"] == "Model" and d["spec"].get("gpu")]
+        # In a shared group only the winner runs: the highest priority of those demanded.
+        winner = max(shared, key=lambda d: d["spec"]["gpu"].get("priority", 100), default=None)
+        for doc in served:
+            if doc["kind"] == "ModelDeployment" and doc["spec"].get("gpuGroupRef"):
+                continue
+            if doc in shared and doc is not winner:
+                continue
+            name = doc["metadata"]["name"]
+            pod = wait_until(
+                lambda name=name: next(iter(c.ready_pods(name)), None),
+                what=f"a Ready pod of {name}", timeout=90,
+            )
+            # The real scheduler placed it by nodeSelector and GPU capacity.
+            wanted = (doc["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+            if wanted:
+                assert pod["spec"]["nodeName"] == wanted
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            assert limits[GPU_RESOURCE] == "1"
+        for doc in shared:
+            if doc is not winner:
+                assert not c.pods(doc["metadata"]["name"])
+                assert c.status(doc["metadata"]["name"])["sharedGroup"]["state"] == "Queued"
+        if any(d["kind"] == "GPUGroup" for d in documents):
+            group = next(d for d in documents if d["kind"] == "GPUGroup")
+            first = group["spec"]["models"][0]["name"]
+            wait_until(lambda: c.ready_pods(first), what=f"{first} swapped in", timeout=90)
+        listing = kubectl.ok("get", "all,pvc,jobs,gpuleases", "-n", c.namespace, "-l", MANAGED)
+        print(f"\n# {path.relative_to(ROOT)}\n{listing}")
+
+
+# --- lifecycle of rendered objects ------------------------------------------------------
+
+
+def test_deleting_a_model_collects_its_deployment_and_service(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.add_model("a")
+    with controller(local_cluster, c.namespace):
+        wait_until(lambda: get_or_none(c, SERVICES, "a"), what="a rendered")
+        c.api.delete(MODELS, c.namespace, "a")
+        wait_until(
+            lambda: get_or_none(c, DEPLOYMENTS, "a") is None
+            and get_or_none(c, SERVICES, "a") is None,
+            what="the garbage collector to remove a's Deployment and Service",
+        )
+
+
+def test_a_users_label_survives_and_a_settings_edit_rolls_without_touching_replicas(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("a")
+    c.add_model("b")
+    c.add_model("x")
+    c.demand("a")
+    with controller(local_cluster, c.namespace) as ctl:
+        c.wait_serving("a")
+        # A user adds a label and an env var with kubectl (their own field manager).
+        c.api.patch(DEPLOYMENTS, c.namespace, "a",
+                    {"metadata": {"labels": {"team": "research"}}})
+        for name in ("a", "b"):
+            c.api.patch(MODELS, c.namespace, name, {"spec": {
+                "vllm": {"maxModelLen": 4096},
+                "env": [{"name": "HSA_OVERRIDE_GFX_VERSION", "value": "11.0.0"}],
+            }})
+
+        def rolled(name: str) -> dict[str, Any] | None:
+            deployment = c.api.get(DEPLOYMENTS, c.namespace, name)
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            return deployment if "--max-model-len" in args else None
+
+        a = wait_until(lambda: rolled("a"), what="a's Deployment to roll")
+        b = wait_until(lambda: rolled("b"), what="b's Deployment to roll")
+        assert a["metadata"]["labels"]["team"] == "research"
+        env = {e["name"]: e["value"] for e in template(a)["containers"][0]["env"]}
+        assert env["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
+        # The applies left replicas alone: the leader kept its pod, nobody else got one.
+        assert a["spec"]["replicas"] == 1 and b["spec"]["replicas"] == 0
+        assert c.replicas("x") == 0
+        wait_until(lambda: c.ready_pods("a"), what="a's new pod Ready")
+        ctl.controller.wait_idle()
+        writes = ctl.writes()
+        assert c.api.get(DEPLOYMENTS, c.namespace, "a")["metadata"]["labels"]["team"] == "research"
+        ctl.controller.enqueue_all()  # a full pass over everything: nothing left to apply
+        ctl.controller.wait_idle()
+        assert ctl.writes() == writes
+    timeline.stop()
+    assert timeline.violations == []
+    assert set(timeline.created_apps()) == {"a"}  # rendering never started b's or x's pod
+
+
+def test_a_deployment_left_without_the_replicas_hand_over_gets_it_first(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    """A controller killed between creating a Deployment and handing `spec.replicas` to
+    the scale writes: the next reconcile finds the field owned only by the applier (in
+    managedFields) and hands it over before any apply that would reset it to 1."""
+    from flexinfer_k8s.render.workload import workload_from_model
+    from flexinfer_k8s.render.workloads import RenderSettings, render_workload
+
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("a")
+    c.add_model("b")
+    model = c.api.get(MODELS, c.namespace, "b")
+    rendered = render_workload(workload_from_model(model), cache=None, settings=RenderSettings())
+    half = dict(rendered.deployment)
+    half["spec"] = {**half["spec"], "replicas": 0}
+    c.api.apply(DEPLOYMENTS, c.namespace, "b", half, field_manager="flexinfer-controller")
+    c.demand("a")
+    with controller(local_cluster, c.namespace):
+        c.wait_serving("a")
+        def handed_over() -> bool:
+            fields = c.api.get(DEPLOYMENTS, c.namespace, "b")["metadata"]["managedFields"]
+            return any(
+                f["manager"] == "flexinfer-scale" and "f:replicas" in f["fieldsV1"]["f:spec"]
+                for f in fields
+            )
+        wait_until(handed_over, what="b's replicas handed to the scale writes")
+        assert c.replicas("b") == 0
+    timeline.stop()
+    assert timeline.violations == []
+    assert "b" not in timeline.created_apps()
+
+
+# --- caches -----------------------------------------------------------------------------
+
+
+def test_a_cache_that_completes_lets_the_model_that_references_it_run(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.api.create(MODEL_CACHES, c.namespace, cache_body(
+        "weights", podAnnotations={COMPLETE_DELAY_ANNOTATION: "3s"}))
+    body = model_body("a")
+    body["spec"]["cache"] = {"modelCacheRef": "weights"}
+    c.api.create(MODELS, c.namespace, body)
+    c.demand("a")
+    with controller(local_cluster, c.namespace):
+        waiting = wait_until(
+            lambda: (m if condition(m := c.model("a"), "CacheReady").get("reason")
+                     == "CacheNotReady" else None),
+            what="a to wait for its cache",
+        )
+        assert "Downloading" in condition(waiting, "CacheReady")["message"]
+        claim = wait_until(
+            lambda: (p if (p := get_or_none(c, PERSISTENT_VOLUME_CLAIMS, "weights-models"))
+                     and p.get("status", {}).get("phase") == "Bound" else None),
+            what="the cache's claim to bind",
+        )
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["metadata"]["ownerReferences"][0]["name"] == "weights"
+        job = wait_until(lambda: get_or_none(c, JOBS, "weights-download"), what="the download")
+        volumes = job["spec"]["template"]["spec"]["volumes"]
+        assert volumes[0]["persistentVolumeClaim"]["claimName"] == "weights-models"
+        cache = wait_until(
+            lambda: (m if (m := c.api.get(MODEL_CACHES, c.namespace, "weights"))
+                     .get("status", {}).get("ready") else None),
+            what="the cache Ready",
+        )
+        assert cache["status"]["phase"] == "Ready"
+        assert cache["status"]["path"] == "pvc://weights-models/weights"
+        c.wait_serving("a")
+        deployment = c.api.get(DEPLOYMENTS, c.namespace, "a")
+        volume = next(v for v in template(deployment)["volumes"] if v["name"] == "model-cache")
+        assert volume["persistentVolumeClaim"]["claimName"] == "weights-models"
+        assert condition(c.model("a"), "CacheReady")["status"] == "True"
+
+
+def test_a_failing_download_fails_the_cache_and_says_why_on_the_model(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.api.create(MODEL_CACHES, c.namespace, cache_body(
+        "broken", podAnnotations={FAIL_ANNOTATION: "401 Unauthorized: the repo is gated"}))
+    body = model_body("a")
+    body["spec"]["cache"] = {"modelCacheRef": "broken"}
+    c.api.create(MODELS, c.namespace, body)
+    c.demand("a")
+    with controller(local_cluster, c.namespace):
+        cache = wait_until(
+            lambda: (m if (m := c.api.get(MODEL_CACHES, c.namespace, "broken"))
+                     .get("status", {}).get("phase") == "Failed" else None),
+            what="the cache Failed", timeout=120,
+        )
+        assert "401 Unauthorized: the repo is gated" in cache["status"]["message"]
+        assert condition(cache, "Ready")["reason"] == "DownloadFailed"
+        cached = wait_until(
+            lambda: (m if condition(m := c.model("a"), "CacheReady").get("reason")
+                     == "CacheFailed" else None),
+            what="a's CacheReady to say the cache failed",
+        )
+        assert "401 Unauthorized" in condition(cached, "CacheReady")["message"]
+        assert not c.pods("a")  # not runnable: nothing was started
+        warnings = [e for e in c.events("broken") if e["type"] == "Warning"]
+        assert [e["reason"] for e in warnings] == ["DownloadFailed"]
+
+
+def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.api.create(MODEL_CACHES, c.namespace, cache_body(
+        "ram", storageStrategy="Memory", nodeSelector={"kubernetes.io/hostname": "kwok-gpu-1"}))
+    body = model_body("a")
+    body["spec"]["cache"] = {"modelCacheRef": "ram", "strategy": "Memory"}
+    c.api.create(MODELS, c.namespace, body)
+    with controller(local_cluster, c.namespace):
+        deployment = wait_until(lambda: get_or_none(c, DEPLOYMENTS, "a"), what="a rendered")
+        pod = template(deployment)
+        assert [i["name"] for i in pod["initContainers"]] == ["flash-loader"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["model-cache"]["hostPath"]["path"] == f"/dev/shm/flexinfer/{c.namespace}/ram"
+        assert volumes["cache-source"]["hostPath"]["path"] == (
+            f"/var/lib/flexinfer/models/{c.namespace}/ram")
+        assert pod["nodeSelector"]["kubernetes.io/hostname"] == "kwok-gpu-1"
+        c.demand("a")
+        ready = wait_until(lambda: next(iter(c.ready_pods("a")), None), what="a's pod",
+                           timeout=90)
+        assert ready["spec"]["nodeName"] == "kwok-gpu-1"
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+def test_bad_input_is_a_condition_naming_it_and_touches_nothing_else(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    missing = model_body("missing-cache")
+    missing["spec"]["cache"] = {"modelCacheRef": "nowhere"}
+    gguf = model_body("no-gguf")
+    gguf["spec"].update(backend="llama-cpp", source="HF://org/repo")
+    vram = {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": "too-big"},
+        "spec": {"backend": "mlc-llm", "model": "file:///srv/models/qwen-mlc",
+                 "image": "registry.local/mlc-llm:rocm",
+                 "mlcllm": {"mode": "server", "gpuMemoryBytes": 8_000_000_000,
+                            "overrides": {"maxNumSequence": 4, "maxTotalSeqLength": 65536}},
+                 **on_kwok()},
+    }
+    nodeless = cache_body("nodeless", storageStrategy="NodeLocal")
+    for resource, body in ((MODELS, missing), (MODELS, gguf), (MODEL_DEPLOYMENTS, vram),
+                           (MODEL_CACHES, nodeless)):
+        c.api.create(resource, c.namespace, body)
+    c.add_model("fine")
+    with controller(local_cluster, c.namespace):
+        def rendered(resource: Resource, name: str) -> dict[str, Any] | None:
+            obj = get_or_none(c, resource, name)
+            return obj if condition(obj, "Rendered") else None
+
+        bad = wait_until(lambda: rendered(MODELS, "missing-cache"), what="missing-cache")
+        assert condition(bad, "Rendered")["reason"] == "CacheNotFound"
+        assert "ModelCache nowhere does not exist" in condition(bad, "Rendered")["message"]
+        bad = wait_until(lambda: rendered(MODELS, "no-gguf"), what="no-gguf")
+        assert condition(bad, "Rendered")["reason"] == "InvalidSpec"
+        assert condition(bad, "Rendered")["message"].startswith("spec.source: 'HF://org/repo'")
+        # An impossible VRAM budget warns; it does not block.
+        big = wait_until(
+            lambda: (m if condition(m := c.api.get(MODEL_DEPLOYMENTS, c.namespace, "too-big"),
+                                    "VRAMFits") else None),
+            what="too-big's VRAM estimate",
+        )
+        fits = condition(big, "VRAMFits")
+        assert (fits["status"], fits["reason"]) == ("False", "KVCacheExceedsGPUMemory")
+        assert "14.4 GB" in fits["message"] and "8.0 GB" in fits["message"]
+        assert condition(big, "Rendered")["status"] == "True"
+        nodeless_status = wait_until(
+            lambda: c.api.get(MODEL_CACHES, c.namespace, "nodeless").get("status"),
+            what="nodeless's status",
+        )
+        assert "spec.nodeSelector" in nodeless_status["message"]
+        assert condition({"status": nodeless_status}, "Ready")["reason"] == "InvalidSpec"
+        wait_until(lambda: get_or_none(c, SERVICES, "fine"), what="fine rendered")
+        # Nothing was created for the bad ones; the good one was.
+        for name in ("missing-cache", "no-gguf"):
+            assert get_or_none(c, DEPLOYMENTS, name) is None
+        assert get_or_none(c, JOBS, "nodeless-download") is None
+        reasons = {(e["involvedObject"]["name"], e["reason"]) for e in c.events()
+                   if e["type"] == "Warning"}
+        assert {("missing-cache", "CacheNotFound"), ("no-gguf", "InvalidSpec"),
+                ("too-big", "KVCacheExceedsGPUMemory")} <= reasons
+
+
+def test_a_model_and_a_model_deployment_of_one_name_never_share_a_deployment(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.add_model("twin")
+    with controller(local_cluster, c.namespace):
+        first = wait_until(lambda: get_or_none(c, DEPLOYMENTS, "twin"), what="twin rendered")
+        c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
+            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": "twin"},
+            "spec": {"backend": "llama-cpp", "model": "file:///m.gguf", **on_kwok()},
+        })
+        md = wait_until(
+            lambda: (m if condition(m := c.api.get(MODEL_DEPLOYMENTS, c.namespace, "twin"),
+                                    "Rendered") else None),
+            what="the clash reported",
+        )
+        clash = condition(md, "Rendered")
+        assert (clash["status"], clash["reason"]) == ("False", "NameClash")
+        assert "belongs to Model twin" in clash["message"]
+        after = c.api.get(DEPLOYMENTS, c.namespace, "twin")
+        assert after["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
+        assert after["spec"]["template"] == first["spec"]["template"]
+        assert not [p for p in c.api.list(PODS, c.namespace).get("items") or []]

@@ -24,3 +24,17 @@ def wait_until(
                 f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
             )
         time.sleep(interval)
+
+
+def hold_while(
+    window: Callable[[], bool], check: Callable[[], object], *, what: str, interval: float = 0.5
+) -> int:
+    """Assert `check()` holds at every sample while `window()` is true; return the number of
+    samples, and fail if there was none (a window already over checks nothing)."""
+    samples = 0
+    while window():
+        assert check(), f"{what} stopped holding after {samples} samples"
+        samples += 1
+        time.sleep(interval)
+    assert samples >= 1, f"the window for {what} was over before the first sample"
+    return samples

@@ -324,7 +324,15 @@ class PodTimeline:
 
     One watch stream is ordered by the API server, so "a pod of A still existed when
     a pod of B was created" shows up as a B ADDED while A's pod is still in the set.
+
+    A timeline that stopped watching proves nothing, so it cannot pass silently: a
+    watch that ends in an error (an ERROR event, 410 Gone, repeated failures) is
+    recorded in `failure`, and `stop()` first waits until the pods it believes alive
+    are exactly those a fresh list returns (it kept up to the end), then fails the
+    test if the watch broke.
     """
+
+    MAX_FAILURES = 50
 
     def __init__(self, cluster: Cluster, *, exclusive: set[str] | None = None) -> None:
         self.cluster = cluster
@@ -333,6 +341,8 @@ class PodTimeline:
         self.violations: list[str] = []
         self.created: list[tuple[str, str]] = []  # (app, pod) in order of creation
         self.deleted: list[tuple[str, str]] = []
+        self.failure: str | None = None
+        self.events = 0
         self._stop = threading.Event()
         self._response: Any = None
         self._lock = threading.Lock()
@@ -373,30 +383,61 @@ class PodTimeline:
                     timeout_seconds=30, on_open=self._opened,
                 ):
                     obj = event["object"]
+                    if event["type"] == "ERROR":
+                        # 410 Gone included: re-listing would skip the events in between,
+                        # and one of them may be the overlap this timeline is for.
+                        self.failure = f"watch error {obj.get('code')}: {obj.get('message')}"
+                        return
                     self._version = obj["metadata"].get("resourceVersion", self._version)
                     with self._lock:
+                        self.events += 1
                         if event["type"] == "ADDED":
                             self._add(obj)
                         elif event["type"] == "DELETED":
                             app = self.live.pop(obj["metadata"]["name"], None)
                             if app is not None:
                                 self.deleted.append((app, obj["metadata"]["name"]))
-            except Transient:
-                # A test that failed before stop() must not leave a thread retrying
-                # against a control plane that is gone.
+            except Transient as error:
+                # Resuming from the last resourceVersion loses nothing; a stream that
+                # keeps failing is a broken timeline, not a quiet one.
                 failures += 1
-                if self._stop.wait(0.2) or failures > 50:
+                if self._stop.is_set():
                     return
+                if failures > self.MAX_FAILURES:
+                    self.failure = f"{failures} watch failures, the last: {error}"
+                    return
+                self._stop.wait(0.2)
+            except Exception as error:
+                if not self._stop.is_set():
+                    self.failure = f"watch thread died: {type(error).__name__}: {error}"
+                return
 
     def _opened(self, response: Any) -> None:
         self._response = response
 
-    def stop(self) -> None:
+    def _caught_up(self) -> bool:
+        pods = self.cluster.api.list(PODS, self.cluster.namespace).get("items") or []
+        current = {p["metadata"]["name"] for p in pods if self._app(p) is not None}
+        with self._lock:
+            return current == set(self.live) or self.failure is not None
+
+    def stop(self, *, check: bool = True) -> None:
+        """Stop watching; with `check`, fail unless the watch kept up to the end."""
+        caught_up = False
+        if check and self.failure is None and self._thread.is_alive():
+            with contextlib.suppress(AssertionError):
+                caught_up = wait_until(self._caught_up, what="catching up", timeout=30)
+        alive = self._thread.is_alive()
         self._stop.set()
         if self._response is not None:
             with contextlib.suppress(Exception):
                 self._response.shutdown()
         self._thread.join(5)
+        if not check:
+            return
+        assert self.failure is None, f"the pod timeline is broken: {self.failure}"
+        assert alive, "the pod watch thread ended before stop()"
+        assert caught_up, f"the pod watch fell behind: it believes {sorted(self.live)} are alive"
 
     def created_apps(self) -> list[str]:
         with self._lock:

@@ -7,7 +7,6 @@ cooldown after preemption and Graceful drain, each shown on its own."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from flexinfer_k8s.convert import format_time
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
-from tests.polling import wait_until
+from tests.polling import hold_while, wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
     Cluster,
@@ -133,9 +132,8 @@ def test_hysteresis(local_cluster: object, cluster: Cluster) -> None:
         asked = datetime.now(UTC)
         queue(c, "m2", 1, oldest=asked)
         wait_until(lambda: reason(c) == "Hysteresis", what="hysteresis to hold")
-        while datetime.now(UTC) < asked + timedelta(seconds=5):
-            assert group_status(c)["activeModel"] == "m1"
-            time.sleep(0.5)
+        hold_while(lambda: datetime.now(UTC) < asked + timedelta(seconds=5),
+                   lambda: group_status(c)["activeModel"] == "m1", what="m1 active")
         # No further write from the test: the timer at oldest + 6 s does it.
         wait_until(lambda: active(c, "m2"), what="m2 active after the hysteresis window")
 
@@ -152,9 +150,8 @@ def test_minimum_run_duration(local_cluster: object, cluster: Cluster) -> None:
         queue(c, "m1", 0)
         queue(c, "m2", 1)
         wait_until(lambda: reason(c) == "MinimumRunDuration", what="minimum run to hold")
-        while datetime.now(UTC) < swapped + timedelta(seconds=9):
-            assert group_status(c)["activeModel"] == "m1"
-            time.sleep(0.5)
+        hold_while(lambda: datetime.now(UTC) < swapped + timedelta(seconds=9),
+                   lambda: group_status(c)["activeModel"] == "m1", what="m1 active")
         wait_until(lambda: active(c, "m2"), what="m2 active after the minimum run")
 
 
@@ -172,9 +169,8 @@ def test_cooldown_after_preemption(local_cluster: object, cluster: Cluster) -> N
         preempted = datetime.fromisoformat(rows["m1"]["preemptedAt"].replace("Z", "+00:00"))
         queue(c, "m1", 1)
         wait_until(lambda: reason(c) == "CooldownAfterPreemption", what="the cooldown to hold")
-        while datetime.now(UTC) < preempted + timedelta(seconds=11):
-            assert group_status(c)["activeModel"] == "m2"
-            time.sleep(0.5)
+        hold_while(lambda: datetime.now(UTC) < preempted + timedelta(seconds=11),
+                   lambda: group_status(c)["activeModel"] == "m2", what="m2 active")
         wait_until(lambda: active(c, "m1"), what="m1 back after its cooldown")
 
 

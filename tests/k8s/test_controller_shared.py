@@ -11,11 +11,12 @@ no assertion is about how long something took.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from flexinfer_kube.resources import MODELS
-from tests.polling import wait_until
+from tests.polling import hold_while, wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
     Cluster,
@@ -30,12 +31,10 @@ from .harness import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.k8s
 
 
-def hold(seconds: float, check: object, what: str) -> None:
-    """Assert `check()` stays true for `seconds` (sampled)."""
+def hold(seconds: float, check: Callable[[], object], what: str) -> None:
+    """Assert `check()` stays true for `seconds` (sampled, at least once)."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert check(), what  # type: ignore[operator]
-        time.sleep(0.25)
+    hold_while(lambda: time.monotonic() < deadline, check, what=what, interval=0.25)
 
 
 def test_demand_swaps_only_when_the_leader_is_idle_or_outranked(
@@ -129,11 +128,11 @@ def test_cooldown_blocks_a_swap_back(local_cluster: object, cluster: Cluster) ->
 
             return (datetime.now(UTC) - began).total_seconds() < 10.5
 
-        while cooling():
+        def y_keeps_the_card() -> bool:
             c.demand("x")
-            assert c.status("y")["sharedGroup"]["state"] == "Active"
-            assert c.replicas("x") == 0
-            time.sleep(0.5)
+            return c.status("y")["sharedGroup"]["state"] == "Active" and c.replicas("x") == 0
+
+        hold_while(cooling, y_keeps_the_card, what="the cooldown")
 
         def x_serving() -> bool:
             c.demand("x")

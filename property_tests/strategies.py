@@ -494,7 +494,6 @@ _GG_IDLE = st.sampled_from((timedelta(seconds=300), timedelta(seconds=20)))
 _GG_PREEMPTED_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(180))
 _GG_PREEMPTED_BY = st.sampled_from(("", "alpha"))
 _EXISTS = st.sampled_from((True, True, True, True, False))
-_GG_NAMES = st.lists(st.sampled_from(MEMBER_NAMES[:5]), min_size=1, max_size=4, unique=True)
 _SWAP_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(600))
 _ANTI_THRASHING = st.builds(
     AntiThrashing,
@@ -525,10 +524,12 @@ def gpu_group_members(draw: st.DrawFn, name: str, *, now: datetime) -> GpuGroupM
 
 
 @st.composite
-def gpu_group_states(draw: st.DrawFn) -> tuple[GpuGroupState, datetime]:
+def gpu_group_states(draw: st.DrawFn, *, min_members: int = 1) -> tuple[GpuGroupState, datetime]:
     """A GPUGroup with its recorded status and the proxy's demand, and `now`."""
     now = draw(INSTANTS)
-    names = draw(_GG_NAMES)
+    names = draw(
+        st.lists(st.sampled_from(MEMBER_NAMES[:5]), min_size=min_members, max_size=4, unique=True)
+    )
     members = tuple(draw(gpu_group_members(name, now=now)) for name in names)
     current = draw(st.sampled_from((None, *names)))
     last_swap = ago(now, draw(_SWAP_AGE)) if current is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import attrs
-from hypothesis import assume, event, given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from flexinfer_core import (
@@ -129,49 +129,86 @@ def _in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> boo
     return current.queued > 0 or (bool(times) and now - max(times) < current.idle_timeout)
 
 
+GATES = ("none", "queue below threshold", "hysteresis", "minimum run", "cooldown after preemption")
+_JUST_UNDER = st.sampled_from((0.0, 0.5, 0.999))  # fraction of a gate's window already gone
+
+
 @st.composite
 def contested_states(draw: st.DrawFn) -> Case:
-    """Anti-thrashing on; the current model is in use and a queued model outranks it."""
-    state, now = draw(gpu_group_states())
-    assume(len(state.members) >= 2)
+    """Anti-thrashing on; the current model is in use and a queued model outranks it; and
+    exactly one gate (or none) set up to hold, each about as often as the others, at
+    its window's edges too. Other members keep their random demand."""
+    state, now = draw(gpu_group_states(min_members=2))
     current, challenger = draw(st.permutations([m.name for m in state.members]))[:2]
+    target = draw(st.sampled_from(GATES))
+    event(f"target gate: {target}")
+    anti = attrs.evolve(
+        state.anti_thrashing,
+        enabled=True,
+        request_queue_threshold=3 if target == "queue below threshold" else draw(
+            st.sampled_from((1, 2, 3))),
+        hysteresis_window=timedelta(seconds=10),
+        minimum_run_duration=timedelta(seconds=30),
+        cooldown_after_preemption=timedelta(seconds=60),
+    )
+
+    def inside(window: timedelta) -> timedelta:
+        return window * draw(_JUST_UNDER)
+
+    def outside(window: timedelta) -> timedelta:
+        return window + draw(st.sampled_from((timedelta(0), timedelta(seconds=1),
+                                              timedelta(minutes=5))))
+
+    queued = draw(st.sampled_from((1, 2))) if target == "queue below threshold" else max(
+        anti.request_queue_threshold, draw(st.sampled_from((3, 5))))
+    waited = inside(anti.hysteresis_window) if target == "hysteresis" else outside(
+        anti.hysteresis_window)
+    swapped = inside(anti.minimum_run_duration) if target == "minimum run" else outside(
+        anti.minimum_run_duration)
+    preempted = (
+        now - inside(anti.cooldown_after_preemption)
+        if target == "cooldown after preemption"
+        else draw(st.sampled_from((None, now - outside(anti.cooldown_after_preemption))))
+    )
     members = tuple(
-        attrs.evolve(m, exists=True, last_request=now - draw(_RECENT))
+        attrs.evolve(
+            m, exists=True, last_request=now - draw(_RECENT), priority=min(m.priority, 999)
+        )
         if m.name == current
         else attrs.evolve(
             m,
             exists=True,
             priority=1000,
-            queued=max(1, m.queued),
-            oldest_waiting=m.oldest_waiting or now,
+            queued=queued,
+            oldest_waiting=now - waited,
+            preempted_at=preempted,
         )
         if m.name == challenger
-        else m
+        else attrs.evolve(m, priority=min(m.priority, 999))
         for m in state.members
     )
-    anti = attrs.evolve(state.anti_thrashing, enabled=True)
-    return attrs.evolve(state, members=members, current_model=current, anti_thrashing=anti), now
+    contested = attrs.evolve(
+        state,
+        members=members,
+        current_model=current,
+        last_swap_time=now - swapped,
+        anti_thrashing=anti,
+    )
+    return contested, now
 
 
 _RECENT = st.sampled_from((timedelta(0), timedelta(seconds=5), timedelta(seconds=19)))
 
 
-@given(st.one_of(gpu_group_states(), contested_states()))
+@given(contested_states())
 def test_anti_thrashing_never_swaps_while_a_gate_holds(case: Case) -> None:
     state, now = case
     existing = sorted((m for m in state.members if m.exists), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
-    decision = decide_gpu_group(state, now=now)
-    if (
-        current is None
-        or not current.exists
-        or not state.anti_thrashing.enabled
-        or not any(m.queued for m in existing)
-    ):
-        return
+    assert current is not None and current.exists  # contested_states builds them so
     winner = existing[0]
-    if winner.name == current.name or not _in_use(state, current, now):
-        return
+    assert winner.name != current.name and _in_use(state, current, now)
+    decision = decide_gpu_group(state, now=now)
     gate = _gate_holds(state, winner, now)
     event(f"gate: {gate}")
     if gate:

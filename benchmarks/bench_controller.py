@@ -114,7 +114,8 @@ def replicas_are(name: str, value: int) -> Any:
 
 def pod_gone(app: str) -> Any:
     def check(kind: str, obj: dict[str, Any]) -> bool:
-        return kind == "DELETED" and (obj["metadata"].get("labels") or {}).get("app") == app
+        labels = obj["metadata"].get("labels") or {}
+        return kind == "DELETED" and labels.get("ai.flexinfer/model") == app
 
     return check
 

@@ -1,0 +1,185 @@
+"""Benchmark: many groups swapping at once, on a real control plane.
+
+`--groups` shared groups of `--per-group` Models each (1,000 Models in 200 groups by
+default), rendered by the controller (a `python -m flexinfer_k8s` process with
+`--workers`); every group's first member is asked for and becomes Ready; once the
+leaders are idle, the second member of `--swapping` groups (100 by default) is asked
+for at the same moment, as a proxy would. From watches on Models, Deployments and
+Pods, per swapping group:
+
+- demand -> decision: the demand PATCH to the challenger's status saying Active;
+- decision -> scale-down: to the old holder's Deployment at `replicas: 0`;
+- pods gone -> scale-up: from the old holder's last pod deleted to the challenger's
+  Deployment at `replicas: 1`;
+- demand -> new Ready: the whole swap, including the simulated load (`--load-time`).
+
+The local cluster's controller manager and scheduler run with their client QPS raised
+(`--cluster-qps`) so the cluster is not what is measured. Prints one JSON object;
+timings are never asserted anywhere.
+
+    .venv/bin/python benchmarks/bench_scale.py --groups 200 --per-group 5 --swapping 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_controller import Recorder, percentile  # noqa: E402
+from flexinfer_devcluster.localcluster import KwokNode, LocalCluster  # noqa: E402
+from flexinfer_kube.kubeapi import KubeApi  # noqa: E402
+from flexinfer_kube.resources import DEPLOYMENTS, MODELS, PODS, Resource  # noqa: E402
+from tests.k8s.harness import Cluster, ControllerProcess, model_body, now_text  # noqa: E402
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+NAMESPACE = "scale"
+DEMAND_WINDOW_SECONDS = 4  # ControllerProcess's --demand-window
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(values, 50)),
+        "p99": round(percentile(values, 99)),
+        "max": round(max(values)),
+        "mean": round(statistics.fmean(values)),
+    }
+
+
+def member(group: int, index: int) -> str:
+    return f"g{group:03d}-m{index}"
+
+
+def first_event(events: list[tuple[float, str, dict[str, Any]]], after: float, test: Any) -> float:
+    for stamp, kind, obj in events:
+        if stamp >= after and test(kind, obj):
+            return stamp
+    raise LookupError("no such event")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    gpus_per_node = 64
+    nodes = tuple(
+        KwokNode(name=f"kwok-gpu-{i}", gpus=gpus_per_node, pods=max(110, gpus_per_node * 3))
+        for i in range(-(-args.groups // gpus_per_node))
+    )
+    local = LocalCluster(nodes=nodes, name="flexinfer-bench-scale", client_qps=args.cluster_qps)
+    local.start()
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    controller: ControllerProcess | None = None
+    try:
+        local.install_crds(ROOT / "crds")
+        admin = KubeApi(local.new_api_client())
+        admin.create(NAMESPACES, "", {"metadata": {"name": NAMESPACE}})
+        c = Cluster(local, NAMESPACE)
+        names = [(g, i) for g in range(args.groups) for i in range(args.per_group)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda gi: c.api.create(MODELS, NAMESPACE, model_body(
+                member(*gi), group=f"g{gi[0]:03d}", swap_cooldown="0s", idle_timeout="10m",
+                ready_delay=args.load_time, terminate_delay="200ms")), names))
+        created = time.monotonic()
+        controller = ControllerProcess(local, NAMESPACE, log=work / "controller.log",
+                                       extra=("--workers", str(args.workers)))
+        models = Recorder(c.api, MODELS, NAMESPACE)
+        deployments = Recorder(c.api, DEPLOYMENTS, NAMESPACE)
+        pods = Recorder(c.api, PODS, NAMESPACE)
+
+        def demand(name: str) -> float:
+            stamp = time.monotonic()
+            c.demand(name, now_text())
+            return stamp
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda g: demand(member(g, 0)), range(args.groups)))
+        deadline = time.monotonic() + args.timeout
+        while not all(c.status(member(g, 0)).get("phase") == "Ready"
+                      for g in range(0, args.groups, max(1, args.groups // 20))):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the first members did not become Ready")
+            time.sleep(1)
+        warm = time.monotonic() - created
+        time.sleep(DEMAND_WINDOW_SECONDS + 1)  # every leader idle: equal priority may swap
+
+        swapping = list(range(args.swapping))
+        with ThreadPoolExecutor(32) as pool:
+            asked = dict(zip(swapping, pool.map(lambda g: demand(member(g, 1)), swapping),
+                             strict=True))
+        deadline = time.monotonic() + args.timeout
+        while True:
+            done = sum(1 for g in swapping if c.status(member(g, 1)).get("phase") == "Ready")
+            if done == len(swapping):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {done} of {len(swapping)} swaps finished")
+            time.sleep(0.5)
+        time.sleep(1)  # let the watches deliver the last events
+        for recorder in (models, deployments, pods):
+            recorder.stop()
+
+        decided, down, up, total = [], [], [], []
+        for g in swapping:
+            old, new, start = member(g, 0), member(g, 1), asked[g]
+            t_decided = first_event(models.events, start, lambda k, o, n=new: (
+                o["metadata"]["name"] == n
+                and (o.get("status") or {}).get("sharedGroup", {}).get("state") == "Active"))
+            t_down = first_event(deployments.events, start, lambda k, o, n=old: (
+                o["metadata"]["name"] == n and o["spec"].get("replicas") == 0))
+            t_gone = first_event(pods.events, t_down, lambda k, o, n=old: (
+                k == "DELETED" and (o["metadata"].get("labels") or {}).get(
+                    "ai.flexinfer/model") == n))
+            t_up = first_event(deployments.events, t_gone, lambda k, o, n=new: (
+                o["metadata"]["name"] == n and o["spec"].get("replicas") == 1))
+            t_ready = first_event(models.events, t_up, lambda k, o, n=new: (
+                o["metadata"]["name"] == n and (o.get("status") or {}).get("phase") == "Ready"))
+            decided.append((t_decided - start) * 1000)
+            down.append((t_down - t_decided) * 1000)
+            up.append((t_up - t_gone) * 1000)
+            total.append((t_ready - start) * 1000)
+        return {
+            "benchmark": "controller_burst_swaps",
+            "models": len(names),
+            "groups": args.groups,
+            "swapping_at_once": args.swapping,
+            "workers": args.workers,
+            "load_time": args.load_time,
+            "first_members_ready_after_s": round(warm, 1),
+            "demand_to_decision_ms": summary(decided),
+            "decision_to_scale_down_ms": summary(down),
+            "pods_gone_to_scale_up_ms": summary(up),
+            "demand_to_new_model_ready_ms": summary(total),
+            "setup": {
+                "cluster_client_qps": args.cluster_qps,
+                "pod_terminate_delay": "200ms",
+                "controller": f"python -m flexinfer_k8s, {args.workers} workers",
+            },
+        }
+    finally:
+        if controller is not None:
+            controller.kill()
+        local.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=200)
+    parser.add_argument("--per-group", type=int, default=5)
+    parser.add_argument("--swapping", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--load-time", default="1s")
+    parser.add_argument("--cluster-qps", type=int, default=500)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    print(json.dumps(run(args), indent=2))
+
+
+if __name__ == "__main__":
+    main()

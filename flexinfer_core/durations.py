@@ -21,6 +21,9 @@ _UNIT_SECONDS: dict[str, float] = {
     "m": 60.0,
     "h": 3600.0,
 }
+MAX_SECONDS = (2**63 - 1) / 1e9
+"""Go's longest duration (int64 nanoseconds, about 292 years): longer strings do not
+parse in Go either, and would overflow Python's timedelta."""
 _TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
@@ -51,6 +54,10 @@ def parse_duration(text: str, *, field: str = "duration") -> timedelta:
             )
         total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         pos = match.end()
+    if total > MAX_SECONDS:
+        raise DurationError(
+            field, text, "is longer than the longest duration Go can hold (2562047h47m16s)"
+        )
     return timedelta(seconds=total)
 
 

@@ -50,3 +50,14 @@ def test_negative_duration_rejected() -> None:
 def test_format_round_trips(value: timedelta, text: str) -> None:
     assert format_duration(value) == text
     assert parse_duration(text) == value
+
+
+def test_a_duration_too_long_for_go_names_the_field_instead_of_overflowing() -> None:
+    # Passes the CRD's pattern; used to raise OverflowError from timedelta.
+    with pytest.raises(DurationError) as error:
+        parse_duration("99999999999h", field="spec.gpu.swapCooldown")
+    assert str(error.value) == (
+        "spec.gpu.swapCooldown: '99999999999h' is longer than the longest duration Go can "
+        "hold (2562047h47m16s)"
+    )
+    assert parse_duration("2562047h", field="f") == timedelta(hours=2562047)

@@ -59,6 +59,11 @@ def lease_holder_label(lease: GpuLease) -> str:
     return f"gpu-lease/{lease.owner or lease.name}"
 
 
+MAX_LEASE_SECONDS = 2_592_000
+"""30 days: the CRD's bound on lease and timeout seconds (older objects may hold more;
+far larger ones would overflow `now + ttl`)."""
+
+
 def finetune_lease_ttl(
     ttl_seconds: int | None = None, *, timeout_seconds: int | None = None
 ) -> timedelta:
@@ -68,17 +73,23 @@ def finetune_lease_ttl(
             raise InvalidFieldError(
                 "spec.finetune.gpuLease.ttlSeconds", ttl_seconds, "is not an integer"
             )
-        if ttl_seconds < MIN_LEASE_TTL_SECONDS:
+        if not MIN_LEASE_TTL_SECONDS <= ttl_seconds <= MAX_LEASE_SECONDS:
             raise InvalidFieldError(
                 "spec.finetune.gpuLease.ttlSeconds",
                 ttl_seconds,
-                f"must be at least {MIN_LEASE_TTL_SECONDS}",
+                f"must be between {MIN_LEASE_TTL_SECONDS} and {MAX_LEASE_SECONDS}",
             )
         return timedelta(seconds=ttl_seconds)
     timeout = DEFAULT_FINETUNE_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int)
+        or not 0 <= timeout <= MAX_LEASE_SECONDS
+    ):
         raise InvalidFieldError(
-            "spec.finetune.timeoutSeconds", timeout_seconds, "must be a non-negative integer"
+            "spec.finetune.timeoutSeconds",
+            timeout_seconds,
+            f"must be a whole number of seconds from 0 to {MAX_LEASE_SECONDS}",
         )
     return timedelta(seconds=timeout + LEASE_TTL_MARGIN_SECONDS)
 

@@ -67,6 +67,15 @@ def aware_or_none(instance: Any, attribute: attrs.Attribute[Any], value: datetim
         )
 
 
+MAX_WINDOW = timedelta(days=3650)
+"""The longest window or timeout the core accepts. The CRDs allow at most 720h (30 days);
+objects stored before that bound may hold more, and anything up to ten years still
+decides correctly, while longer ones would overflow `now + window` (datetime ends in
+year 9999) in the middle of a decision."""
+MAX_REPLICAS = 2**31 - 1
+"""What the API server's scale subresource can hold (int32)."""
+
+
 def non_negative_duration(
     instance: Any, attribute: attrs.Attribute[Any], value: timedelta | None
 ) -> None:
@@ -77,6 +86,12 @@ def non_negative_duration(
     if value < timedelta(0):
         raise InvalidFieldError(
             _qualified(instance, attribute), value, "is negative; durations must be zero or more"
+        )
+    if value > MAX_WINDOW:
+        raise InvalidFieldError(
+            _qualified(instance, attribute),
+            value,
+            "is too long: at most 3650 days (the CRDs allow 720h)",
         )
 
 

@@ -27,6 +27,7 @@ from flexinfer_core.durations import format_duration
 from flexinfer_core.errors import InvalidFieldError
 from flexinfer_core.group import Event
 from flexinfer_core.snapshot import (
+    MAX_REPLICAS,
     aware_or_none,
     int_between,
     non_empty_name,
@@ -50,8 +51,8 @@ class StandaloneDeployment:
 
     name: str = attrs.field(validator=non_empty_name)
     namespace: str = attrs.field(default="default", validator=non_empty_name)
-    replicas: int = attrs.field(default=1, validator=int_between(0, None))
-    min_replicas: int = attrs.field(default=0, validator=int_between(0, None))
+    replicas: int = attrs.field(default=1, validator=int_between(0, MAX_REPLICAS))
+    min_replicas: int = attrs.field(default=0, validator=int_between(0, MAX_REPLICAS))
     idle_timeout: timedelta = attrs.field(
         default=DEFAULT_IDLE_TIMEOUT, validator=non_negative_duration
     )

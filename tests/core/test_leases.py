@@ -59,7 +59,7 @@ def test_finetune_lease_ttl(ttl: int | None, timeout: int | None, expected: time
 
 
 def test_finetune_lease_ttl_minimum_names_field() -> None:
-    with pytest.raises(InvalidFieldError, match=r"gpuLease.ttlSeconds: 30 must be at least 60"):
+    with pytest.raises(InvalidFieldError, match=r"gpuLease.ttlSeconds: 30 must be between 60 and"):
         finetune_lease_ttl(30)
 
 
@@ -134,3 +134,10 @@ def test_governing_lease_choice_is_total() -> None:
     first = governing_lease([a, b], namespace="default", group="g", now=T0)
     second = governing_lease([b, a], namespace="default", group="g", now=T0)
     assert first is second is a
+
+
+def test_a_lease_ttl_beyond_thirty_days_names_the_field() -> None:
+    """ttlSeconds near 2**62 passed the CRD (no maximum) and overflowed `now + ttl`."""
+    with pytest.raises(InvalidFieldError, match=r"ttlSeconds: 4611686018427387904 must be between"):
+        finetune_lease_ttl(2**62)
+    assert finetune_lease_ttl(2_592_000) == timedelta(days=30)

@@ -177,3 +177,12 @@ def test_defaults_follow_the_crd() -> None:
     assert (state.replicas, state.min_replicas) == (1, 0)
     assert state.idle_timeout == timedelta(seconds=300)
     assert state.cold_start_timeout == timedelta(seconds=60)
+
+
+def test_values_that_would_overflow_a_decision_name_the_field() -> None:
+    """idleTimeoutSeconds 10**12 and replicas 3e9 passed the CRD (no maximum): the first
+    overflowed `now + idle`, the second every scale call. Both are now a clear error."""
+    with pytest.raises(InvalidFieldError, match=r"idle_timeout: 1e\+12s is too long"):
+        StandaloneDeployment(name="d", idle_timeout=timedelta(seconds=10**12))
+    with pytest.raises(InvalidFieldError, match=r"replicas: 3000000000 must be between 0 and"):
+        StandaloneDeployment(name="d", replicas=3_000_000_000)

@@ -248,6 +248,31 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         "s3://",
     ),
     ("gpu-count-9", lambda: model(gpu={"count": 9}), "spec.gpu.count", "8"),
+    (
+        "swap-cooldown-721h",
+        lambda: model(gpu={"swapCooldown": "99999999999h"}),
+        "spec.gpu.swapCooldown",
+        "720h",
+    ),
+    (
+        "idle-timeout-721h",
+        lambda: model(serverless={"idleTimeout": "721h"}),
+        "spec.serverless.idleTimeout",
+        "720h",
+    ),
+    (
+        "idle-seconds-10e12",
+        lambda: model_deployment(idleTimeoutSeconds=10**12),
+        "spec.idleTimeoutSeconds",
+        "2592000",
+    ),
+    ("replicas-3e9", lambda: model_deployment(replicas=3_000_000_000), "spec.replicas", "100"),
+    (
+        "lease-ttl-2e62",
+        lambda: model_cache(finetune={"gpuLease": {"group": "g", "ttlSeconds": 2**62}}),
+        "spec.finetune.gpuLease.ttlSeconds",
+        "2592000",
+    ),
     ("env-without-name", lambda: model(env=[{"value": "x"}]), "spec.env[0].name", "Required"),
     (
         "thirty-three-extra-args",

@@ -94,9 +94,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="BACKEND[:VENDOR]=IMAGE",
-        help="default image of a backend (mlc-llm has none built in), e.g. "
-        "mlc-llm=registry.local/mlc-llm:rocm or vllm:nvidia=vllm/vllm-openai:v0.9 "
-        "(repeatable; spec.image still wins)",
+        help="default image of a backend (mlc-llm has none built in), for one GPU vendor "
+        "or (no VENDOR) every vendor, e.g. mlc-llm=registry.local/mlc-llm:rocm or "
+        "vllm:nvidia=vllm/vllm-openai:v0.9 (repeatable; spec.image still wins)",
     )
     parser.add_argument(
         "--render-group-id",
@@ -140,7 +140,7 @@ def render_settings(
     images: Sequence[str], cache_images: Sequence[str], args: argparse.Namespace
 ) -> RenderSettings:
     """`--image`, `--cache-image` and the group ids as the renderer's settings."""
-    by_backend: dict[tuple[str, Vendor], str] = {}
+    by_backend: dict[tuple[str, Vendor | None], str] = {}
     for text in images:
         key, sep, image = text.partition("=")
         backend, _, vendor = key.partition(":")
@@ -150,7 +150,7 @@ def render_settings(
                 f"{', '.join(sorted(BACKENDS))}"
             )
         try:
-            by_backend[(backend, Vendor(vendor or "amd"))] = image
+            by_backend[(backend, Vendor(vendor) if vendor else None)] = image
         except ValueError:
             raise ValueError(f"--image {text!r}: VENDOR must be amd, nvidia or cpu") from None
     helpers = {}

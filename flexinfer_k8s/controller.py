@@ -97,7 +97,7 @@ class Controller:
             self.cache,
             self.writer,
             self.clock,
-            images=settings.cache_images,
+            settings=settings,
             finetune_image=finetune_image,
         )
         self.standalone = StandaloneReconciler(self.cache, self.writer, self.clock)

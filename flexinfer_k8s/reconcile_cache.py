@@ -44,7 +44,6 @@ from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.reconcile_shared import Outcome
 from flexinfer_k8s.render.cache import (
     CACHE_LABEL,
-    CacheImages,
     CacheSpec,
     cache_from_k8s,
     claim_manifest,
@@ -52,6 +51,7 @@ from flexinfer_k8s.render.cache import (
     owner_reference,
 )
 from flexinfer_k8s.render.finetune import finetune_job, job_name
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.objects import JSON, get_path
 from flexinfer_kube.resources import (
@@ -126,13 +126,14 @@ class CacheReconciler:
         writer: Writer,
         clock: Clock,
         *,
-        images: CacheImages | None = None,
+        settings: RenderSettings | None = None,
         finetune_image: str = "",
     ) -> None:
         self.cache = cache
         self.writer = writer
         self.clock = clock
-        self.images = images or CacheImages()
+        self.settings = settings or RenderSettings()
+        self.images = self.settings.cache_images
         self.finetune_image = finetune_image
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
@@ -173,13 +174,22 @@ class CacheReconciler:
                 f"{job_failure(download, self.cache.objects(PODS, namespace))}",
                 spec.download_job_name,
             )
+        elif phase is JobPhase.ACTIVE and self._claim_unbound(spec):
+            status = CacheStatus(
+                "Pending",
+                False,
+                reasons.CLAIM_PENDING,
+                f"claim {spec.claim} is not bound yet: the download Job "
+                f"{spec.download_job_name} starts once it is",
+                spec.download_job_name,
+            )
         elif phase is JobPhase.ACTIVE:
             status = CacheStatus(
                 "Downloading",
                 False,
                 reasons.DOWNLOADING,
                 f"download Job {spec.download_job_name} is copying {spec.source.text} to "
-                f"{spec.path}{self._claim_note(spec)}",
+                f"{spec.path}",
                 spec.download_job_name,
             )
         elif get_path(obj, "spec", "finetune"):
@@ -221,14 +231,11 @@ class CacheReconciler:
         self.writer.apply(PERSISTENT_VOLUME_CLAIMS, claim)
         return True
 
-    def _claim_note(self, spec: CacheSpec) -> str:
+    def _claim_unbound(self, spec: CacheSpec) -> bool:
         if not spec.claim:
-            return ""
+            return False
         live = self.cache.get(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
-        phase = get_path(live, "status", "phase")
-        if phase == "Bound":
-            return ""
-        return f" (claim {spec.claim} is {phase or 'missing'}: the Job starts once it binds)"
+        return bool(get_path(live, "status", "phase") != "Bound")
 
     # -- finetune --------------------------------------------------------------------
 
@@ -238,7 +245,13 @@ class CacheReconciler:
         namespace, name = spec.namespace, spec.name
         finetune = get_path(obj, "spec", "finetune") or {}
         try:
-            job_body = finetune_job(spec, obj, default_image=self.finetune_image)
+            job_body = finetune_job(
+                spec,
+                obj,
+                default_image=self.finetune_image,
+                video_gid=self.settings.video_gid,
+                render_gid=self.settings.render_gid,
+            )
         except InvalidFieldError as error:
             return CacheStatus("Failed", False, reasons.INVALID_SPEC, str(error)), None, False
         job = self.cache.get(JOBS, namespace, job_name(name))

@@ -224,8 +224,9 @@ def _target_volume(cache: CacheSpec) -> tuple[JSON, JSON]:
 
 
 def _begin(marker: str = COMPLETE_MARKER) -> str:
-    # The marker goes first so a half-written copy is never taken for a whole one.
-    return f"set -eu; rm -f /target/{marker}; "
+    # The marker goes first so a half-written copy is never taken for a whole one; then
+    # everything else, so files of an earlier source never mix with the new model.
+    return f"set -eu; rm -f /target/{marker}; find /target -mindepth 1 -delete; "
 
 
 def _end(marker: str = COMPLETE_MARKER) -> str:
@@ -236,11 +237,15 @@ HF_DOWNLOAD = """\
 import os
 from huggingface_hub import snapshot_download
 pattern = os.environ.get("FLEXINFER_PATTERN") or None
+repo = os.environ["FLEXINFER_REPO"]
 snapshot_download(
-    repo_id=os.environ["FLEXINFER_REPO"],
+    repo_id=repo,
     local_dir="/target",
     allow_patterns=[pattern, pattern + "/*"] if pattern else None,
 )
+fetched = [p for p in os.listdir("/target") if not p.startswith(".")]
+if not fetched:
+    raise SystemExit(f"{repo}: nothing matches {pattern or 'the repository'}")
 """
 
 
@@ -257,6 +262,17 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             {"name": "FLEXINFER_REPO", "value": source.repo},
             {"name": "FLEXINFER_PATTERN", "value": source.path},
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+            # Gated repositories: a Secret `<cache>-hf-token` with key `token`, if any.
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": f"{cache.name}-hf-token",
+                        "key": "token",
+                        "optional": True,
+                    }
+                },
+            },
         ]
         script = (
             _begin()
@@ -301,6 +317,7 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
                 "name": "download",
                 "image": cache.download_image or image,
                 "command": ["sh", "-c", script],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": env,
                 "volumeMounts": mounts,
             }

@@ -30,7 +30,14 @@ def job_name(cache_name: str) -> str:
     return f"{cache_name}-finetune"
 
 
-def finetune_job(cache: CacheSpec, obj: Mapping[str, Any], *, default_image: str) -> JSON:
+def finetune_job(
+    cache: CacheSpec,
+    obj: Mapping[str, Any],
+    *,
+    default_image: str,
+    video_gid: int = 44,
+    render_gid: int = 109,
+) -> JSON:
     """The Job for `spec.finetune` of the ModelCache `obj` (parsed as `cache`)."""
     finetune = get_path(obj, "spec", "finetune") or {}
     image = str(finetune.get("image") or default_image)
@@ -80,15 +87,20 @@ def finetune_job(cache: CacheSpec, obj: Mapping[str, Any], *, default_image: str
         "FLEXINFER_MAX_SEQ_LEN": str(finetune.get("maxSeqLen") or 2048),
         "FLEXINFER_OUTPUT_DIR": OUTPUT_DIR,
     }
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: JSON = {
         "name": "finetune",
         "image": image,
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if resources:
         container["resources"] = resources
     pod: JSON = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
+    if vendor is Vendor.AMD and resources:
+        pod["securityContext"] = {"supplementalGroups": [video_gid, render_gid]}
     if cache.node_selector:
         pod["nodeSelector"] = dict(cache.node_selector)
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "finetune"}

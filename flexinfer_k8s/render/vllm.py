@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render.backend import PORT, ModelLocation, ServerPlan
-from flexinfer_k8s.render.workload import Vendor, Workload
+from flexinfer_k8s.render.source import Scheme
+from flexinfer_k8s.render.workload import Kind, Vendor, Workload
 
 
 class Vllm:
@@ -26,6 +28,13 @@ class Vllm:
     }
 
     def plan(self, workload: Workload, model: ModelLocation) -> ServerPlan:
+        if workload.source is not None and workload.source.scheme is Scheme.OLLAMA:
+            raise InvalidFieldError(
+                "spec.source" if workload.kind is Kind.MODEL else "spec.model",
+                workload.model,
+                "is an Ollama tag, which vLLM cannot load: use backend ollama, or a Hugging "
+                "Face repository",
+            )
         options = workload.vllm
         args = [
             "--model",

@@ -41,6 +41,9 @@ class Vendor(enum.StrEnum):
         return {"amd": "amd.com/gpu", "nvidia": "nvidia.com/gpu"}.get(self.value)
 
 
+GPU_RESOURCES = frozenset({"amd.com/gpu", "nvidia.com/gpu"})
+
+
 @attrs.frozen
 class HealthCheck:
     """ModelDeployment `healthCheck`: readiness and liveness both use it."""
@@ -289,8 +292,8 @@ def workload_from_model_deployment(md: Mapping[str, Any], *, group: str = "") ->
         source=source,
         vendor=vendor,
         gpu_count=count,
-        requests=tuple((k, v) for k, v in requests if k != vendor.resource),
-        limits=tuple((k, v) for k, v in limits if k != vendor.resource),
+        requests=tuple((k, v) for k, v in requests if k not in GPU_RESOURCES),
+        limits=tuple((k, v) for k, v in limits if k not in GPU_RESOURCES),
         group=group or str(spec.get("gpuGroupRef") or ""),
         cache_ref=str(spec.get("modelCacheRef") or ""),
         cold_start_seconds=_required_int(
@@ -318,7 +321,7 @@ def workload_from_model_deployment(md: Mapping[str, Any], *, group: str = "") ->
 
 def _md_gpus(requests: Mapping[str, str], limits: Mapping[str, str]) -> tuple[Vendor, int]:
     """A ModelDeployment asks for `amd.com/gpu` or `nvidia.com/gpu` in its resources;
-    nothing said means one AMD GPU (never NVIDIA by default), `"0"` means none."""
+    nothing said means one AMD GPU (never NVIDIA by default), `"0"` means a CPU server."""
     for vendor in (Vendor.AMD, Vendor.NVIDIA):
         key = vendor.resource or ""
         text = limits.get(key) or requests.get(key)
@@ -332,5 +335,5 @@ def _md_gpus(requests: Mapping[str, str], limits: Mapping[str, str]) -> tuple[Ve
             ) from None
         if not 0 <= count <= 8:
             raise InvalidFieldError(f"spec.resources.limits[{key}]", text, "must be 0 to 8")
-        return vendor, count
+        return (vendor, count) if count else (Vendor.CPU, 0)
     return Vendor.AMD, 1

@@ -49,8 +49,9 @@ not give; the VRAM estimate assumes a 32k model unless `maxTotalSeqLength` is se
 class RenderSettings:
     """Controller configuration the renderer reads (flags of `python -m flexinfer_k8s`)."""
 
-    images: Mapping[tuple[str, Vendor], str] = attrs.field(factory=dict)
-    """`--image BACKEND[:VENDOR]=IMAGE` overrides of the backends' default images."""
+    images: Mapping[tuple[str, Vendor | None], str] = attrs.field(factory=dict)
+    """`--image BACKEND[:VENDOR]=IMAGE` overrides of the backends' default images; no
+    vendor (None) means every vendor without one of its own."""
     video_gid: int = 44
     render_gid: int = 109
     cache_images: CacheImages = attrs.field(factory=CacheImages)
@@ -58,7 +59,7 @@ class RenderSettings:
     def image_for(self, backend: Backend, vendor: Vendor) -> str:
         return (
             self.images.get((backend.name, vendor))
-            or self.images.get((backend.name, Vendor.AMD if vendor is Vendor.AMD else vendor))
+            or self.images.get((backend.name, None))
             or backend.default_images.get(vendor, "")
         )
 
@@ -231,8 +232,12 @@ def _node_selector(workload: Workload, model: ModelLocation) -> dict[str, str]:
 
 
 def vram_check(workload: Workload) -> VramCheck | None:
+    """None when there is nothing to check: another backend, no `gpuMemoryBytes`, or
+    server mode without both KV overrides (mlc-llm then sizes its KV cache to the card)."""
     mlc = workload.mlc
     if workload.backend != MlcLlm.name or mlc.gpu_memory_bytes is None:
+        return None
+    if mlc.mode == "server" and (mlc.max_num_sequence is None or mlc.max_total_seq_length is None):
         return None
     settings = mlc_mode_settings(
         mlc.mode,
@@ -290,6 +295,8 @@ def render_workload(
         "image": image,
         "args": list(plan.args),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        # A crash says why in the pod's status, not only in logs that go with the pod.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": _env(plan, workload),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},

@@ -97,7 +97,7 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.finetune.timeoutSeconds": 21600,
         "spec.finetune.gpuLease.ttlSeconds": 3600,
     },
-    ("ModelCache", "qwen3-8b-ram"): {"spec.storageStrategy": "Memory", "spec.storageSize": "8Gi"},
+    ("ModelCache", "qwen3-8b-ram"): {"spec.storageStrategy": "Memory"},
     ("ModelCache", "qwen-chat-weights"): {"spec.storageStrategy": "SharedPVC"},
     ("ModelCache", "qwen-coder-gguf"): {"spec.storageStrategy": "SharedPVC"},
     ("ModelCache", "qwen3-8b-weights"): {"spec.storageSize": "50Gi"},

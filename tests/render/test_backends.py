@@ -274,6 +274,37 @@ def test_a_model_deployment_follows_its_resources_for_the_vendor() -> None:
     assert default["resources"]["limits"] == {"amd.com/gpu": "1"}  # AMD, never NVIDIA
 
 
+def test_a_controller_image_without_a_vendor_serves_every_vendor() -> None:
+    settings = RenderSettings(images={("vllm", None): "mirror/vllm:1",
+                                      ("vllm", "nvidia"): "mirror/vllm:cuda"})  # type: ignore[dict-item]
+    assert server(render(model(), settings=settings))["image"] == "mirror/vllm:1"
+    nvidia = render(model(gpu={"vendor": "nvidia"}), settings=settings)
+    assert server(nvidia)["image"] == "mirror/vllm:cuda"
+
+
+def test_a_model_deployment_with_zero_gpus_is_a_cpu_server() -> None:
+    c = server(render(md(backend="llama-cpp", model="file:///m.gguf",
+                         resources={"limits": {"amd.com/gpu": "0", "cpu": "4"}})))
+    assert c["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert c["resources"] == {"limits": {"cpu": "4"}}
+
+
+def test_vllm_refuses_an_ollama_tag() -> None:
+    with pytest.raises(InvalidFieldError, match=r"source: 'ollama://llama3.2:1b' is an Ollama"):
+        render(model(source="ollama://llama3.2:1b"))
+
+
+def test_the_server_says_why_it_crashed_in_its_status() -> None:
+    assert server(render(model()))["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_server_mode_without_kv_overrides_is_not_estimated() -> None:
+    """mlc-llm sizes its KV cache to the card in server mode; only set limits are checked."""
+    rendered = render(md(backend="mlc-llm", model="file:///srv/m",
+                         mlcllm={"mode": "server", "gpuMemoryBytes": 24_000_000_000}))
+    assert rendered.vram is None
+
+
 def test_spec_image_overrides_the_default() -> None:
     assert server(render(md(image="my/vllm:dev")))["image"] == "my/vllm:dev"
     assert server(render(model(image="my/vllm:dev")))["image"] == "my/vllm:dev"

@@ -188,7 +188,10 @@ def test_one_download_job_per_scheme_writes_the_marker_last(
     assert container["image"] == image
     script = container["command"][-1]
     assert fragment in script
-    assert script.startswith(f"set -eu; rm -f /target/{COMPLETE_MARKER};")
+    # The marker goes first, then any earlier copy: a new source never mixes with old files.
+    assert script.startswith(
+        f"set -eu; rm -f /target/{COMPLETE_MARKER}; find /target -mindepth 1 -delete;"
+    )
     assert script.endswith(f"touch /target/{COMPLETE_MARKER}")
     assert job["metadata"]["name"] == "c-download"
     assert job["metadata"]["ownerReferences"][0]["name"] == "c"
@@ -237,7 +240,8 @@ def test_the_finetune_job_carries_the_training_settings_and_the_cache() -> None:
     assert job["spec"]["activeDeadlineSeconds"] == 3600
     assert job["spec"]["backoffLimit"] == 0
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts == {"/cache", "/dataset/tickets.jsonl"}
+    assert mounts == {"/cache", "/dataset/tickets.jsonl", "/dev/shm"}
+    assert pod_spec["securityContext"] == {"supplementalGroups": [44, 109]}  # ROCm devices
 
 
 def test_a_finetune_without_a_trainer_image_says_what_to_set() -> None:

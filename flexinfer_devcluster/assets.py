@@ -107,7 +107,7 @@ def ensure_assets(*, build: bool = True, log: bool = True) -> Path:
             f"no control-plane binaries at {final}; run `python -m flexinfer_devcluster.assets`"
         )
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(final.parent / f"{final.name}.lock", log=log):
+    with exclusive_lock(final.parent / f"{final.name}.lock", log=log):
         if _is_complete(final):  # another process finished while we waited
             return final
         _build_into(final, log=log)
@@ -119,13 +119,19 @@ def _is_complete(directory: Path) -> bool:
 
 
 @contextmanager
-def _exclusive_lock(path: Path, *, log: bool) -> Iterator[None]:
+def exclusive_lock(path: Path, *, log: bool) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created if missing), saying so when we wait."""
     with path.open("a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if log:
-                _say(f"waiting for another process building into {path.with_suffix('')}")
+                print(
+                    f"flexinfer: waiting for another process building into "
+                    f"{path.with_suffix('')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -39,14 +39,14 @@ def read_state() -> dict[str, Any] | None:
         state = json.loads(state_file().read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(state, dict) or not _alive(int(state.get("pid", 0))):
+    if not isinstance(state, dict) or not process_alive(int(state.get("pid", 0))):
         with contextlib.suppress(OSError):
             state_file().unlink()
         return None
     return state
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -155,9 +155,9 @@ def down(*, timeout: float = 30.0) -> int:
     pid = int(state["pid"])
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _alive(pid):
+    if process_alive(pid):
         print(f"dev cluster (pid {pid}) did not stop in {timeout:.0f}s", file=sys.stderr)
         return 1
     with contextlib.suppress(OSError):

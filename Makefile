@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit venv demo clean assets
+.PHONY: test lint typecheck contracts unit venv demo clean assets image
 
 venv: $(STAMP)
 
@@ -27,6 +27,12 @@ contracts: $(STAMP)
 # Builds etcd, kube-*, kubectl and kwok once (minutes) into ~/.cache/flexinfer; then instant.
 assets: $(STAMP)
 	$(BIN)/python -m flexinfer_devcluster.assets
+
+# The controller image from deploy/Dockerfile without Docker: buildah (chroot isolation,
+# vfs storage) on a debootstrap base, both cached in ~/.cache/flexinfer/image; needs root.
+# Minutes once; seconds when nothing changed. deploy/README.md says how to push it.
+image: $(STAMP)
+	$(BIN)/python -m flexinfer_devcluster.image
 
 unit: $(STAMP) assets
 	$(BIN)/pytest -q tests property_tests

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flexinfer_devcluster import image
 from flexinfer_k8s.__main__ import parse_args
 from flexinfer_proxy.__main__ import build_parser
 
@@ -443,23 +444,29 @@ def test_workloads_are_hardened() -> None:
             assert each["resources"]["requests"]
 
 
-def test_dockerfile_copies_every_packaged_module_and_runs_as_non_root() -> None:
+def test_dockerfile_context_holds_every_packaged_module_and_runs_as_non_root() -> None:
+    """deploy/Dockerfile copies the context its ignore file allows: the wheel's packages
+    and metadata, never the dev control plane. The base Docker pulls by default is the
+    Debian suite `make image` bootstraps, so the two builds stay one recipe. (The image
+    itself is checked in tests/image.)"""
     with (ROOT / "pyproject.toml").open("rb") as stream:
         project = tomllib.load(stream)
     packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    ignored = (DEPLOY_DIR / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    patterns = [line for line in ignored if line and not line.startswith("#")]
+    assert patterns[0] == "*"  # an allowlist: a new file stays out until listed
+    allowed = {line[1:] for line in ignored if line.startswith("!")}
+    assert allowed == {"pyproject.toml", project["project"]["readme"], *packages}
+    assert "flexinfer_devcluster" not in allowed
     lines = (DEPLOY_DIR / "Dockerfile").read_text(encoding="utf-8").splitlines()
     instructions = [line.split(None, 1) for line in lines if line and not line.startswith("#")]
-    copied = {
-        source
-        for instruction in instructions
-        if instruction[0] == "COPY"
-        for source in instruction[1].split()[:-1]
-    }
-    assert {"pyproject.toml", project["project"]["readme"], *packages} <= copied
-    assert [args for op, *args in instructions if op == "FROM"] == [["python:3.11-slim"]]
+    assert ["COPY", ". /src/"] in instructions
+    assert [args for op, *args in instructions if op == "FROM"] == [["${BASE}"]]
+    assert ["ARG", f"BASE=debian:{image.SUITE}-slim"] in instructions
     (user,) = [args[0] for op, *args in instructions if op == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can check it
+    assert instructions[-1][0] == "USER"  # every RUN before it has root
 
 
 def test_deployment_commands_parse_with_the_real_entry_points() -> None:

@@ -535,13 +535,17 @@ def forget_old_builds(buildah: Buildah, *, keep: int) -> None:
 
 
 def remove_abandoned_containers(buildah: Buildah) -> list[str]:
-    """Remove our working containers whose process is gone (a killed test run)."""
-    pattern = re.compile(rf"^{re.escape(CONTAINER_PREFIX)}(\d+)-")
+    """Remove working containers nobody will use again (each is a full copy on vfs).
+
+    Call with the build lock held: then a container that is not ours by name was left by
+    an interrupted `buildah bud`, and one of ours whose process is gone by a killed run.
+    """
+    ours = re.compile(rf"^{re.escape(CONTAINER_PREFIX)}(\d+)-")
     removed = []
     for listed in buildah.containers():
         name = str(listed.get("containername") or "")
-        match = pattern.match(name)
-        if match and not process_alive(int(match.group(1))):
+        match = ours.match(name)
+        if match is None or not process_alive(int(match.group(1))):
             buildah.remove_container(name)
             removed.append(name)
     return removed
@@ -602,6 +606,9 @@ def _stdout(command: Sequence[str]) -> str:
 
 def _say(message: str, *, log: TextIO) -> None:
     print(f"flexinfer image: {message}", file=log, flush=True)
+    if log_path().parent.is_dir():
+        with log_path().open("a") as sink:
+            sink.write(f"== {message}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """`python -m flexinfer_proxy`: parse flags, connect to the cluster, serve until signalled.
 
 Thin on purpose: it builds the kubernetes-backed directory and demand sink, hands
-them to `Proxy`, and runs the aiohttp server. Without `--kubeconfig` it uses the
-in-cluster ServiceAccount; without `--namespace` it watches every namespace.
+them to `Proxy`, and runs the aiohttp server on uvloop when it is installed. Without
+`--kubeconfig` it uses the in-cluster ServiceAccount; without `--namespace` it
+watches every namespace. One process: it is the single writer of the demand it
+reports (docs/proxy.md, "Throughput").
 """
 
 from __future__ import annotations
@@ -11,19 +13,27 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
 from flexinfer_kube.kubeapi import KubeApi, new_api_client
+from flexinfer_proxy.api_keys import SecretKeySource
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
+from flexinfer_proxy.resolve_file import HostsFileResolver
 
 log = logging.getLogger("flexinfer.proxy")
+
+DEFAULTS = ProxyConfig()
+# Descriptors kept for the API server, upstream pools and logs beyond two per client.
+SPARE_DESCRIPTORS = 64
 
 
 def _endpoint_override(text: str) -> tuple[str, str]:
@@ -33,11 +43,41 @@ def _endpoint_override(text: str) -> tuple[str, str]:
     return name, url
 
 
-def _duration_seconds(text: str) -> float:
-    try:
-        return parse_duration(text, field="--min-queue-wait").total_seconds()
-    except FlexinferError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
+def _duration(flag: str) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        try:
+            value = parse_duration(text, field=flag).total_seconds()
+        except FlexinferError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be longer than 0s, got {text!r}")
+        return value
+
+    return seconds
+
+
+def _at_least(flag: str, low: int) -> Callable[[str], int]:
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not a whole number") from error
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least {low}, got {value}")
+        return value
+
+    return number
+
+
+def _secret_ref(text: str) -> tuple[str, str]:
+    namespace, sep, name = text.partition("/")
+    if not sep or not namespace or not name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
+    return namespace, name
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:g}s"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,47 +85,163 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m flexinfer_proxy",
         description="OpenAI-compatible proxy: routes to the active model, queues, signals demand.",
     )
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--port", type=int, default=8000)
+    add("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    add(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port only (default: on --port; 0 picks a free port)",
+    )
+    add(
         "--namespace",
         action="append",
         default=[],
-        help="namespace to route models from (repeatable; default: all namespaces)",
+        help="namespace to route models from (repeatable, first listed wins; "
+        "default: all namespaces, where a name in several is refused as ambiguous)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: the in-cluster config, else ~/.kube/config)",
+    add("--kubeconfig", help="kubeconfig file (default: the in-cluster config)")
+    add(
+        "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    add("--access-log", action="store_true", help="log every request (default: off)")
+    add(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="auto: uvloop when installed (default)",
     )
-    parser.add_argument(
+    add(
         "--endpoint",
         action="append",
         default=[],
         type=_endpoint_override,
         metavar="NAME=URL",
-        help="send model NAME to URL (ending in /v1) instead of its Service (repeatable)",
+        help="send model NAME (or NAMESPACE/NAME) to URL (ending in /v1) instead of its "
+        "Service (repeatable)",
     )
-    parser.add_argument(
+    add(
+        "--resolve-file",
+        metavar="PATH",
+        help="hosts-format file consulted before DNS for backend names (dev cluster only)",
+    )
+    add(
+        "--api-key-secret",
+        type=_secret_ref,
+        metavar="NAMESPACE/NAME",
+        help="accept only bearer tokens listed in this Secret (default: no keys)",
+    )
+    add(
         "--min-queue-wait",
-        type=_duration_seconds,
+        type=_duration("--min-queue-wait"),
         default=60.0,
         metavar="DURATION",
         help="shortest queue wait (default 60s; a longer coldStartTimeout extends it)",
     )
-    parser.add_argument("--retry-after", type=int, default=10, help="Retry-After seconds on 503")
-    parser.add_argument(
+    add(
+        "--retry-after",
+        type=_at_least("--retry-after", 1),
+        default=DEFAULTS.retry_after_seconds,
+        help="least Retry-After seconds on a 503, before jitter (default %(default)s)",
+    )
+    add(
         "--max-per-backend",
-        type=int,
+        type=_at_least("--max-per-backend", 0),
         default=0,
         help="concurrent requests per backend; more wait in order (default 0: no cap)",
     )
+    add(
+        "--max-queue",
+        type=_at_least("--max-queue", 1),
+        default=DEFAULTS.max_queue,
+        help="waiting requests per model; more get 503 (default %(default)s)",
+    )
+    add(
+        "--max-queue-total",
+        type=_at_least("--max-queue-total", 1),
+        default=DEFAULTS.max_queue_total,
+        help="waiting requests over all models (default %(default)s)",
+    )
+    add(
+        "--max-body-bytes",
+        type=_at_least("--max-body-bytes", 1024),
+        default=DEFAULTS.max_body_bytes,
+        help="largest request body; larger gets 413 (default %(default)s = 16 MiB)",
+    )
+    add(
+        "--max-buffered-bytes",
+        type=_at_least("--max-buffered-bytes", 1024),
+        default=DEFAULTS.max_buffered_bytes,
+        help="request-body bytes held at once; beyond, 503 (default %(default)s = 256 MiB)",
+    )
+    add(
+        "--max-connections",
+        type=_at_least("--max-connections", 1),
+        default=DEFAULTS.max_connections,
+        help="client connections; at the cap the longest idle one is closed "
+        "(default %(default)s, lowered to fit the open-files limit)",
+    )
+    for flag, field, meaning in (
+        ("--client-header-timeout", "client_header_timeout", "a request's head must arrive"),
+        ("--client-body-timeout", "client_body_timeout", "a request's body must arrive"),
+        ("--client-idle-timeout", "client_idle_timeout", "an idle keep-alive connection lives"),
+        ("--backend-connect-timeout", "backend_connect_timeout", "to connect to a backend"),
+        ("--backend-headers-timeout", "backend_headers_timeout", "for a backend's headers; 504"),
+        ("--backend-read-timeout", "backend_read_timeout", "a backend may be silent mid-answer"),
+    ):
+        default = float(getattr(DEFAULTS, field))
+        add(
+            flag,
+            dest=field,
+            type=_duration(flag),
+            default=default,
+            metavar="DURATION",
+            help=f"time {meaning} (default {_seconds_text(default)})",
+        )
     return parser
+
+
+def config_from(args: argparse.Namespace) -> ProxyConfig:
+    return ProxyConfig(
+        min_queue_wait=timedelta(seconds=args.min_queue_wait),
+        retry_after_seconds=args.retry_after,
+        max_per_backend=args.max_per_backend,
+        max_queue=args.max_queue,
+        max_queue_total=args.max_queue_total,
+        max_body_bytes=args.max_body_bytes,
+        max_buffered_bytes=args.max_buffered_bytes,
+        max_connections=fit_connections(args.max_connections),
+        client_header_timeout=args.client_header_timeout,
+        client_body_timeout=args.client_body_timeout,
+        client_idle_timeout=args.client_idle_timeout,
+        backend_connect_timeout=args.backend_connect_timeout,
+        backend_headers_timeout=args.backend_headers_timeout,
+        backend_read_timeout=args.backend_read_timeout,
+        access_log=args.access_log,
+    )
+
+
+def fit_connections(wanted: int) -> int:
+    """`wanted`, lowered so every client can have its backend connection too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * wanted + SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    fitted = max(1, (soft - SPARE_DESCRIPTORS) // 2)
+    log.warning(
+        "--max-connections %d needs %d open files but the limit is %d; serving %d",
+        wanted,
+        needed,
+        soft,
+        fitted,
+    )
+    return fitted
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -94,15 +250,24 @@ async def run(args: argparse.Namespace) -> None:
     directory = KubeDirectory(
         api, namespaces=args.namespace, endpoint_overrides=dict(args.endpoint)
     )
-    config = ProxyConfig(
-        min_queue_wait=timedelta(seconds=args.min_queue_wait),
-        retry_after_seconds=args.retry_after,
-        max_per_backend=args.max_per_backend,
+    keys = None
+    if args.api_key_secret is not None:
+        keys = SecretKeySource(api, *args.api_key_secret)
+        await keys.start()
+    proxy = Proxy(
+        directory,
+        KubeDemandSink(api),
+        config=config_from(args),
+        api_keys=keys.keys if keys is not None else None,
+        resolver=HostsFileResolver(args.resolve_file) if args.resolve_file else None,
     )
-    proxy = Proxy(directory, KubeDemandSink(api), config=config)
-    runner, port = await serve(proxy, host=args.host, port=args.port)
+    runner, port = await serve(
+        proxy, host=args.host, port=args.port, metrics_port=args.metrics_port
+    )
     log.info("flexinfer proxy listening on %s:%d", args.host, port)
     print(f"listening on {args.host}:{port}", flush=True)
+    if proxy.metrics_port is not None:
+        print(f"metrics on {args.host}:{proxy.metrics_port}", flush=True)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -112,8 +277,24 @@ async def run(args: argparse.Namespace) -> None:
         await stopped.wait()
     finally:
         log.info("flexinfer proxy stopping")
+        if keys is not None:
+            await keys.stop()
         await runner.cleanup()
         client.close()
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when chosen or (auto) installed; None: asyncio's own."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(run(args))
+    factory = event_loop_factory(args.event_loop)
+    log.info("event loop: %s", "uvloop" if factory is not None else "asyncio")
+    runner_args: dict[str, Any] = {"loop_factory": factory} if factory is not None else {}
+    with asyncio.Runner(**runner_args) as runner:
+        runner.run(run(args))
     return 0
 
 

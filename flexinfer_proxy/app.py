@@ -1,90 +1,148 @@
 """The HTTP face of the proxy: OpenAI routes, health, readiness and metrics.
 
-A request names its model in the JSON body; the directory says where that model
-lives and whether it is Ready. Ready (and nobody ahead in line) → relayed at once;
-otherwise the request queues until the model is Ready or the wait limit
+A request names its model in the JSON body; the directory resolves the name and
+says whether that model is Ready. Ready (and nobody ahead in line) → relayed at
+once; otherwise the request queues until the model is Ready or the wait limit
 (max(minimum wait, the model's coldStartTimeout)) passes, which answers 503 with
-`Retry-After`. Every answer the proxy makes up is OpenAI-shaped JSON.
+`Retry-After`. Every answer the proxy makes up is OpenAI-shaped JSON, and every
+request ends as one outcome of `flexinfer_proxy_requests_total`.
 
-This module wires the pieces (directory, queues, demand, relay, metrics) to
-routes; it holds no cluster code and no decisions beyond "serve, wait or refuse".
+Bounds (all `ProxyConfig` fields, all flags): body size and the bytes of bodies
+held at once, the time a body may take, queue lengths per model and overall,
+connections and their header and idle timeouts (`connections`), and the backend's
+connect, headers and read timeouts (`forward`).
+
+This module wires the pieces (directory, body reader, queues, demand, relay,
+metrics) to routes; it holds no cluster code and no decisions beyond "serve, wait
+or refuse".
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 import aiohttp
 import attrs
 from aiohttp import web
+from aiohttp.abc import AbstractResolver
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from yarl import URL
 
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
+from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.backend_slots import BackendSlots
+from flexinfer_proxy.connections import ConnectionGuard
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
-from flexinfer_proxy.directory import ModelDirectory, ModelEntry
-from flexinfer_proxy.forward import BackendUnavailable, StreamCut, new_upstream_session, relay
+from flexinfer_proxy.directory import ModelDirectory, ModelEntry, Resolution
+from flexinfer_proxy.forward import (
+    BackendTimeout,
+    BackendUnavailable,
+    ModelRewrite,
+    StreamCut,
+    UpstreamTimeouts,
+    new_upstream_session,
+    relay,
+    upstream_headers,
+)
 from flexinfer_proxy.metrics import (
+    OUTCOME_AMBIGUOUS_MODEL,
+    OUTCOME_BACKEND_TIMEOUT,
     OUTCOME_BACKEND_UNAVAILABLE,
     OUTCOME_BAD_REQUEST,
+    OUTCOME_BODY_TIMEOUT,
+    OUTCOME_BODY_TOO_LARGE,
     OUTCOME_CLIENT_DISCONNECTED,
+    OUTCOME_INTERNAL_ERROR,
+    OUTCOME_PROXY_BUSY,
     OUTCOME_PROXY_CLOSING,
+    OUTCOME_QUEUE_FULL,
     OUTCOME_QUEUE_TIMEOUT,
     OUTCOME_SERVED,
+    OUTCOME_STREAM_CUT,
+    OUTCOME_UNAUTHORIZED,
     OUTCOME_UNKNOWN_MODEL,
     ProxyMetrics,
 )
+from flexinfer_proxy.model_field import BadRequest
 from flexinfer_proxy.queues import DISPATCH_GRACE_SECONDS, RequestQueues, Ticket, WaitResult
+from flexinfer_proxy.request_body import (
+    BodyBudget,
+    BodyBudgetExceeded,
+    BodyTimeout,
+    BodyTooLarge,
+    RequestBody,
+    read_request_body,
+)
 
 log = logging.getLogger("flexinfer.proxy")
+access_log = logging.getLogger("flexinfer.proxy.access")
 
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 API_PREFIX = "/v1"
+MiB = 1024 * 1024
+
+# A queued request whose backend refuses connections (Ready, not yet listening)
+# tries again after these pauses, doubling, within its remaining wait.
+RETRY_FIRST_PAUSE = 0.1
+RETRY_LONGEST_PAUSE = 2.0
 
 
 @attrs.frozen
 class ProxyConfig:
-    """Tunables; the defaults are spec/election.md's."""
+    """Tunables; each is a flag of `python -m flexinfer_proxy` (docs/proxy.md)."""
 
     min_queue_wait: timedelta = timedelta(seconds=60)
     retry_after_seconds: int = 10
     refresh_interval: timedelta = REFRESH_INTERVAL
     dispatch_grace_seconds: float = DISPATCH_GRACE_SECONDS
 
-    # Requests carry whole conversations (and embedding batches): aiohttp's 1 MiB is too small.
-    max_body_bytes: int = 64 * 1024 * 1024
+    # Requests carry whole conversations and embedding batches, but every byte of a
+    # body is held in memory until it is sent: well under the pod's 1 GiB.
+    max_body_bytes: int = 16 * MiB
+    max_buffered_bytes: int = 256 * MiB
     # Concurrent requests per backend; 0 = no cap. Extra requests wait in order.
     max_per_backend: int = 0
+    max_queue: int = 1000  # waiting requests per model
+    max_queue_total: int = 10000  # waiting requests overall
+
+    max_connections: int = 4096
+    client_header_timeout: float = 10.0
+    client_body_timeout: float = 60.0
+    client_idle_timeout: float = 75.0
+
+    backend_connect_timeout: float = 10.0
+    backend_headers_timeout: float = 600.0
+    backend_read_timeout: float = 300.0
+
+    access_log: bool = False
 
     def wait_limit(self, entry: ModelEntry) -> float:
         return max(self.min_queue_wait, entry.cold_start_timeout).total_seconds()
 
+    @property
+    def upstream_timeouts(self) -> UpstreamTimeouts:
+        return UpstreamTimeouts(
+            connect=self.backend_connect_timeout,
+            headers=self.backend_headers_timeout,
+            read=self.backend_read_timeout,
+        )
 
-class BadRequest(Exception):
-    def __init__(self, message: str, *, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
 
+class _Refusal(Exception):
+    """An answer decided while the body was still arriving (e.g. an unknown model)."""
 
-def requested_model(body: bytes) -> str:
-    """The `model` field of an OpenAI request body; BadRequest names what is wrong."""
-    try:
-        payload = json.loads(body)
-    except ValueError as error:
-        raise BadRequest(f"The request body is not valid JSON: {error}", param=None) from error
-    if not isinstance(payload, dict):
-        raise BadRequest("The request body must be a JSON object.", param=None)
-    model = payload.get("model")
-    if model is None:
-        raise BadRequest("Missing required field 'model'.", param="model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("The field 'model' must be a non-empty string.", param="model")
-    return model
+    def __init__(self, response: web.Response, *, model: str, outcome: str) -> None:
+        super().__init__(outcome)
+        self.response = response
+        self.model = model
+        self.outcome = outcome
 
 
 class Proxy:
@@ -98,11 +156,15 @@ class Proxy:
         clock: Clock | None = None,
         registry: CollectorRegistry | None = None,
         config: ProxyConfig | None = None,
+        api_keys: ApiKeys | None = None,
+        resolver: AbstractResolver | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.directory = directory
         self.config = config or ProxyConfig()
         self.clock = clock or SystemClock()
         self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        self.api_keys = api_keys
         self.signaller = DemandSignaller(
             sink,
             clock=self.clock,
@@ -117,28 +179,43 @@ class Proxy:
             dispatch_grace=self.config.dispatch_grace_seconds,
         )
         self.slots = BackendSlots(self.config.max_per_backend)
+        self.budget = BodyBudget(self.config.max_buffered_bytes)
+        self.metrics.buffered_bytes.set_function(lambda: self.budget.used)
+        self.guard: ConnectionGuard | None = None
+        self.metrics_port: int | None = None
+        self._timeouts = self.config.upstream_timeouts
+        self._resolver = resolver
+        self._rng = rng or random.Random()
         self._session: aiohttp.ClientSession | None = None
 
-    @property
-    def _retry_after(self) -> int:
-        return max(1, self.config.retry_after_seconds)
+    def retry_after(self, expected: float = 0.0) -> int:
+        """Seconds for `Retry-After`: the expected wait (at least --retry-after) plus up
+        to as much again at random, so clients refused together come back spread out."""
+        base = max(1.0, float(self.config.retry_after_seconds), expected)
+        return math.ceil(base + self._rng.uniform(0.0, base))
 
-    def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+    def application(self, *, with_metrics: bool = True) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._frame])
         for path in OPENAI_ROUTES:
             app.router.add_post(path, self.handle_openai)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if with_metrics:
+            app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_route("*", "/v1/{tail:.*}", self.handle_unsupported)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         app.on_cleanup.append(self._cleanup)
         return app
 
+    def metrics_application(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle_metrics)
+        return app
+
     async def _startup(self, app: web.Application) -> None:
-        self._session = new_upstream_session()
+        self._session = new_upstream_session(timeouts=self._timeouts, resolver=self._resolver)
         await self.directory.start()
 
     async def _shutdown(self, app: web.Application) -> None:
@@ -152,28 +229,152 @@ class Proxy:
         if self._session is not None:
             await self._session.close()
 
-    async def handle_openai(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+    @web.middleware
+    async def _frame(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """Tell the connection guard a request is in progress; make every error OpenAI's."""
+        connection = self.guard.of(request) if self.guard is not None else None
+        if connection is not None:
+            connection.started()
         try:
-            name = requested_model(body)
+            response = await self._answer(request, handler)
+            if connection is not None and not response.prepared:
+                # Written here, not after we return, so the connection is not counted
+                # idle (and evictable) while its answer is still on its way.
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        finally:
+            if connection is not None:
+                connection.finished()
+
+    async def _answer(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            return openai_errors.error_response(
+                error.status,
+                error.reason,
+                error_type="invalid_request_error",
+                code=f"http_{error.status}",
+            )
+        except Exception:
+            log.exception("failed to handle %s %s", request.method, request.path)
+            self.metrics.request_done("", OUTCOME_INTERNAL_ERROR)
+            return openai_errors.internal_error()
+
+    # -- the OpenAI routes ---------------------------------------------------------
+
+    async def handle_openai(self, request: web.Request) -> web.StreamResponse:
+        if self.api_keys is not None:
+            refusal = self._check_key(request)
+            if refusal is not None:
+                return refusal
+        resolved: list[Resolution] = []
+        try:
+            body = await read_request_body(
+                request,
+                max_bytes=self.config.max_body_bytes,
+                budget=self.budget,
+                timeout=self.config.client_body_timeout,
+                on_model=lambda name: resolved.append(self._resolve_or_refuse(name)),
+            )
+        except _Refusal as refusal:
+            self.metrics.request_done(refusal.model, refusal.outcome)
+            return self._closing(refusal.response)
         except BadRequest as error:
             self.metrics.request_done("", OUTCOME_BAD_REQUEST)
-            return openai_errors.bad_request(str(error), param=error.param)
-        entry = self.directory.lookup(name)
-        if entry is None:
-            self.metrics.request_done("", OUTCOME_UNKNOWN_MODEL)
+            return self._closing(openai_errors.bad_request(str(error), param=error.param))
+        except BodyTooLarge:
+            self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
+            return self._closing(openai_errors.body_too_large(self.config.max_body_bytes))
+        except BodyBudgetExceeded:
+            self.metrics.request_done("", OUTCOME_PROXY_BUSY)
+            log.warning("request body refused: %d bytes of bodies held", self.budget.used)
+            return self._closing(openai_errors.proxy_busy(retry_after=self.retry_after()))
+        except BodyTimeout:
+            self.metrics.request_done("", OUTCOME_BODY_TIMEOUT)
+            timeout = self.config.client_body_timeout
+            return self._closing(openai_errors.body_timeout(timeout))
+        except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError):
+            self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
+            raise
+        try:
+            entry = resolved[-1].entry
+            assert entry is not None
+            return await self._route(request, entry, body)
+        finally:
+            body.release()
+
+    def _check_key(self, request: web.Request) -> web.Response | None:
+        assert self.api_keys is not None
+        if not self.api_keys.loaded:
+            self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
+            return openai_errors.directory_syncing("any model", retry_after=self.retry_after())
+        if not self.api_keys.accepts(request.headers.get("Authorization")):
+            self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
+            return openai_errors.unauthorized()
+        return None
+
+    def _resolve_or_refuse(self, name: str) -> Resolution:
+        """Called as soon as the body's `model` is read: refuse what cannot be served."""
+        resolution = self.directory.resolve(name)
+        if resolution.ambiguous:
+            raise _Refusal(
+                openai_errors.ambiguous_model(name, resolution.ambiguous),
+                model="",
+                outcome=OUTCOME_AMBIGUOUS_MODEL,
+            )
+        if resolution.entry is None:
             if not self.directory.synced:
                 # Right after start the model may exist but not be listed yet.
-                return openai_errors.directory_syncing(name, retry_after=self._retry_after)
-            return openai_errors.model_not_found(name)
+                response = openai_errors.directory_syncing(name, retry_after=self.retry_after())
+            else:
+                response = openai_errors.model_not_found(name)
+            raise _Refusal(response, model="", outcome=OUTCOME_UNKNOWN_MODEL)
+        entry = resolution.entry
+        if not entry.ready or self.queues.depth(entry.key):
+            if self.queues.depth(entry.key) >= self.config.max_queue:
+                raise self._queue_full(entry, self.config.max_queue, "for this model")
+            if self.queues.total >= self.config.max_queue_total:
+                raise self._queue_full(entry, self.config.max_queue_total, "in all")
+        return resolution
+
+    def _queue_full(self, entry: ModelEntry, limit: int, scope: str) -> _Refusal:
+        expected = self.config.wait_limit(entry) - self.queues.oldest_wait(entry.key)
+        response = openai_errors.queue_full(
+            entry.name, limit=limit, scope=scope, retry_after=self.retry_after(expected)
+        )
+        return _Refusal(response, model=entry.name, outcome=OUTCOME_QUEUE_FULL)
+
+    @staticmethod
+    def _closing(response: web.Response) -> web.Response:
+        # The body may be unread: do not try to find the next request after it.
+        response.force_close()
+        return response
+
+    async def _route(
+        self, request: web.Request, entry: ModelEntry, body: RequestBody
+    ) -> web.StreamResponse:
         ticket: Ticket | None = None
-        if not entry.ready or self.queues.depth(name):
+        deadline = 0.0
+        if not entry.ready or self.queues.depth(entry.key):
             ticket, refusal = await self._wait_in_queue(entry)
             if refusal is not None:
                 return refusal
-            entry = self.directory.lookup(name) or entry
+            deadline = ticket.enqueued_at + self.config.wait_limit(entry)
+            entry = self.directory.lookup(entry.key) or entry
         try:
-            return await self._forward(request, entry, body=body, ticket=ticket)
+            return await self._forward(request, entry, body=body, ticket=ticket, deadline=deadline)
         finally:
             if ticket is not None:
                 ticket.dispatched()
@@ -185,17 +386,17 @@ class Proxy:
             result = await self.queues.wait(ticket, limit=limit)
         except asyncio.CancelledError:
             self._queue_done(entry.name, ticket, outcome=OUTCOME_CLIENT_DISCONNECTED)
-            log.info("client left while %s was queued", entry.name)
+            log.info("client left while %s was queued", entry.key)
             raise
         if result is WaitResult.ADMITTED:
             self.metrics.queue_wait.labels(model=entry.name).observe(self.queues.waited(ticket))
             return ticket, None
-        retry_after = self._retry_after
+        retry_after = self.retry_after()
         if result is WaitResult.CLOSING:
             self._queue_done(entry.name, ticket, outcome=OUTCOME_PROXY_CLOSING)
             return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
         self._queue_done(entry.name, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
-        log.warning("%s was not Ready within %.3gs; answered 503", entry.name, limit)
+        log.warning("%s was not Ready within %.3gs; answered 503", entry.key, limit)
         return ticket, openai_errors.model_not_ready(
             entry.name, waited_seconds=limit, retry_after=retry_after
         )
@@ -205,47 +406,105 @@ class Proxy:
         self.metrics.request_done(model, outcome)
 
     async def _forward(
-        self, request: web.Request, entry: ModelEntry, *, body: bytes, ticket: Ticket | None
+        self,
+        request: web.Request,
+        entry: ModelEntry,
+        *,
+        body: RequestBody,
+        ticket: Ticket | None,
+        deadline: float,
     ) -> web.StreamResponse:
         assert self._session is not None, "the proxy was not started"
         self.signaller.served(entry)
-        url = backend_url(entry, request)
-        on_dispatched = ticket.dispatched if ticket is not None else _nothing
-        try:
-            response = await relay(
-                self._session,
-                request,
-                url=url,
-                body=body,
-                slots=self.slots,
-                on_dispatched=on_dispatched,
-            )
-        except BackendUnavailable as error:
-            log.warning("backend of %s unreachable at %s: %s", entry.name, url, error)
-            self.metrics.request_done(entry.name, OUTCOME_BACKEND_UNAVAILABLE)
-            return openai_errors.backend_unavailable(entry.name, str(error))
-        except StreamCut as error:
-            log.warning("backend of %s failed mid-answer: %s", entry.name, error)
-            self.metrics.request_done(entry.name, OUTCOME_BACKEND_UNAVAILABLE)
-            raise
-        except asyncio.CancelledError:
-            self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
-            raise
-        self.metrics.request_done(entry.name, OUTCOME_SERVED)
-        return response
+        data: bytes | bytearray = body.data
+        rewrite = None
+        if entry.backend_model != body.model:
+            data = body.with_model(entry.backend_model)
+            rewrite = ModelRewrite(requested=body.model, backend=entry.backend_model)
+        headers = upstream_headers(
+            request.headers,
+            client=request.remote,
+            drop=("authorization",) if self.api_keys is not None else (),
+        )
+        loop = asyncio.get_running_loop()
+        pause = RETRY_FIRST_PAUSE
+        while True:
+            try:
+                response = await relay(
+                    self._session,
+                    request,
+                    url=backend_url(entry, request),
+                    body=data,
+                    headers=headers,
+                    slots=self.slots,
+                    timeouts=self._timeouts,
+                    rewrite=rewrite,
+                    on_dispatched=ticket.dispatched if ticket is not None else None,
+                )
+            except BackendUnavailable as error:
+                if error.retryable and loop.time() + pause < deadline:
+                    log.info("backend of %s not answering yet (%s); retrying", entry.key, error)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, RETRY_LONGEST_PAUSE)
+                    entry = self.directory.lookup(entry.key) or entry
+                    continue
+                log.warning("backend of %s at %s: %s", entry.key, entry.endpoint, error)
+                self.metrics.request_done(entry.name, OUTCOME_BACKEND_UNAVAILABLE)
+                return openai_errors.backend_unavailable(entry.name)
+            except BackendTimeout as error:
+                log.warning("backend of %s at %s: %s", entry.key, entry.endpoint, error)
+                self.metrics.request_done(entry.name, OUTCOME_BACKEND_TIMEOUT)
+                timeout = self._timeouts.headers
+                return openai_errors.backend_timeout(entry.name, timeout)
+            except StreamCut as error:
+                log.warning("backend of %s: %s", entry.key, error)
+                self.metrics.request_done(entry.name, OUTCOME_STREAM_CUT)
+                if request.transport is not None:
+                    # No clean end: the client must see a cut (aiohttp's final write
+                    # then fails quietly, as for a client that went away).
+                    request.transport.close()
+                return error.response
+            except asyncio.CancelledError:
+                self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
+                raise
+            self.metrics.request_done(entry.name, OUTCOME_SERVED)
+            return response
+
+    # -- other routes --------------------------------------------------------------
 
     async def handle_unsupported(self, request: web.Request) -> web.Response:
         return openai_errors.unsupported_route(request.method, request.path)
 
     async def handle_models(self, request: web.Request) -> web.Response:
-        data = [model_card(entry) for entry in self.directory.entries()]
+        if self.api_keys is not None:
+            refusal = self._check_key(request)
+            if refusal is not None:
+                return refusal
+        entries = self.directory.entries()
+        names: dict[str, int] = {}
+        for entry in entries:
+            names[entry.name] = names.get(entry.name, 0) + 1
+        data = [
+            model_card(
+                entry,
+                model_id=entry.name if names[entry.name] == 1 else entry.key,
+                state=self._state(entry),
+            )
+            for entry in entries
+        ]
         return web.json_response({"object": "list", "data": data})
+
+    def _state(self, entry: ModelEntry) -> str:
+        if entry.ready:
+            return "ready"
+        return "queued" if self.queues.depth(entry.key) else "parked"
 
     async def handle_healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def handle_readyz(self, request: web.Request) -> web.Response:
-        if self.directory.synced:
+        keys_loaded = self.api_keys is None or self.api_keys.loaded
+        if self.directory.synced and keys_loaded:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "syncing"}, status=503)
 
@@ -254,48 +513,98 @@ class Proxy:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _nothing() -> None:
-    return None
+def backend_url(entry: ModelEntry, request: web.Request) -> URL:
+    """`<endpoint>/<path after /v1>[?query]`; the query exactly as the client sent it."""
+    suffix = request.raw_path[len(API_PREFIX) :]
+    return URL(entry.endpoint.rstrip("/") + suffix, encoded=True)
 
 
-def backend_url(entry: ModelEntry, request: web.Request) -> str:
-    """`<endpoint>/<path after /v1>[?query]`; the endpoint already ends in /v1."""
-    suffix = request.path[len(API_PREFIX) :]
-    url = entry.endpoint.rstrip("/") + suffix
-    if request.query_string:
-        url += "?" + request.query_string
-    return url
-
-
-def model_card(entry: ModelEntry) -> dict[str, Any]:
+def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any]:
     """An OpenAI model object, plus what flexinfer knows about the model's state."""
     return {
-        "id": entry.name,
+        "id": model_id,
         "object": "model",
         "created": entry.created,
         "owned_by": entry.namespace,
         "flexinfer": {
             "kind": entry.kind.value,
             "namespace": entry.namespace,
+            "name": entry.name,
+            "state": state,
             "phase": entry.phase,
             "ready": entry.ready,
             "gpuGroup": entry.gpu_group,
+            "servedModelName": entry.backend_model,
+            "serviceLabels": list(entry.service_labels),
         },
     }
 
 
-async def serve(proxy: Proxy, *, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start `proxy` on host:port (0 = any free port); return the runner and the port."""
-    runner = web.AppRunner(proxy.application(), handler_cancellation=True)
+class _GuardedSite(web.TCPSite):
+    """A TCP site whose connections go through the proxy's `ConnectionGuard`."""
+
+    __slots__ = ("_guard_of",)
+
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, *, guard_of: Callable[..., Any]
+    ) -> None:
+        super().__init__(runner, host, port, backlog=1024)
+        self._guard_of = guard_of
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        loop = asyncio.get_running_loop()
+        assert self._runner.server is not None
+        guard = self._guard_of(self._runner.server, loop)
+        self._server = await loop.create_server(
+            guard, self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
+        self._bound_port = int(self._server.sockets[0].getsockname()[1])
+
+
+async def serve(
+    proxy: Proxy, *, host: str, port: int, metrics_port: int | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start `proxy` on host:port (0 = any free port); return the runner and the port.
+
+    With `metrics_port`, /metrics is served there (on its own runner, cleaned up
+    with the main one) instead of on the main port.
+    """
+    config = proxy.config
+    runner = web.AppRunner(
+        proxy.application(with_metrics=metrics_port is None),
+        handler_cancellation=True,
+        access_log=access_log if config.access_log else None,
+        keepalive_timeout=config.client_idle_timeout,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+
+    def guard_of(inner: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> ConnectionGuard:
+        closed = proxy.metrics.connections_closed
+        guard = ConnectionGuard(
+            inner,
+            max_connections=config.max_connections,
+            header_timeout=config.client_header_timeout,
+            loop=loop,
+            on_closed=lambda reason: closed.labels(reason=reason).inc(),
+        )
+        proxy.guard = guard
+        proxy.metrics.connections.set_function(lambda: guard.open_connections)
+        return guard
+
+    site = _GuardedSite(runner, host, port, guard_of=guard_of)
     await site.start()
-    bound = _bound_port(runner)
-    return runner, bound
+    if metrics_port is not None:
+        metrics_runner = web.AppRunner(proxy.metrics_application(), access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, host, metrics_port).start()
+        proxy.metrics_port = _bound_port(metrics_runner)
+        runner.app.on_cleanup.append(lambda _: metrics_runner.cleanup())
+    return runner, site.port
 
 
 def _bound_port(runner: web.AppRunner) -> int:
     for address in runner.addresses:
         if isinstance(address, tuple):
             return int(address[1])
-    raise RuntimeError(f"the proxy is not listening on a TCP port: {runner.addresses!r}")
+    raise RuntimeError(f"not listening on a TCP port: {runner.addresses!r}")

@@ -123,7 +123,7 @@ class DemandSignaller:
 
     def queue_changed(self, entry: ModelEntry, report: QueueReport) -> None:
         """Called by the queues after every enqueue, dispatch, timeout and abandonment."""
-        signals = self._signals(entry.name)
+        signals = self._signals(entry.key)
         was_queued = signals.refresher is not None
         if report.queued > 0 and not was_queued:
             log.info(
@@ -140,7 +140,7 @@ class DemandSignaller:
 
     def served(self, entry: ModelEntry) -> None:
         """A request is being served by a Ready model: refresh at most once per interval."""
-        last = self._signals(entry.name).last_marked
+        last = self._signals(entry.key).last_marked
         if last is not None and self._clock.now() - last < self._refresh_interval:
             return
         self._mark(entry, signal="served")
@@ -157,8 +157,8 @@ class DemandSignaller:
                 signals.refresher = None
         await self.flush()
 
-    def _signals(self, name: str) -> _ModelSignals:
-        return self._models.setdefault(name, _ModelSignals())
+    def _signals(self, key: str) -> _ModelSignals:
+        return self._models.setdefault(key, _ModelSignals())
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -167,7 +167,7 @@ class DemandSignaller:
         return task
 
     def _mark(self, entry: ModelEntry, *, signal: str) -> None:
-        signals = self._signals(entry.name)
+        signals = self._signals(entry.key)
         previous = signals.last_marked
         now = self._clock.now()
         signals.last_marked = now  # claimed now, so a concurrent request does not write too
@@ -190,7 +190,7 @@ class DemandSignaller:
             log.warning(
                 "demand for %s/%s not recorded (%s)", entry.namespace, entry.name, outcome.result
             )
-            signals = self._signals(entry.name)
+            signals = self._signals(entry.key)
             if signals.last_marked == now:
                 signals.last_marked = previous  # let the next request try again
 
@@ -198,14 +198,14 @@ class DemandSignaller:
         """Keep the demand fresh while requests wait longer than the refresh interval."""
         while True:
             await asyncio.sleep(self._refresh_interval.total_seconds())
-            signals = self._signals(entry.name)
+            signals = self._signals(entry.key)
             if entry.reports_queue and signals.report is not None:
                 self._report(entry, signals.report, force=True)
             elif not entry.reports_queue:
                 self._mark(entry, signal="queued")
 
     def _report(self, entry: ModelEntry, report: QueueReport, *, force: bool = False) -> None:
-        signals = self._signals(entry.name)
+        signals = self._signals(entry.key)
         if report == signals.report and not force:
             return
         signals.report = report
@@ -215,7 +215,7 @@ class DemandSignaller:
 
     async def _write_reports(self, entry: ModelEntry) -> None:
         """Write the latest report until nothing new arrived during the last write."""
-        signals = self._signals(entry.name)
+        signals = self._signals(entry.key)
         try:
             while signals.report_dirty:
                 signals.report_dirty = False

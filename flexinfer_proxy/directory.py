@@ -1,16 +1,29 @@
 """Where each model lives and whether it can serve: the `ModelDirectory` seam.
 
-The HTTP layer asks a directory for a `ModelEntry` by the name a client puts in
-the request's `model` field and subscribes to changes (to drain a queue when its
-model turns Ready). `InMemoryDirectory` is the directory tests and static setups
-use; `flexinfer_proxy.kube_directory` fills the same view from the cluster. This
-module performs no I/O and reads no clock.
+The HTTP layer asks a directory to `resolve` the name a client puts in the
+request's `model` field and subscribes to changes (to drain a queue when its model
+turns Ready). A name resolves, in order, to:
+
+1. `namespace/name`: that namespace's Model (or ModelDeployment) of that name;
+2. a bare name: the Model (a Model shadows a ModelDeployment of the same name) of
+   that name in the first namespace the proxy was told to watch that has one; when
+   it watches every namespace and the name exists in several, the answer is an
+   ambiguity naming them, never one of them (a tenant must not capture another
+   team's model name);
+3. a service label (`spec.serviceLabels`), looked up the same way: the member whose
+   Service advertises the label in `ai.flexinfer/active-services` (it holds the
+   card), else a Ready one, else the advertised one still loading, else the best
+   by priority (then name), which the queue then wakes.
+
+`InMemoryDirectory` is the directory tests and static setups use;
+`flexinfer_proxy.kube_directory` fills the same view from the cluster. This module
+performs no I/O and reads no clock.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -19,6 +32,7 @@ import attrs
 Listener = Callable[[str], None]
 
 DEFAULT_COLD_START_TIMEOUT = timedelta(seconds=60)
+DEFAULT_PRIORITY = 100
 
 
 class ModelKind(enum.Enum):
@@ -34,6 +48,9 @@ class ModelEntry:
 
     `endpoint` is the base URL of the backend's OpenAI API, ending in `/v1`.
     `gpu_group` is the GPUGroup a ModelDeployment belongs to (None otherwise).
+    `served_name` is what the backend calls the model when that is not `name`
+    (`status.servedModelName`). `active_services` are the service labels its
+    Service advertises (the controller writes them on the holder of a group).
     """
 
     name: str
@@ -45,11 +62,102 @@ class ModelEntry:
     cold_start_timeout: timedelta = DEFAULT_COLD_START_TIMEOUT
     gpu_group: str | None = None
     created: int = 0
+    served_name: str | None = None
+    service_labels: tuple[str, ...] = ()
+    active_services: tuple[str, ...] = ()
+    priority: int = DEFAULT_PRIORITY
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`: unique across the cluster (queues and demand are kept by it)."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def backend_model(self) -> str:
+        """The `model` the backend expects in a request body."""
+        return self.served_name or self.name
 
     @property
     def reports_queue(self) -> bool:
         """GPUGroup members signal demand as queue reports, not as a timestamp."""
         return self.kind is ModelKind.MODEL_DEPLOYMENT and bool(self.gpu_group)
+
+
+@attrs.frozen
+class Resolution:
+    """What a requested name means: one entry, nothing, or several namespaces' models."""
+
+    entry: ModelEntry | None = None
+    ambiguous: tuple[str, ...] = ()  # the namespaces that all have the name
+    by_service_label: bool = False
+
+
+def _best(entries: Iterable[ModelEntry]) -> ModelEntry:
+    return min(entries, key=lambda e: (-e.priority, e.name, e.namespace))
+
+
+def choose_for_service_label(label: str, candidates: Sequence[ModelEntry]) -> ModelEntry:
+    """The member that should answer a request for `label` (see the module docstring)."""
+    holders = [e for e in candidates if label in e.active_services]
+    pools: tuple[Sequence[ModelEntry], ...] = (
+        [e for e in holders if e.ready],
+        [e for e in candidates if e.ready],
+        holders,
+        candidates,
+    )
+    for pool in pools:
+        if pool:
+            return _best(pool)
+    raise ValueError(f"no candidate serves {label!r}")
+
+
+def resolve_name(
+    requested: str,
+    *,
+    by_namespace: Callable[[str, str], ModelEntry | None],
+    homes: Callable[[str], Sequence[str]],
+    label_members: Callable[[str], Sequence[ModelEntry]],
+    namespace_order: Sequence[str],
+) -> Resolution:
+    """Resolve `requested` over a view given as three look-ups (see the module docstring).
+
+    `by_namespace(namespace, name)` is the entry of that name there; `homes(name)` the
+    namespaces that have an entry of that name; `label_members(label)` every entry
+    that lists the label. An empty `namespace_order` means "every namespace".
+    """
+    namespace, slash, name = requested.partition("/")
+    if slash:
+        if namespace_order and namespace not in namespace_order:
+            return Resolution()
+        entry = by_namespace(namespace, name)
+        if entry is not None:
+            return Resolution(entry)
+        members = [e for e in label_members(name) if e.namespace == namespace]
+        if members:
+            return Resolution(choose_for_service_label(name, members), by_service_label=True)
+        return Resolution()
+    found = homes(requested)
+    if found:
+        chosen = _first_namespace(found, namespace_order)
+        if chosen is None:
+            return Resolution(ambiguous=tuple(sorted(found)))
+        return Resolution(by_namespace(chosen, requested))
+    labelled = label_members(requested)
+    if not labelled:
+        return Resolution()
+    chosen = _first_namespace({e.namespace for e in labelled}, namespace_order)
+    if chosen is None:
+        return Resolution(ambiguous=tuple(sorted({e.namespace for e in labelled})))
+    local = [e for e in labelled if e.namespace == chosen]
+    return Resolution(choose_for_service_label(requested, local), by_service_label=True)
+
+
+def _first_namespace(found: Iterable[str], order: Sequence[str]) -> str | None:
+    """The namespace to use among `found`; None when that would be a guess."""
+    present = set(found)
+    if order:
+        return next((ns for ns in order if ns in present), None)
+    return next(iter(present)) if len(present) == 1 else None
 
 
 class ModelDirectory(Protocol):
@@ -60,12 +168,18 @@ class ModelDirectory(Protocol):
         """True once the view is complete enough to route (initial lists done)."""
         ...
 
-    def lookup(self, name: str) -> ModelEntry | None: ...
+    def resolve(self, requested: str) -> Resolution:
+        """What a request's `model` names (see the module docstring)."""
+        ...
+
+    def lookup(self, key: str) -> ModelEntry | None:
+        """The entry with `key` (`namespace/name`), as it is now."""
+        ...
 
     def entries(self) -> Sequence[ModelEntry]: ...
 
     def subscribe(self, listener: Listener) -> None:
-        """Call `listener(name)` on the event loop whenever `name`'s entry changes."""
+        """Call `listener(key)` on the event loop whenever that entry changes."""
         ...
 
     async def start(self) -> None: ...
@@ -77,37 +191,53 @@ class InMemoryDirectory:
     """A directory whose entries are set by its owner (tests, static configuration).
 
     `put` and `remove` must be called on the event loop's thread: listeners run
-    synchronously inside them.
+    synchronously inside them. Names and keys are both accepted where an entry is
+    named, as long as the bare name is unique.
     """
 
-    def __init__(self, entries: Iterable[ModelEntry] = ()) -> None:
-        self._entries: dict[str, ModelEntry] = {e.name: e for e in entries}
+    def __init__(
+        self, entries: Iterable[ModelEntry] = (), *, namespaces: Sequence[str] = ()
+    ) -> None:
+        self._entries: dict[str, ModelEntry] = {e.key: e for e in entries}
+        self._namespaces = tuple(namespaces)
         self._listeners: list[Listener] = []
 
     @property
     def synced(self) -> bool:
         return True
 
-    def lookup(self, name: str) -> ModelEntry | None:
-        return self._entries.get(name)
+    def resolve(self, requested: str) -> Resolution:
+        return resolve_name(
+            requested,
+            by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
+            homes=lambda name: [e.namespace for e in self._entries.values() if e.name == name],
+            label_members=lambda label: [
+                e for e in self._entries.values() if label in e.service_labels
+            ],
+            namespace_order=self._namespaces,
+        )
+
+    def lookup(self, key: str) -> ModelEntry | None:
+        return self._entries.get(key)
 
     def entries(self) -> Sequence[ModelEntry]:
-        return sorted(self._entries.values(), key=lambda e: e.name)
+        return sorted(self._entries.values(), key=lambda e: (e.name, e.namespace))
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
     def put(self, entry: ModelEntry) -> None:
-        self._entries[entry.name] = entry
-        self._notify(entry.name)
+        self._entries[entry.key] = entry
+        self._notify(entry.key)
 
     def set_ready(self, name: str, ready: bool = True) -> None:
-        entry = self._entries[name]
+        entry = self._named(name)
         self.put(attrs.evolve(entry, ready=ready, phase="Ready" if ready else "Idle"))
 
     def remove(self, name: str) -> None:
-        if self._entries.pop(name, None) is not None:
-            self._notify(name)
+        entry = self._named(name)
+        del self._entries[entry.key]
+        self._notify(entry.key)
 
     async def start(self) -> None:
         return None
@@ -115,6 +245,20 @@ class InMemoryDirectory:
     async def stop(self) -> None:
         return None
 
-    def _notify(self, name: str) -> None:
+    def _named(self, name: str) -> ModelEntry:
+        if name in self._entries:
+            return self._entries[name]
+        (entry,) = [e for e in self._entries.values() if e.name == name]
+        return entry
+
+    def _notify(self, key: str) -> None:
         for listener in list(self._listeners):
-            listener(name)
+            listener(key)
+
+
+def entries_by_name(entries: Iterable[ModelEntry]) -> Mapping[str, list[ModelEntry]]:
+    """Entries grouped by bare name (several when namespaces share a name)."""
+    grouped: dict[str, list[ModelEntry]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.name, []).append(entry)
+    return grouped

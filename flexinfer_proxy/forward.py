@@ -1,25 +1,47 @@
 """Relaying one request to a backend and its answer back to the client.
 
-The request body is sent as the client sent it; the answer is copied chunk by
-chunk as it arrives (server-sent events included), with its status and headers,
-never buffered whole and never decompressed. Hop-by-hop headers are dropped in
-both directions. A backend that cannot be reached before it answered becomes a
-`BackendUnavailable`; a failure after the answer started can only cut the stream.
+The request body is sent as given (in slices, so a large one is never copied
+whole into a socket buffer); the answer is copied chunk by chunk as it arrives
+(server-sent events included), with its status and headers, never buffered whole
+and never decompressed. Hop-by-hop headers, and those the `Connection` header
+names, are dropped in both directions; `X-Forwarded-For` gets the client's address.
+
+Failures before the answer started are exceptions the caller turns into answers:
+`BackendUnavailable` (refused, reset, closed, or a reply that is not HTTP; `retryable`
+when nothing was sent) and `BackendTimeout` (no headers within the headers
+timeout). After the answer started, a failure or a backend silent for longer than
+the read timeout can only end the stream: an event stream gets a final
+`data: {"error": ...}` event that OpenAI clients raise, anything else is cut.
+
+A non-streamed JSON answer of at most `REWRITE_LIMIT_BYTES` has its `model` put
+back to the name the client asked for when the request's was rewritten; streamed
+answers are relayed untouched (their chunks carry the backend's name).
 
 This module knows nothing about models, queues or demand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import attrs
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, AbstractStreamWriter
+from aiohttp.payload import BytesPayload
+from multidict import CIMultiDict
+from yarl import URL
 
+from flexinfer_proxy import openai_errors
 from flexinfer_proxy.backend_slots import BackendSlots
+
+log = logging.getLogger("flexinfer.proxy.forward")
 
 HOP_BY_HOP = frozenset(
     {
@@ -27,6 +49,7 @@ HOP_BY_HOP = frozenset(
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",
+        "proxy-connection",
         "te",
         "trailer",
         "trailers",
@@ -37,20 +60,61 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-CONNECT_TIMEOUT_SECONDS = 10.0
+# Bodies are written to the backend in slices of this size, draining in between.
+SEND_SLICE_BYTES = 256 * 1024
+# Non-streamed JSON answers up to this size get their `model` rewritten back.
+REWRITE_LIMIT_BYTES = 1024 * 1024
+
+
+@attrs.frozen
+class UpstreamTimeouts:
+    connect: float = 10.0
+    headers: float = 600.0  # a non-streamed completion sends its headers when done
+    read: float = 300.0  # silence between two chunks of an answer
 
 
 class BackendUnavailable(Exception):
-    """The backend could not be reached, or closed the connection before answering."""
+    """The backend could not be reached, or gave no valid answer before its headers."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable  # nothing was sent: trying again is safe
+
+
+class BackendTimeout(Exception):
+    """The backend sent no headers within the headers timeout."""
 
 
 class StreamCut(Exception):
-    """The backend failed after its answer had started; the client's stream is cut."""
+    """The backend failed (or fell silent) after its answer had started."""
+
+    def __init__(self, message: str, *, response: web.StreamResponse) -> None:
+        super().__init__(message)
+        self.response = response  # prepared: its headers (and part of it) are sent
 
 
-def upstream_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop ones; repeated headers stay repeated."""
-    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+def _connection_named(headers: Mapping[str, str]) -> frozenset[str]:
+    """Header names a `Connection` header lists (hop-by-hop by RFC 9110 7.6.1)."""
+    named = {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())  # type: ignore[attr-defined]
+        for token in value.split(",")
+    }
+    return frozenset(named - {""})
+
+
+def upstream_headers(
+    headers: Mapping[str, str], *, client: str | None, drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    """The client's headers minus hop-by-hop ones (and `drop`), plus X-Forwarded-For."""
+    skip = HOP_BY_HOP | _connection_named(headers) | frozenset(drop)
+    result: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in skip
+    )
+    if client:
+        forwarded = headers.get("X-Forwarded-For")
+        result["X-Forwarded-For"] = f"{forwarded}, {client}" if forwarded else client
+    return result
 
 
 def _dispatch_tracer() -> aiohttp.TraceConfig:
@@ -59,8 +123,7 @@ def _dispatch_tracer() -> aiohttp.TraceConfig:
     async def headers_sent(
         session: aiohttp.ClientSession, context: SimpleNamespace, params: Any
     ) -> None:
-        callbacks = getattr(context, "trace_request_ctx", None) or {}
-        on_dispatched = callbacks.get("on_dispatched")
+        on_dispatched = getattr(context, "trace_request_ctx", None)
         if on_dispatched is not None:
             on_dispatched()
 
@@ -70,14 +133,16 @@ def _dispatch_tracer() -> aiohttp.TraceConfig:
 
 
 def new_upstream_session(
-    *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+    *, timeouts: UpstreamTimeouts | None = None, resolver: AbstractResolver | None = None
 ) -> aiohttp.ClientSession:
     """One pooled session for all backends; no total timeout (generation can be long)."""
+    timeouts = timeouts or UpstreamTimeouts()
     return aiohttp.ClientSession(
         auto_decompress=False,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+        connector=aiohttp.TCPConnector(limit=0, resolver=resolver),
         trace_configs=[_dispatch_tracer()],
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
     )
 
 
@@ -87,50 +152,139 @@ def backend_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+class SlicedBody(BytesPayload):
+    """A body written in slices, each drained before the next is copied into the socket."""
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        view = memoryview(self._value)
+        if content_length is not None:
+            view = view[:content_length]
+        for start in range(0, len(view), SEND_SLICE_BYTES):
+            await writer.write(view[start : start + SEND_SLICE_BYTES])
+
+
+@attrs.frozen
+class ModelRewrite:
+    """The name the client asked for and the one the backend answers with."""
+
+    requested: str
+    backend: str
+
+
 async def relay(
     session: aiohttp.ClientSession,
     request: web.Request,
     *,
-    url: str,
-    body: bytes,
+    url: URL,
+    body: bytes | bytearray,
+    headers: CIMultiDict[str],
     slots: BackendSlots,
-    on_dispatched: Callable[[], None] = lambda: None,
+    timeouts: UpstreamTimeouts,
+    rewrite: ModelRewrite | None = None,
+    on_dispatched: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
     """Send `body` to `url` and stream the backend's answer back to the client.
 
     `on_dispatched` is called once the request's place is fixed: its headers are
     on the wire, or it waits in line for one of the backend's capped `slots`.
     """
-    async with slots.slot(backend_of(url), on_queued=on_dispatched):
+    data: bytes | bytearray | SlicedBody = body
+    if len(body) > SEND_SLICE_BYTES:
+        data = SlicedBody(body)
+    async with slots.slot(backend_of(str(url)), on_queued=on_dispatched or _nothing):
         try:
-            upstream = await session.request(
-                request.method,
-                url,
-                data=body,
-                headers=upstream_headers(request.headers),
-                trace_request_ctx={"on_dispatched": on_dispatched},
-            )
-        except (TimeoutError, aiohttp.ClientConnectionError) as error:
-            raise BackendUnavailable(str(error) or type(error).__name__) from error
+            async with asyncio.timeout(timeouts.headers):
+                upstream = await session.request(
+                    request.method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    trace_request_ctx=on_dispatched,
+                )
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as error:
+            raise BackendUnavailable(str(error) or type(error).__name__, retryable=True) from error
+        except TimeoutError as error:
+            raise BackendTimeout(f"no headers within {timeouts.headers:g}s") from error
+        except aiohttp.ClientError as error:
+            raise BackendUnavailable(str(error) or type(error).__name__, retryable=False) from error
         async with upstream:
-            return await _stream_back(request, upstream)
+            if rewrite is not None and _rewritable(upstream):
+                return await _rewritten_back(request, upstream, rewrite, timeouts)
+            return await _stream_back(request, upstream, timeouts)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    skip = HOP_BY_HOP | _connection_named(upstream.headers)
+    return CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in skip)
+
+
+def _rewritable(upstream: aiohttp.ClientResponse) -> bool:
+    length = upstream.content_length
+    return (
+        upstream.content_type == "application/json"
+        and length is not None
+        and length <= REWRITE_LIMIT_BYTES
+        and "Content-Encoding" not in upstream.headers
+    )
+
+
+async def _rewritten_back(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    rewrite: ModelRewrite,
+    timeouts: UpstreamTimeouts,
+) -> web.StreamResponse:
+    try:
+        async with asyncio.timeout(timeouts.read):
+            raw = await upstream.read()
+    except (TimeoutError, aiohttp.ClientError) as error:
+        raise BackendUnavailable(f"answer cut: {error!r}", retryable=False) from error
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("model") == rewrite.backend:
+        answer["model"] = rewrite.requested
+        raw = json.dumps(answer, ensure_ascii=False).encode()
+    headers = _response_headers(upstream)
+    return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
 
 async def _stream_back(
-    request: web.Request, upstream: aiohttp.ClientResponse
+    request: web.Request, upstream: aiohttp.ClientResponse, timeouts: UpstreamTimeouts
 ) -> web.StreamResponse:
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    for key, value in upstream.headers.items():
-        if key.lower() not in HOP_BY_HOP:
-            response.headers.add(key, value)
+    response = web.StreamResponse(
+        status=upstream.status, reason=upstream.reason, headers=_response_headers(upstream)
+    )
     if upstream.content_length is not None:
         response.content_length = upstream.content_length
     await response.prepare(request)
+    content = upstream.content
+    loop = asyncio.get_running_loop()
     try:
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-    except aiohttp.ClientError as error:
-        # Headers are gone already: the only honest signal left is a cut stream.
-        raise StreamCut(str(error) or type(error).__name__) from error
+        while True:
+            # One timer per chunk would cost more than the chunk: re-arm a single one.
+            async with asyncio.timeout(timeouts.read) as deadline:
+                while chunk := await content.readany():
+                    await response.write(chunk)
+                    deadline.reschedule(loop.time() + timeouts.read)
+            break
+    except (TimeoutError, aiohttp.ClientError) as error:
+        # Headers are gone already: the only honest signals left are an error event
+        # (for an event stream) and a cut.
+        reason = "fell silent" if isinstance(error, TimeoutError) else "failed"
+        if upstream.content_type == "text/event-stream" and upstream.content_length is None:
+            message = f"The backend {reason} in the middle of its answer."
+            await response.write(openai_errors.stream_error_event(message, code="stream_cut"))
+        raise StreamCut(f"backend {reason} mid-answer: {error!r}", response=response) from error
     await response.write_eof()
     return response

@@ -1,18 +1,22 @@
-"""The cluster-backed `ModelDirectory`: Models, ModelDeployments and Services, watched.
+"""The cluster-backed `ModelDirectory`: Models, ModelDeployments and their Services, watched.
 
-One `flexinfer_kube` informer per (resource, namespace) keeps a `Store`; a name's
-`ModelEntry` is recomputed whenever its Model, ModelDeployment or Service changes,
-and listeners are called on the event loop (never on an informer thread) when the
-entry changed.
+One `flexinfer_kube` informer per (resource, namespace) keeps a `Store`; an entry
+(`namespace/name`) is recomputed whenever its Model, ModelDeployment or rendered
+Service changes, and listeners are called on the event loop (never on an informer
+thread) when the entry changed.
 
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,
-when `status.phase` is Running).
+when `status.phase` is Running). A Model shadows a ModelDeployment of the same name
+in the same namespace. Names resolve as `flexinfer_proxy.directory` says.
 
-A name resolves to the first namespace (in the order given) that has it, a Model
-before a ModelDeployment. The endpoint is, in order: an explicit override, the
-Service named like the model (its `http` port, else 8000, else its first port),
-the status' endpoint, `http://<name>.<namespace>.svc:8000/v1`.
+Where requests go (spec/rendering.md): the Service the controller rendered for the
+resource, found by its labels (`app.kubernetes.io/managed-by: flexinfer`,
+`ai.flexinfer/kind`, `ai.flexinfer/model`) and its controller ownerReference, at
+`http://<service>.<namespace>.svc:<port "http">/v1` (cluster DNS). Until that
+Service is seen, the rendered name is assumed (`<name>.<namespace>.svc:8000`); an
+`--endpoint` override wins over both. `status.endpoint(s)` are for people and never
+used as a URL. Only Services labelled as flexinfer's are watched.
 
 This module reads the cluster; it never writes to it (see `kube_demand`).
 """
@@ -21,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 
+from flexinfer_core import ACTIVE_SERVICES_ANNOTATION
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
 from flexinfer_core.timestamps import parse_rfc3339
@@ -34,21 +40,36 @@ from flexinfer_kube.objects import JSON, Key, get_path, object_key
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
+    DEFAULT_PRIORITY,
     Listener,
     ModelEntry,
     ModelKind,
+    Resolution,
+    resolve_name,
 )
 
 BACKEND_PORT = 8000
 WATCH_TIMEOUT_SECONDS = 30
 
+# The labels the renderer puts on every Service it creates (spec/rendering.md).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "flexinfer"
+KIND_LABEL = "ai.flexinfer/kind"
+MODEL_LABEL = "ai.flexinfer/model"
+RENDERED_SERVICES = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+
 WATCHED = (MODELS, MODEL_DEPLOYMENTS, SERVICES)
 # A Model shadows a ModelDeployment of the same name in the same namespace.
 _RESOLUTION_ORDER = ((MODELS, ModelKind.MODEL), (MODEL_DEPLOYMENTS, ModelKind.MODEL_DEPLOYMENT))
+_KINDS = {kind.value: kind for _, kind in _RESOLUTION_ORDER}
 _get = get_path
+
+# (namespace, kind, resource name) of a rendered Service's resource.
+ServiceKey = tuple[str, ModelKind, str]
 
 
 def service_endpoint(service: JSON | None) -> str | None:
+    """`http://<name>.<namespace>.svc:<port>/v1`, port `http` else 8000 else the first."""
     if service is None:
         return None
     ports = [p for p in _get(service, "spec", "ports") or [] if isinstance(p, Mapping)]
@@ -58,6 +79,29 @@ def service_endpoint(service: JSON | None) -> str | None:
     chosen = chosen or next((p for p in ports if p.get("port") == BACKEND_PORT), ports[0])
     namespace, name = object_key(service)
     return f"http://{name}.{namespace}.svc:{chosen.get('port', BACKEND_PORT)}/v1"
+
+
+def rendered_for(service: JSON) -> ServiceKey | None:
+    """Which resource a Service was rendered for, by its labels; None if not one of ours."""
+    labels = _get(service, "metadata", "labels") or {}
+    kind = _KINDS.get(str(labels.get(KIND_LABEL) or ""))
+    model = str(labels.get(MODEL_LABEL) or "")
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or kind is None or not model:
+        return None
+    return (str(_get(service, "metadata", "namespace") or ""), kind, model)
+
+
+def owned_by(service: JSON, obj: JSON, kind: ModelKind) -> bool:
+    """True when the Service's controller ownerReference is `obj` (same uid when both have one)."""
+    uid = _get(obj, "metadata", "uid")
+    for owner in _get(service, "metadata", "ownerReferences") or []:
+        if not isinstance(owner, Mapping) or not owner.get("controller"):
+            continue
+        same = owner.get("kind") == kind.value and owner.get("name") == _get(
+            obj, "metadata", "name"
+        )
+        return bool(same and (not uid or not owner.get("uid") or owner.get("uid") == uid))
+    return False
 
 
 def _created(obj: JSON) -> int:
@@ -82,14 +126,16 @@ def _deployment_ready(obj: JSON) -> bool:
     return bool(_get(obj, "status", "phase") == "Running")
 
 
-def _status_endpoint(obj: JSON) -> str | None:
-    single = _get(obj, "status", "endpoint")
-    if isinstance(single, str) and single:
-        return single
-    many = _get(obj, "status", "endpoints")
-    if isinstance(many, list) and many and isinstance(many[0], str) and many[0]:
-        return many[0]
-    return None
+def _strings(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(str(item) for item in value if isinstance(item, str) and item)
+
+
+def _active_services(service: JSON | None) -> tuple[str, ...]:
+    annotations = _get(service, "metadata", "annotations") or {}
+    text = annotations.get(ACTIVE_SERVICES_ANNOTATION) or ""
+    return tuple(label.strip() for label in str(text).split(",") if label.strip())
 
 
 def entry_from_object(
@@ -98,16 +144,14 @@ def entry_from_object(
     """A Model or ModelDeployment (as the API returns it) as a routable entry."""
     namespace, name = object_key(obj)
     endpoint = (
-        override
-        or service_endpoint(service)
-        or _status_endpoint(obj)
-        or f"http://{name}.{namespace}.svc:{BACKEND_PORT}/v1"
+        override or service_endpoint(service) or f"http://{name}.{namespace}.svc:{BACKEND_PORT}/v1"
     )
     phase = str(_get(obj, "status", "phase") or "")
     if kind is ModelKind.MODEL:
         ready = phase == "Ready"
         cold_start = _model_cold_start(obj)
         gpu_group = None
+        priority = _get(obj, "spec", "gpu", "priority")
     else:
         ready = _deployment_ready(obj)
         seconds = _get(obj, "spec", "coldStartTimeoutSeconds")
@@ -115,6 +159,8 @@ def entry_from_object(
             timedelta(seconds=seconds) if isinstance(seconds, int) else DEFAULT_COLD_START_TIMEOUT
         )
         gpu_group = str(_get(obj, "spec", "gpuGroupRef") or "") or None
+        priority = _get(obj, "spec", "priority")
+    served = _get(obj, "status", "servedModelName")
     return ModelEntry(
         name=name,
         namespace=namespace,
@@ -125,11 +171,18 @@ def entry_from_object(
         cold_start_timeout=cold_start,
         gpu_group=gpu_group,
         created=_created(obj),
+        served_name=served if isinstance(served, str) and served and served != name else None,
+        service_labels=_strings(_get(obj, "spec", "serviceLabels")),
+        active_services=_active_services(service),
+        priority=priority if isinstance(priority, int) else DEFAULT_PRIORITY,
     )
 
 
 class KubeDirectory:
-    """A `ModelDirectory` kept current by watching the API server."""
+    """A `ModelDirectory` kept current by watching the API server.
+
+    `endpoint_overrides` maps a model's name (or `namespace/name`) to a base URL.
+    """
 
     def __init__(
         self,
@@ -144,7 +197,9 @@ class KubeDirectory:
         self._lock = threading.Lock()
         self._stores: dict[Resource, Store] = {r: Store(r) for r in WATCHED}
         self._entries: dict[str, ModelEntry] = {}
-        self._homes: dict[str, set[str]] = {}
+        self._homes: dict[str, set[str]] = {}  # name -> namespaces with an entry of it
+        self._labelled: dict[str, set[str]] = {}  # service label -> keys of entries
+        self._services: dict[ServiceKey, JSON] = {}
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._informers = [
@@ -153,8 +208,9 @@ class KubeDirectory:
                 resource,
                 self._stores[resource],
                 namespace=namespace or None,
-                on_change=self._on_change,
+                on_change=functools.partial(self._on_change, resource),
                 watch_timeout=watch_timeout_seconds,
+                label_selector=RENDERED_SERVICES if resource is SERVICES else None,
             )
             for resource in WATCHED
             for namespace in self._namespaces or ("",)
@@ -164,8 +220,18 @@ class KubeDirectory:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
 
-    def lookup(self, name: str) -> ModelEntry | None:
-        return self._entries.get(name)
+    def resolve(self, requested: str) -> Resolution:
+        with self._lock:
+            return resolve_name(
+                requested,
+                by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
+                homes=lambda name: sorted(self._homes.get(name, ())),
+                label_members=self._label_members,
+                namespace_order=self._namespaces,
+            )
+
+    def lookup(self, key: str) -> ModelEntry | None:
+        return self._entries.get(key)
 
     def entries(self) -> Sequence[ModelEntry]:
         with self._lock:
@@ -185,66 +251,75 @@ class KubeDirectory:
         for informer in self._informers:
             informer.stop()
 
-    def _on_change(self, old: JSON | None, new: JSON | None) -> None:
-        keys = {object_key(obj) for obj in (old, new) if obj is not None}
+    def _label_members(self, label: str) -> list[ModelEntry]:
+        keys = self._labelled.get(label, ())
+        return [self._entries[key] for key in keys if key in self._entries]
+
+    def _on_change(self, resource: Resource, old: JSON | None, new: JSON | None) -> None:
         with self._lock:
+            if resource is SERVICES:
+                keys = self._service_changed(old, new)
+            else:
+                keys = {object_key(obj) for obj in (old, new) if obj is not None}
             changed = self._recompute(keys)
         self._notify(changed)
 
-    # -- the view ------------------------------------------------------------
+    def _service_changed(self, old: JSON | None, new: JSON | None) -> set[Key]:
+        """Index a rendered Service by its resource; return the entries it feeds."""
+        owners = set()
+        if old is not None and (owner := rendered_for(old)) is not None:
+            self._services.pop(owner, None)
+            owners.add(owner)
+        if new is not None and (owner := rendered_for(new)) is not None:
+            self._services[owner] = new
+            owners.add(owner)
+        return {(namespace, name) for namespace, _, name in owners}
+
+    # -- the view (under the lock) -------------------------------------------------
 
     def _recompute(self, keys: Iterable[Key]) -> list[str]:
-        """Rebuild the entries named by `keys` (under the lock); return the changed names."""
-        names = set()
-        for namespace, name in keys:
-            self._index(namespace, name)
-            names.add(name)
+        """Rebuild the entries named by `keys`; return the keys of those that changed."""
         changed = []
-        for name in sorted(names):
-            entry = self._resolve(name)
-            if entry != self._entries.get(name):
-                if entry is None:
-                    self._entries.pop(name, None)
-                else:
-                    self._entries[name] = entry
-                changed.append(name)
+        for namespace, name in sorted(keys):
+            key = f"{namespace}/{name}"
+            entry = self._resolve(namespace, name)
+            previous = self._entries.get(key)
+            if entry == previous:
+                continue
+            if previous is not None:
+                for label in previous.service_labels:
+                    self._labelled.get(label, set()).discard(key)
+            if entry is None:
+                self._entries.pop(key, None)
+                homes = self._homes.get(name, set())
+                homes.discard(namespace)
+                if not homes:
+                    self._homes.pop(name, None)
+            else:
+                self._entries[key] = entry
+                self._homes.setdefault(name, set()).add(namespace)
+                for label in entry.service_labels:
+                    self._labelled.setdefault(label, set()).add(key)
+            changed.append(key)
         return changed
 
-    def _index(self, namespace: str, name: str) -> None:
-        """Keep `_homes` (name → namespaces with a Model or ModelDeployment of it) current."""
-        present = any(
-            self._stores[resource].get(namespace, name) is not None
-            for resource, _ in _RESOLUTION_ORDER
-        )
-        homes = self._homes.setdefault(name, set())
-        if present:
-            homes.add(namespace)
-        else:
-            homes.discard(namespace)
-            if not homes:
-                del self._homes[name]
-
-    def _namespace_order(self, name: str) -> list[str]:
-        if self._namespaces:
-            return list(self._namespaces)
-        return sorted(self._homes.get(name, ()))
-
-    def _resolve(self, name: str) -> ModelEntry | None:
-        for namespace in self._namespace_order(name):
-            service = self._stores[SERVICES].get(namespace, name)
-            for resource, kind in _RESOLUTION_ORDER:
-                obj = self._stores[resource].get(namespace, name)
-                if obj is not None:
-                    return entry_from_object(
-                        kind, obj, service=service, override=self._overrides.get(name)
-                    )
+    def _resolve(self, namespace: str, name: str) -> ModelEntry | None:
+        override = self._overrides.get(f"{namespace}/{name}") or self._overrides.get(name)
+        for resource, kind in _RESOLUTION_ORDER:
+            obj = self._stores[resource].get(namespace, name)
+            if obj is None:
+                continue
+            service = self._services.get((namespace, kind, name))
+            if service is not None and not owned_by(service, obj, kind):
+                service = None
+            return entry_from_object(kind, obj, service=service, override=override)
         return None
 
-    def _notify(self, names: list[str]) -> None:
+    def _notify(self, keys: list[str]) -> None:
         loop = self._loop
-        if not names or loop is None or loop.is_closed():
+        if not keys or loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)
-            for name in names:
+            for key in keys:
                 for listener in list(self._listeners):
-                    loop.call_soon_threadsafe(listener, name)
+                    loop.call_soon_threadsafe(listener, key)

@@ -18,6 +18,15 @@ OUTCOME_PROXY_CLOSING = "proxy_closing"
 OUTCOME_CLIENT_DISCONNECTED = "client_disconnected"
 OUTCOME_UNKNOWN_MODEL = "unknown_model"
 OUTCOME_BAD_REQUEST = "bad_request"
+OUTCOME_BACKEND_TIMEOUT = "backend_timeout"  # no headers within --backend-headers-timeout
+OUTCOME_STREAM_CUT = "stream_cut"  # the backend failed or fell silent mid-answer
+OUTCOME_QUEUE_FULL = "queue_full"
+OUTCOME_BODY_TOO_LARGE = "body_too_large"
+OUTCOME_BODY_TIMEOUT = "body_timeout"
+OUTCOME_PROXY_BUSY = "proxy_busy"  # --max-buffered-bytes reached
+OUTCOME_UNAUTHORIZED = "unauthorized"
+OUTCOME_AMBIGUOUS_MODEL = "ambiguous_model"
+OUTCOME_INTERNAL_ERROR = "internal_error"
 
 QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
@@ -57,5 +66,29 @@ class ProxyMetrics:
             registry=registry,
         )
 
+        self.connections = Gauge(
+            "flexinfer_proxy_client_connections",
+            "Client connections open now.",
+            registry=registry,
+        )
+        self.connections_closed = Counter(
+            "flexinfer_proxy_client_connections_closed",
+            "Client connections the proxy closed itself, by reason (refused at the cap, "
+            "evicted idle at the cap, request head too slow).",
+            ["reason"],
+            registry=registry,
+        )
+        self.buffered_bytes = Gauge(
+            "flexinfer_proxy_buffered_body_bytes",
+            "Bytes of request bodies held in memory now (--max-buffered-bytes bounds it).",
+            registry=registry,
+        )
+        # Children looked up once: `labels()` on every request costs a lock and a dict.
+        self._request_children: dict[tuple[str, str], Counter] = {}
+
     def request_done(self, model: str, outcome: str) -> None:
-        self.requests.labels(model=model, outcome=outcome).inc()
+        child = self._request_children.get((model, outcome))
+        if child is None:
+            child = self.requests.labels(model=model, outcome=outcome)
+            self._request_children[(model, outcome)] = child
+        child.inc()

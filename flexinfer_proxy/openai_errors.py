@@ -7,7 +7,15 @@ through here, so clients always get JSON with `message`, `type`, `param` and
 
 from __future__ import annotations
 
+import json
+
 from aiohttp import web
+
+
+def error_body(
+    message: str, *, error_type: str, code: str, param: str | None = None
+) -> dict[str, dict[str, str | None]]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def error_response(
@@ -19,8 +27,24 @@ def error_response(
     param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    body = error_body(message, error_type=error_type, code=code, param=param)
     return web.json_response(body, status=status, headers=headers)
+
+
+def raw_response(status: int, reason: str, message: str, *, code: str) -> bytes:
+    """A whole HTTP/1.1 error answer as bytes, for a connection refused before parsing."""
+    body = json.dumps(error_body(message, error_type="server_error", code=code)).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def stream_error_event(message: str, *, code: str) -> bytes:
+    """A server-sent event OpenAI clients raise as an error (`data: {"error": ...}`)."""
+    body = error_body(message, error_type="server_error", code=code)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def bad_request(message: str, *, param: str | None) -> web.Response:
@@ -39,6 +63,55 @@ def unsupported_route(method: str, path: str) -> web.Response:
     )
 
 
+def ambiguous_model(model: str, namespaces: tuple[str, ...]) -> web.Response:
+    choices = ", ".join(f"'{namespace}/{model}'" for namespace in namespaces)
+    return error_response(
+        400,
+        f"The model '{model}' exists in several namespaces ({', '.join(namespaces)}); "
+        f"name one: {choices}.",
+        error_type="invalid_request_error",
+        code="ambiguous_model",
+        param="model",
+    )
+
+
+def body_too_large(limit: int) -> web.Response:
+    return error_response(
+        413,
+        f"The request body is larger than this proxy accepts ({limit} bytes, --max-body-bytes).",
+        error_type="invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def body_timeout(seconds: float) -> web.Response:
+    return error_response(
+        408,
+        f"The request body did not arrive within {seconds:g}s (--client-body-timeout).",
+        error_type="invalid_request_error",
+        code="request_timeout",
+    )
+
+
+def unauthorized() -> web.Response:
+    return error_response(
+        401,
+        "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+        error_type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def internal_error() -> web.Response:
+    return error_response(
+        500,
+        "The proxy failed to handle the request; the error is in its log.",
+        error_type="server_error",
+        code="internal_error",
+    )
+
+
 def model_not_found(model: str) -> web.Response:
     return error_response(
         404,
@@ -49,12 +122,22 @@ def model_not_found(model: str) -> web.Response:
     )
 
 
-def backend_unavailable(model: str, detail: str) -> web.Response:
+def backend_unavailable(model: str) -> web.Response:
+    # The cause (host, port, error) goes to the proxy's log, not to the client.
     return error_response(
         502,
-        f"The backend of model '{model}' could not be reached: {detail}",
+        f"The backend of model '{model}' could not be reached or gave no valid answer.",
         error_type="server_error",
         code="backend_unavailable",
+    )
+
+
+def backend_timeout(model: str, seconds: float) -> web.Response:
+    return error_response(
+        504,
+        f"The backend of model '{model}' did not answer within {seconds:g}s.",
+        error_type="server_error",
+        code="backend_timeout",
     )
 
 
@@ -66,6 +149,22 @@ def _retry_later(message: str, *, code: str, retry_after: int) -> web.Response:
         error_type="server_error",
         code=code,
         headers={"Retry-After": str(retry_after)},
+    )
+
+
+def queue_full(model: str, *, limit: int, scope: str, retry_after: int) -> web.Response:
+    return _retry_later(
+        f"Too many requests are waiting for '{model}' ({limit} {scope}, --max-queue)",
+        code="queue_full",
+        retry_after=retry_after,
+    )
+
+
+def proxy_busy(*, retry_after: int) -> web.Response:
+    return _retry_later(
+        "The proxy holds as many request bodies as it may (--max-buffered-bytes)",
+        code="proxy_busy",
+        retry_after=retry_after,
     )
 
 

@@ -1,14 +1,16 @@
 """Per-model FIFO queues of requests waiting for their model to become Ready.
 
 A request for a model that is not Ready (or that already has others waiting, so
-nobody jumps the line) takes a `Ticket` and waits. When the directory says the model
-is Ready, a drain task admits tickets oldest first; each admitted request signals
-`dispatched()` once its place toward the backend is fixed (headers on the wire, or
-in line for a capped backend's slot, see `backend_slots`) or it gave up, and only
-then is the next one admitted. Requests on separate connections may still reach
-an uncapped backend's handlers slightly out of order; with a cap they cannot.
-A drain stops as soon as the model is no longer Ready and resumes on the next
-change. Every change of a queue is reported to the `DemandSignaller`.
+nobody jumps the line) takes a `Ticket` and waits. Queues are kept by the entry's
+key (`namespace/name`), so same-named models of two namespaces never share one.
+When the directory says the model is Ready, a drain task admits tickets oldest
+first; each admitted request signals `dispatched()` once its place toward the
+backend is fixed (headers on the wire, or in line for a capped backend's slot, see
+`backend_slots`) or it gave up, and only then is the next one admitted. Requests
+on separate connections may still reach an uncapped backend's handlers slightly
+out of order; with a cap they cannot. A drain stops as soon as the model is no
+longer Ready and resumes on the next change. Every change of a queue is reported
+to the `DemandSignaller`.
 
 This module owns waiting and ordering; it neither forwards requests nor decides
 the wait limit's length (the caller passes it).
@@ -45,8 +47,8 @@ class WaitResult(enum.Enum):
 class Ticket:
     """One queued request: admitted by the drain, dispatched by its handler."""
 
-    def __init__(self, model: str, *, arrived: datetime, enqueued_at: float) -> None:
-        self.model = model
+    def __init__(self, key: str, *, arrived: datetime, enqueued_at: float) -> None:
+        self.key = key
         self.arrived = arrived
         self.enqueued_at = enqueued_at
         # True: go ahead; False: refused because the proxy is closing.
@@ -80,20 +82,32 @@ class RequestQueues:
         self._queues: dict[str, deque[Ticket]] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._closed = False
+        self._total = 0
         directory.subscribe(self.model_changed)
 
-    def depth(self, model: str) -> int:
-        return len(self._queues.get(model, ()))
+    def depth(self, key: str) -> int:
+        return len(self._queues.get(key, ()))
+
+    @property
+    def total(self) -> int:
+        """Requests waiting across every model."""
+        return self._total
+
+    def oldest_wait(self, key: str) -> float:
+        """Seconds the longest-waiting request for `key` has waited (0 when none)."""
+        queue = self._queues.get(key)
+        return self.waited(queue[0]) if queue else 0.0
 
     def enqueue(self, entry: ModelEntry) -> Ticket:
         loop = asyncio.get_running_loop()
-        ticket = Ticket(entry.name, arrived=self._clock.now(), enqueued_at=loop.time())
+        ticket = Ticket(entry.key, arrived=self._clock.now(), enqueued_at=loop.time())
         if self._closed:
             ticket.admitted.set_result(False)
             return ticket
-        self._queues.setdefault(entry.name, deque()).append(ticket)
+        self._queues.setdefault(entry.key, deque()).append(ticket)
+        self._total += 1
         self._changed(entry)
-        self.model_changed(entry.name)
+        self.model_changed(entry.key)
         return ticket
 
     async def wait(self, ticket: Ticket, *, limit: float) -> WaitResult:
@@ -116,14 +130,14 @@ class RequestQueues:
     def waited(self, ticket: Ticket) -> float:
         return asyncio.get_running_loop().time() - ticket.enqueued_at
 
-    def model_changed(self, name: str) -> None:
+    def model_changed(self, key: str) -> None:
         """Directory listener: start a drain when a model with waiters is Ready."""
-        entry = self._directory.lookup(name)
-        if entry is None or not entry.ready or not self._queues.get(name):
+        entry = self._directory.lookup(key)
+        if entry is None or not entry.ready or not self._queues.get(key):
             return
-        if self._closed or name in self._drains:
+        if self._closed or key in self._drains:
             return
-        self._drains[name] = asyncio.create_task(self._drain(name))
+        self._drains[key] = asyncio.create_task(self._drain(key))
 
     async def close(self) -> None:
         """Stop draining and refuse every waiting request (they answer 503, not a cut)."""
@@ -133,47 +147,50 @@ class RequestQueues:
         for task in list(self._drains.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for name, queue in self._queues.items():
+        for key, queue in self._queues.items():
             while queue:
                 queue.popleft().admitted.set_result(False)
-            entry = self._directory.lookup(name)
+                self._total -= 1
+            entry = self._directory.lookup(key)
             if entry is not None:
                 self._changed(entry)
 
-    async def _drain(self, name: str) -> None:
+    async def _drain(self, key: str) -> None:
         try:
             while True:
-                entry = self._directory.lookup(name)
-                queue = self._queues.get(name)
+                entry = self._directory.lookup(key)
+                queue = self._queues.get(key)
                 if entry is None or not entry.ready or not queue:
                     return
                 ticket = queue.popleft()
+                self._total -= 1
                 self._changed(entry)
                 ticket.admitted.set_result(True)
                 await ticket.wait_dispatched(self._dispatch_grace)
         finally:
-            self._drains.pop(name, None)
+            self._drains.pop(key, None)
             # A change may have arrived while this drain was finishing.
-            self._restart_if_needed(name)
+            self._restart_if_needed(key)
 
-    def _restart_if_needed(self, name: str) -> None:
+    def _restart_if_needed(self, key: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing
-            asyncio.get_running_loop().call_soon(self.model_changed, name)
+            asyncio.get_running_loop().call_soon(self.model_changed, key)
 
     def _discard(self, ticket: Ticket) -> bool:
-        queue = self._queues.get(ticket.model)
+        queue = self._queues.get(ticket.key)
         if queue is None or ticket not in queue:
             return False
         queue.remove(ticket)
-        entry = self._directory.lookup(ticket.model)
+        self._total -= 1
+        entry = self._directory.lookup(ticket.key)
         if entry is not None:
             self._changed(entry)
         else:
-            self._metrics.queued.labels(model=ticket.model).set(len(queue))
+            self._metrics.queued.labels(model=ticket.key.partition("/")[2]).set(len(queue))
         return True
 
     def _changed(self, entry: ModelEntry) -> None:
-        queue = self._queues.get(entry.name) or deque()
+        queue = self._queues.get(entry.key) or deque()
         self._metrics.queued.labels(model=entry.name).set(len(queue))
         oldest = queue[0].arrived if queue else None
         self._signaller.queue_changed(entry, QueueReport(queued=len(queue), oldest_waiting=oldest))

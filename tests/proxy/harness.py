@@ -177,10 +177,13 @@ class RunningProxy:
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
+    def depth(self, model: str) -> int:
+        """Requests queued for `model` (a bare name means namespace `test`)."""
+        key = model if "/" in model else f"test/{model}"
+        return self.proxy.queues.depth(key)
+
     async def queued(self, model: str, depth: int) -> None:
-        await eventually(
-            lambda: self.proxy.queues.depth(model) == depth, what=f"{depth} queued for {model}"
-        )
+        await eventually(lambda: self.depth(model) == depth, what=f"{depth} queued for {model}")
 
 
 @asynccontextmanager

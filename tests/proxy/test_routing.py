@@ -182,7 +182,7 @@ async def test_before_the_first_list_an_unknown_model_is_a_503_not_a_404() -> No
             async with session.post(f"{url}/v1/chat/completions", json={"model": "m"}) as answer:
                 body = await answer.json()
                 assert answer.status == 503
-                assert answer.headers["Retry-After"] == "10"
+                assert 10 <= int(answer.headers["Retry-After"]) <= 20
                 assert body["error"]["code"] == "proxy_starting"
             async with session.get(f"{url}/readyz") as answer:
                 assert answer.status == 503

@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -55,11 +55,11 @@ class GuardedConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = self.socket = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = self.socket = cast(asyncio.Transport, transport)
         if not self._guard.admit(self):
-            transport.write(_REFUSED)
-            transport.close()
+            self.transport.write(_REFUSED)
+            self.transport.close()
             self.transport = None
             return
         self._arm()

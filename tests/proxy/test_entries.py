@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from flexinfer_proxy.directory import ModelKind
-from flexinfer_proxy.kube_directory import entry_from_object, service_endpoint
+from flexinfer_proxy.kube_directory import (
+    entry_from_object,
+    owned_by,
+    rendered_for,
+    service_endpoint,
+)
 
 MODEL = ModelKind.MODEL
 DEPLOYMENT = ModelKind.MODEL_DEPLOYMENT
@@ -85,3 +90,56 @@ def test_a_deployment_in_a_gpugroup_reports_its_queue() -> None:
 
 def test_a_service_without_ports_gives_no_endpoint() -> None:
     assert service_endpoint(service()) is None
+
+
+def test_served_name_labels_priority_and_the_holders_services() -> None:
+    made = entry_from_object(
+        MODEL,
+        obj(
+            spec={"serviceLabels": ["chat", "code"], "gpu": {"priority": 300}},
+            status={"servedModelName": "Qwen/Qwen2.5-7B"},
+        ),
+        service={
+            "metadata": {
+                "name": "m",
+                "namespace": "ns",
+                "annotations": {"ai.flexinfer/active-services": "chat, code"},
+            },
+            "spec": {"ports": [{"name": "http", "port": 8000}]},
+        },
+    )
+    assert (made.served_name, made.backend_model) == ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B")
+    assert (made.service_labels, made.active_services) == (("chat", "code"), ("chat", "code"))
+    assert made.priority == 300
+    same = entry_from_object(MODEL, obj(status={"servedModelName": "m"}), service=None)
+    assert (same.served_name, same.backend_model) == (None, "m")
+    deployment = entry_from_object(DEPLOYMENT, obj(spec={"priority": 7}), service=None)
+    assert deployment.priority == 7
+
+
+def _rendered(kind: str = "Model", **metadata: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "m",
+            "namespace": "ns",
+            "labels": {
+                "app.kubernetes.io/managed-by": "flexinfer",
+                "ai.flexinfer/model": "m",
+                "ai.flexinfer/kind": kind,
+            },
+            "ownerReferences": [{"kind": kind, "name": "m", "uid": "u1", "controller": True}],
+            **metadata,
+        }
+    }
+
+
+def test_a_rendered_service_is_known_by_its_labels_and_owner() -> None:
+    model = {**obj(), "metadata": {**obj()["metadata"], "uid": "u1"}}
+    assert rendered_for(_rendered()) == ("ns", MODEL, "m")
+    assert rendered_for(_rendered("ModelDeployment")) == ("ns", DEPLOYMENT, "m")
+    assert rendered_for(_rendered(labels={"ai.flexinfer/model": "m"})) is None
+    assert owned_by(_rendered(), model, MODEL)
+    assert not owned_by(_rendered(), model, DEPLOYMENT)
+    recreated = {**model, "metadata": {**model["metadata"], "uid": "u2"}}
+    assert not owned_by(_rendered(), recreated, MODEL), "a Service left by a deleted Model"
+    assert not owned_by(_rendered(ownerReferences=[]), model, MODEL)

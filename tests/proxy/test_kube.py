@@ -206,6 +206,41 @@ async def _until(probe: Any, *, what: str) -> Any:
     return await eventually(probe, what=what, attempts=600, interval=0.1)
 
 
+def rendered_service(
+    name: str, *, kind: str, owner_uid: str, port: int, **annotations: str
+) -> dict[str, Any]:
+    """A Service as the renderer makes it for `name` (labels, owner, port `http`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/managed-by": "flexinfer",
+                "app.kubernetes.io/instance": name,
+                "ai.flexinfer/model": name,
+                "ai.flexinfer/kind": kind,
+                "ai.flexinfer/backend": "vllm",
+            },
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "ai.flexinfer/v1alpha2",
+                    "kind": kind,
+                    "name": name,
+                    "uid": owner_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"ports": [{"name": "http", "port": port}], "selector": {"app": "x"}},
+    }
+
+
+def _found(directory: KubeDirectory, name: str) -> ModelEntry | None:
+    return directory.resolve(name).entry
+
+
 @async_test
 async def test_the_directory_follows_models_deployments_and_services(
     kubectl: Kubectl, namespace: str, api: KubeApi
@@ -217,37 +252,56 @@ async def test_the_directory_follows_models_deployments_and_services(
     try:
         await _until(lambda: directory.synced, what="the initial lists")
         await asyncio.to_thread(
-            apply, kubectl, namespace, model("watched", serverless={"coldStartTimeout": "3m"})
+            apply,
+            kubectl,
+            namespace,
+            model("watched", serverless={"coldStartTimeout": "3m"}, serviceLabels=["chat"]),
         )
-        first = await _until(lambda: directory.lookup("watched"), what="the Model to appear")
+        first = await _until(lambda: _found(directory, "watched"), what="the Model to appear")
         assert (first.kind, first.ready, first.namespace) == (ModelKind.MODEL, False, namespace)
         assert first.cold_start_timeout == timedelta(minutes=3)
         assert first.endpoint == f"http://watched.{namespace}.svc:8000/v1"
 
         await asyncio.to_thread(
-            kubectl.patch_status, namespace, "model/watched", {"status": {"phase": "Ready"}}
+            kubectl.patch_status,
+            namespace,
+            "model/watched",
+            {"status": {"phase": "Ready", "endpoint": "http://for-people:1/v1"}},
         )
         ready = await _until(
-            lambda: (e := directory.lookup("watched")) is not None and e.ready and e,
+            lambda: (e := _found(directory, "watched")) is not None and e.ready and e,
             what="the Model to turn Ready",
         )
         assert ready.phase == "Ready"
-        assert "watched" in changes
+        assert ready.endpoint == f"http://watched.{namespace}.svc:8000/v1", "never status.endpoint"
+        assert f"{namespace}/watched" in changes
 
-        service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "watched"},
-            "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": "x"}},
-        }
-        await asyncio.to_thread(apply, kubectl, namespace, service)
-        await _until(
-            lambda: (
-                (e := directory.lookup("watched")) is not None
-                and e.endpoint == f"http://watched.{namespace}.svc:8080/v1"
-            ),
-            what="the Service's port in the endpoint",
+        # A Service of the same name that flexinfer did not render is not the route.
+        uid = (await asyncio.to_thread(kubectl.json, "get", "-n", namespace, "model/watched"))[
+            "metadata"
+        ]["uid"]
+        stranger = rendered_service("watched", kind="Model", owner_uid=uid, port=9999)
+        stranger["metadata"]["labels"] = {}
+        await asyncio.to_thread(apply, kubectl, namespace, stranger)
+        ours = rendered_service(
+            "watched",
+            kind="Model",
+            owner_uid=uid,
+            port=8080,
+            **{"ai.flexinfer/active-services": "chat"},
         )
+        await asyncio.to_thread(apply, kubectl, namespace, ours)
+        routed = await _until(
+            lambda: (
+                (e := _found(directory, "watched")) is not None
+                and e.endpoint == f"http://watched.{namespace}.svc:8080/v1"
+                and e
+            ),
+            what="the rendered Service's port in the endpoint",
+        )
+        assert routed.active_services == ("chat",)
+        by_label = directory.resolve("chat")
+        assert (by_label.entry, by_label.by_service_label) == (routed, True)
 
         await asyncio.to_thread(
             apply,
@@ -255,7 +309,7 @@ async def test_the_directory_follows_models_deployments_and_services(
             namespace,
             model_deployment("member", gpuGroupRef="grp2", coldStartTimeoutSeconds=120),
         )
-        member = await _until(lambda: directory.lookup("member"), what="the ModelDeployment")
+        member = await _until(lambda: _found(directory, "member"), what="the ModelDeployment")
         assert (member.kind, member.gpu_group, member.ready) == (
             ModelKind.MODEL_DEPLOYMENT,
             "grp2",
@@ -264,13 +318,14 @@ async def test_the_directory_follows_models_deployments_and_services(
         assert member.cold_start_timeout == timedelta(seconds=120)
 
         await asyncio.to_thread(kubectl.ok, "delete", "-n", namespace, "model/watched")
-        await _until(lambda: directory.lookup("watched") is None, what="the Model to go")
+        await _until(lambda: _found(directory, "watched") is None, what="the Model to go")
+        await _until(lambda: directory.resolve("chat").entry is None, what="its label to go")
     finally:
         await directory.stop()
 
 
 @async_test
-async def test_a_name_resolves_to_the_first_namespace_that_has_it(
+async def test_a_name_in_several_namespaces_is_ambiguous_unless_they_are_ordered(
     kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:
     other = await asyncio.to_thread(create_namespace, kubectl, "proxy-other")
@@ -286,20 +341,33 @@ async def test_a_name_resolves_to_the_first_namespace_that_has_it(
             # listed first; the preference is only defined on a full view.
             await _until(lambda: preferring_other.synced, what="both namespaces' lists")
             first = await _until(
-                lambda: preferring_other.lookup("shadowed"), what="the Model in both namespaces"
+                lambda: _found(preferring_other, "shadowed"),
+                what="the Model in both namespaces",
             )
             assert first.namespace == other
             await _until(lambda: everywhere.synced, what="the cluster-wide lists")
-            seen = await _until(lambda: everywhere.lookup("shadowed"), what="a cluster-wide view")
-            assert seen.namespace in (namespace, other)
+            # Watching every namespace, a bare name there twice is never a guess.
+            both = await _until(
+                lambda: everywhere.resolve("shadowed").ambiguous, what="both namespaces seen"
+            )
+            assert both == tuple(sorted((namespace, other)))
+            assert everywhere.resolve("shadowed").entry is None
+            chosen = _found(everywhere, f"{other}/shadowed")
+            assert chosen is not None and chosen.namespace == other
 
             await asyncio.to_thread(kubectl.ok, "delete", "-n", other, "model/shadowed")
             await _until(
                 lambda: (
-                    (e := preferring_other.lookup("shadowed")) is not None
+                    (e := _found(preferring_other, "shadowed")) is not None
                     and e.namespace == namespace
                 ),
                 what="the name to fall back to the next namespace",
+            )
+            await _until(
+                lambda: (
+                    (e := _found(everywhere, "shadowed")) is not None and e.namespace == namespace
+                ),
+                what="the name to be unambiguous again",
             )
         finally:
             for directory in (preferring_other, everywhere):

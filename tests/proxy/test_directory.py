@@ -1,0 +1,90 @@
+"""Name resolution: namespaces, ambiguity, and service labels (the module docstring's rules)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
+
+
+def model(
+    name: str,
+    namespace: str = "a",
+    *,
+    ready: bool = False,
+    labels: tuple[str, ...] = (),
+    active: tuple[str, ...] = (),
+    priority: int = 100,
+) -> ModelEntry:
+    return ModelEntry(
+        name=name,
+        namespace=namespace,
+        kind=ModelKind.MODEL,
+        ready=ready,
+        endpoint=f"http://{name}.{namespace}.svc:8000/v1",
+        service_labels=labels,
+        active_services=active,
+        priority=priority,
+    )
+
+
+TWINS = [model("x", "a"), model("x", "b"), model("y", "b")]
+
+
+def test_a_name_in_one_namespace_resolves_anywhere() -> None:
+    resolution = InMemoryDirectory(TWINS).resolve("y")
+    assert resolution.entry == TWINS[2]
+    assert not resolution.by_service_label
+
+
+def test_a_name_in_several_namespaces_is_ambiguous_without_an_order() -> None:
+    resolution = InMemoryDirectory(TWINS).resolve("x")
+    assert (resolution.entry, resolution.ambiguous) == (None, ("a", "b"))
+
+
+def test_namespace_slash_name_picks_one_and_an_order_picks_the_first() -> None:
+    everywhere = InMemoryDirectory(TWINS)
+    assert everywhere.resolve("b/x").entry == TWINS[1]
+    assert everywhere.resolve("c/x").entry is None
+    ordered = InMemoryDirectory(TWINS, namespaces=["b", "a"])
+    assert ordered.resolve("x").entry == TWINS[1]
+    only_a = InMemoryDirectory(TWINS, namespaces=["a"])
+    assert only_a.resolve("b/x").entry is None, "a namespace not watched is not reachable"
+
+
+HOLDER = model("big", active=("chat",), labels=("chat",), priority=50)
+PARKED = model("small", labels=("chat",), priority=200)
+
+
+@pytest.mark.parametrize(
+    ("members", "chosen"),
+    [
+        # The holder (its Service advertises the label), Ready: it holds the card.
+        ([attrs.evolve(HOLDER, ready=True), attrs.evolve(PARKED, ready=True)], "big"),
+        # Any Ready member beats a holder that is still loading.
+        ([HOLDER, attrs.evolve(PARKED, ready=True)], "small"),
+        # Nobody Ready: the holder (loading) rather than waking another.
+        ([HOLDER, PARKED], "big"),
+        # Nobody holds it: the best by priority is woken.
+        ([attrs.evolve(HOLDER, active_services=()), PARKED], "small"),
+    ],
+)
+def test_a_service_label_goes_to_the_member_holding_the_card(
+    members: list[ModelEntry], chosen: str
+) -> None:
+    resolution = InMemoryDirectory(members).resolve("chat")
+    assert resolution.entry is not None and resolution.entry.name == chosen
+    assert resolution.by_service_label
+
+
+def test_a_model_name_shadows_a_service_label_and_labels_obey_namespaces() -> None:
+    named_chat = model("chat", "a")
+    elsewhere = model("other", "b", labels=("chat",))
+    assert InMemoryDirectory([named_chat, elsewhere]).resolve("chat").entry == named_chat
+    split = InMemoryDirectory(
+        [model("m1", "a", labels=("code",)), model("m2", "b", labels=("code",))]
+    )
+    assert split.resolve("code").ambiguous == ("a", "b")
+    chosen = split.resolve("b/code").entry
+    assert chosen is not None and chosen.name == "m2"

@@ -16,7 +16,7 @@ import logging
 import resource
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -304,12 +304,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    factory = event_loop_factory(args.event_loop)
+    run_on_loop(run(args), event_loop=args.event_loop)
+    return 0
+
+
+def run_on_loop(main: Coroutine[Any, Any, None], *, event_loop: str) -> None:
+    """Run `main` to completion on the loop `--event-loop` chose."""
+    factory = event_loop_factory(event_loop)
     log.info("event loop: %s", "uvloop" if factory is not None else "asyncio")
     runner_args: dict[str, Any] = {"loop_factory": factory} if factory is not None else {}
     with asyncio.Runner(**runner_args) as runner:
-        runner.run(run(args))
-    return 0
+        runner.run(main)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ MiB = 1024 * 1024
 # tries again after these pauses, doubling, within its remaining wait.
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
+# Backend URLs are parsed once per (endpoint, path and query) and kept, up to this many.
+URL_CACHE_SIZE = 1024
 
 
 @attrs.frozen
@@ -187,6 +189,8 @@ class Proxy:
         self._resolver = resolver
         self._rng = rng or random.Random()
         self._session: aiohttp.ClientSession | None = None
+        self._traced_session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
 
     def retry_after(self, expected: float = 0.0) -> int:
         """Seconds for `Retry-After`: the expected wait (at least --retry-after) plus up
@@ -195,15 +199,17 @@ class Proxy:
         return math.ceil(base + self._rng.uniform(0.0, base))
 
     def application(self, *, with_metrics: bool = True) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._frame])
+        # Every path has a route (the last one catches the rest), so the router never
+        # raises its own plain-text 404/405; no middleware: one wrapper per handler.
+        app = web.Application(client_max_size=self.config.max_body_bytes)
         for path in OPENAI_ROUTES:
-            app.router.add_post(path, self.handle_openai)
-        app.router.add_get("/v1/models", self.handle_models)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/readyz", self.handle_readyz)
+            app.router.add_post(path, self._framed(self.handle_openai))
+        app.router.add_get("/v1/models", self._framed(self.handle_models))
+        app.router.add_get("/healthz", self._framed(self.handle_healthz))
+        app.router.add_get("/readyz", self._framed(self.handle_readyz))
         if with_metrics:
-            app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_route("*", "/v1/{tail:.*}", self.handle_unsupported)
+            app.router.add_get("/metrics", self._framed(self.handle_metrics))
+        app.router.add_route("*", "/{tail:.*}", self._framed(self.handle_unsupported))
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         app.on_cleanup.append(self._cleanup)
@@ -216,6 +222,9 @@ class Proxy:
 
     async def _startup(self, app: web.Application) -> None:
         self._session = new_upstream_session(timeouts=self._timeouts, resolver=self._resolver)
+        self._traced_session = new_upstream_session(
+            timeouts=self._timeouts, resolver=self._resolver, traced=True
+        )
         await self.directory.start()
 
     async def _shutdown(self, app: web.Application) -> None:
@@ -226,30 +235,33 @@ class Proxy:
         # After in-flight requests finished (or timed out): the session can go.
         await self.signaller.close()
         await self.directory.stop()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._traced_session):
+            if session is not None:
+                await session.close()
 
-    @web.middleware
-    async def _frame(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        """Tell the connection guard a request is in progress; make every error OpenAI's."""
-        connection = self.guard.of(request) if self.guard is not None else None
-        if connection is not None:
+    def _framed(
+        self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """`handler`, telling the connection guard a request is in progress, and with
+        every error it raises answered in OpenAI's shape."""
+
+        async def framed(request: web.Request) -> web.StreamResponse:
+            connection = self.guard.of(request) if self.guard is not None else None
+            if connection is None:
+                return await self._answer(request, handler)
             connection.started()
-        try:
-            response = await self._answer(request, handler)
-            if connection is not None and not response.prepared:
-                # Written here, not after we return, so the connection is not counted
-                # idle (and evictable) while its answer is still on its way.
-                await response.prepare(request)
-                await response.write_eof()
-            return response
-        finally:
-            if connection is not None:
+            try:
+                response = await self._answer(request, handler)
+                if not response.prepared:
+                    # Written here, not after we return, so the connection is not
+                    # counted idle (and evictable) while its answer is on its way.
+                    await response.prepare(request)
+                    await response.write_eof()
+                return response
+            finally:
                 connection.finished()
+
+        return framed
 
     async def _answer(
         self,
@@ -414,7 +426,10 @@ class Proxy:
         ticket: Ticket | None,
         deadline: float,
     ) -> web.StreamResponse:
-        assert self._session is not None, "the proxy was not started"
+        assert self._session is not None and self._traced_session is not None, "not started"
+        # A request that left a queue must say when it reached its backend (the drain
+        # waits for that before it admits the next); tracing costs, so only those pay.
+        session = self._session if ticket is None else self._traced_session
         self.signaller.served(entry)
         data: bytes | bytearray = body.data
         rewrite = None
@@ -431,9 +446,9 @@ class Proxy:
         while True:
             try:
                 response = await relay(
-                    self._session,
+                    session,
                     request,
-                    url=backend_url(entry, request),
+                    url=self._backend_url(entry, request),
                     body=data,
                     headers=headers,
                     slots=self.slots,
@@ -470,10 +485,26 @@ class Proxy:
             self.metrics.request_done(entry.name, OUTCOME_SERVED)
             return response
 
+    def _backend_url(self, entry: ModelEntry, request: web.Request) -> URL:
+        key = (entry.endpoint, request.raw_path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= URL_CACHE_SIZE:
+                self._urls.clear()  # many distinct query strings: start over
+            url = self._urls[key] = backend_url(entry, request)
+        return url
+
     # -- other routes --------------------------------------------------------------
 
     async def handle_unsupported(self, request: web.Request) -> web.Response:
-        return openai_errors.unsupported_route(request.method, request.path)
+        if request.path.startswith(API_PREFIX + "/"):
+            return openai_errors.unsupported_route(request.method, request.path)
+        return openai_errors.error_response(
+            404,
+            f"{request.method} {request.path} is not a route of this proxy.",
+            error_type="invalid_request_error",
+            code="not_found",
+        )
 
     async def handle_models(self, request: web.Request) -> web.Response:
         if self.api_keys is not None:

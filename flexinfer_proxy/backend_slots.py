@@ -24,6 +24,11 @@ class BackendSlots:
         self._busy: defaultdict[str, int] = defaultdict(int)
         self._line: defaultdict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
 
+    @property
+    def capped(self) -> bool:
+        """False: `slot` never waits (callers may skip it altogether)."""
+        return self._limit > 0
+
     def busy(self, backend: str) -> int:
         return self._busy.get(backend, 0)
 

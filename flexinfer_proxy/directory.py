@@ -198,9 +198,12 @@ class InMemoryDirectory:
     def __init__(
         self, entries: Iterable[ModelEntry] = (), *, namespaces: Sequence[str] = ()
     ) -> None:
-        self._entries: dict[str, ModelEntry] = {e.key: e for e in entries}
+        self._entries: dict[str, ModelEntry] = {}
+        self._homes: dict[str, dict[str, None]] = {}  # name -> namespaces that have it
         self._namespaces = tuple(namespaces)
         self._listeners: list[Listener] = []
+        for entry in entries:
+            self._store(entry)
 
     @property
     def synced(self) -> bool:
@@ -210,7 +213,7 @@ class InMemoryDirectory:
         return resolve_name(
             requested,
             by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
-            homes=lambda name: [e.namespace for e in self._entries.values() if e.name == name],
+            homes=lambda name: list(self._homes.get(name, ())),
             label_members=lambda label: [
                 e for e in self._entries.values() if label in e.service_labels
             ],
@@ -227,8 +230,12 @@ class InMemoryDirectory:
         self._listeners.append(listener)
 
     def put(self, entry: ModelEntry) -> None:
-        self._entries[entry.key] = entry
+        self._store(entry)
         self._notify(entry.key)
+
+    def _store(self, entry: ModelEntry) -> None:
+        self._entries[entry.key] = entry
+        self._homes.setdefault(entry.name, {})[entry.namespace] = None
 
     def set_ready(self, name: str, ready: bool = True) -> None:
         entry = self._named(name)
@@ -237,6 +244,10 @@ class InMemoryDirectory:
     def remove(self, name: str) -> None:
         entry = self._named(name)
         del self._entries[entry.key]
+        homes = self._homes[entry.name]
+        del homes[entry.namespace]
+        if not homes:
+            del self._homes[entry.name]
         self._notify(entry.key)
 
     async def start(self) -> None:

@@ -64,6 +64,9 @@ HOP_BY_HOP = frozenset(
 SEND_SLICE_BYTES = 256 * 1024
 # Non-streamed JSON answers up to this size get their `model` rewritten back.
 REWRITE_LIMIT_BYTES = 1024 * 1024
+# An answer that says it is at most this long (and is not an event stream) is read
+# whole and sent in one write with its headers: three writes become one.
+WHOLE_ANSWER_BYTES = 64 * 1024
 
 
 @attrs.frozen
@@ -133,15 +136,22 @@ def _dispatch_tracer() -> aiohttp.TraceConfig:
 
 
 def new_upstream_session(
-    *, timeouts: UpstreamTimeouts | None = None, resolver: AbstractResolver | None = None
+    *,
+    timeouts: UpstreamTimeouts | None = None,
+    resolver: AbstractResolver | None = None,
+    traced: bool = False,
 ) -> aiohttp.ClientSession:
-    """One pooled session for all backends; no total timeout (generation can be long)."""
+    """A pooled session for all backends; no total timeout (generation can be long).
+
+    `traced`: calls a request's `on_dispatched` once its headers are sent. Tracing
+    costs every request it is on, so only requests that left a queue use it.
+    """
     timeouts = timeouts or UpstreamTimeouts()
     return aiohttp.ClientSession(
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
         connector=aiohttp.TCPConnector(limit=0, resolver=resolver),
-        trace_configs=[_dispatch_tracer()],
+        trace_configs=[_dispatch_tracer()] if traced else None,
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
     )
 
@@ -193,29 +203,42 @@ async def relay(
     `on_dispatched` is called once the request's place is fixed: its headers are
     on the wire, or it waits in line for one of the backend's capped `slots`.
     """
+    if slots.capped:
+        async with slots.slot(backend_of(str(url)), on_queued=on_dispatched or _nothing):
+            return await _exchange(
+                session, request, url, body, headers, timeouts, rewrite, on_dispatched
+            )
+    return await _exchange(session, request, url, body, headers, timeouts, rewrite, on_dispatched)
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    request: web.Request,
+    url: URL,
+    body: bytes | bytearray,
+    headers: CIMultiDict[str],
+    timeouts: UpstreamTimeouts,
+    rewrite: ModelRewrite | None,
+    on_dispatched: Callable[[], None] | None,
+) -> web.StreamResponse:
     data: bytes | bytearray | SlicedBody = body
     if len(body) > SEND_SLICE_BYTES:
         data = SlicedBody(body)
-    async with slots.slot(backend_of(str(url)), on_queued=on_dispatched or _nothing):
-        try:
-            async with asyncio.timeout(timeouts.headers):
-                upstream = await session.request(
-                    request.method,
-                    url,
-                    data=data,
-                    headers=headers,
-                    trace_request_ctx=on_dispatched,
-                )
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as error:
-            raise BackendUnavailable(str(error) or type(error).__name__, retryable=True) from error
-        except TimeoutError as error:
-            raise BackendTimeout(f"no headers within {timeouts.headers:g}s") from error
-        except aiohttp.ClientError as error:
-            raise BackendUnavailable(str(error) or type(error).__name__, retryable=False) from error
-        async with upstream:
-            if rewrite is not None and _rewritable(upstream):
-                return await _rewritten_back(request, upstream, rewrite, timeouts)
-            return await _stream_back(request, upstream, timeouts)
+    try:
+        async with asyncio.timeout(timeouts.headers):
+            upstream = await session.request(
+                request.method, url, data=data, headers=headers, trace_request_ctx=on_dispatched
+            )
+    except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as error:
+        raise BackendUnavailable(str(error) or type(error).__name__, retryable=True) from error
+    except TimeoutError as error:
+        raise BackendTimeout(f"no headers within {timeouts.headers:g}s") from error
+    except aiohttp.ClientError as error:
+        raise BackendUnavailable(str(error) or type(error).__name__, retryable=False) from error
+    async with upstream:
+        if rewrite is not None and _rewritable(upstream):
+            return await _rewritten_back(request, upstream, rewrite, timeouts)
+        return await _stream_back(request, upstream, timeouts)
 
 
 def _nothing() -> None:
@@ -262,6 +285,19 @@ async def _rewritten_back(
 async def _stream_back(
     request: web.Request, upstream: aiohttp.ClientResponse, timeouts: UpstreamTimeouts
 ) -> web.StreamResponse:
+    length = upstream.content_length
+    if length is not None and length <= WHOLE_ANSWER_BYTES:
+        try:
+            async with asyncio.timeout(timeouts.read):
+                whole = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise BackendUnavailable(f"answer cut: {error!r}", retryable=False) from error
+        return web.Response(
+            status=upstream.status,
+            reason=upstream.reason,
+            body=whole,
+            headers=_response_headers(upstream),
+        )
     response = web.StreamResponse(
         status=upstream.status, reason=upstream.reason, headers=_response_headers(upstream)
     )

@@ -31,6 +31,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from yarl import URL
 
@@ -571,6 +572,23 @@ def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any
     }
 
 
+class _QuietParseErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (the client's fault: garbage, TLS to a
+    plain port, a bad header) as an ERROR with a traceback; it is one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = f"{record.getMessage()}: {error.message or error!r}"
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_QUIET_PARSE_ERRORS = _QuietParseErrors()
+
+
 class _GuardedSite(web.TCPSite):
     """A TCP site whose connections go through the proxy's `ConnectionGuard`."""
 
@@ -602,6 +620,9 @@ async def serve(
     with the main one) instead of on the main port.
     """
     config = proxy.config
+    server_log = logging.getLogger("aiohttp.server")
+    if _QUIET_PARSE_ERRORS not in server_log.filters:
+        server_log.addFilter(_QUIET_PARSE_ERRORS)
     runner = web.AppRunner(
         proxy.application(with_metrics=metrics_port is None),
         handler_cancellation=True,

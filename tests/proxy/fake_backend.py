@@ -1,12 +1,15 @@
 """A tiny OpenAI-compatible backend for the proxy tests, run as its own process.
 
-`python -m tests.proxy.fake_backend --name alpha` listens on a free loopback port
-and prints `PORT <n>` once it accepts connections. Request bodies may carry test
-knobs: `tag` (recorded in arrival order, see GET /control/arrivals), `status`
-(answer with that HTTP status), `delay` (seconds before answering), `stream`
-(answer with server-sent events) and `hold` (after the first event, wait until
-POST /control/release {"tag": …}). Answers echo the backend's name, the path, the
-model and the request's Authorization header, and carry `X-Backend: <name>`.
+`python -m tests.proxy.fake_backend --name alpha [--host 127.0.0.2]` listens on a
+free port and prints `PORT <n>` once it accepts connections. Request bodies may
+carry test knobs: `tag` (recorded in arrival order, see GET /control/arrivals),
+`status` (answer with that HTTP status), `delay` (seconds before answering),
+`stream` (answer with server-sent events), `hold` (after the first event, wait
+until POST /control/release {"tag": …}) and `pause` (after the first event, wait
+that many seconds). Answers echo the backend's name, the path, the raw query, the
+model (also as `received_model`, which the proxy never rewrites), the request's
+headers, and carry `X-Backend: <name>`. SIGTERM stops it gracefully: it stops
+accepting and lets answers in progress finish, as a serving pod's server does.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from collections import defaultdict
 from typing import Any
@@ -30,7 +34,8 @@ class Backend:
         self.releases: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
 
     def application(self) -> web.Application:
-        app = web.Application()
+        # Large enough for the proxy's memory test (50 MB bodies).
+        app = web.Application(client_max_size=128 * 1024 * 1024)
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
             app.router.add_post(path, self.handle_openai)
         app.router.add_get("/control/arrivals", self.handle_arrivals)
@@ -47,19 +52,23 @@ class Backend:
             "object": "test.echo",
             "backend": self.name,
             "path": request.path,
-            "query": request.query_string,
+            "query": request.raw_path.partition("?")[2],
             "model": body.get("model"),
+            "received_model": body.get("model"),
             "tag": tag,
             "authorization": request.headers.get("Authorization"),
+            "headers": dict(request.headers),
         }
         if body.get("stream"):
-            return await self._stream(request, echo, hold=bool(body.get("hold")))
+            return await self._stream(
+                request, echo, hold=bool(body.get("hold")), pause=float(body.get("pause", 0))
+            )
         return web.json_response(
             echo, status=int(body.get("status", 200)), headers={"X-Backend": self.name}
         )
 
     async def _stream(
-        self, request: web.Request, echo: dict[str, Any], *, hold: bool
+        self, request: web.Request, echo: dict[str, Any], *, hold: bool, pause: float
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "X-Backend": self.name}
@@ -69,6 +78,8 @@ class Backend:
             await response.write(f"data: {json.dumps({**echo, 'index': index})}\n\n".encode())
             if index == 0 and hold:
                 await self.releases[echo["tag"]].wait()
+            if index == 0 and pause:
+                await asyncio.sleep(pause)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -82,20 +93,26 @@ class Backend:
         return web.json_response({"released": body["tag"]})
 
 
-async def main(name: str) -> None:
-    runner = web.AppRunner(Backend(name).application())
+async def main(name: str, host: str) -> None:
+    runner = web.AppRunner(Backend(name).application(), shutdown_timeout=30)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
     port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
     print(f"PORT {port}", flush=True)
-    # Run until the test suite closes our stdin (or kills us).
+    # Run until the test suite closes our stdin, or SIGTERM.
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.read)
-    await runner.cleanup()
+    stopped = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    loop.add_reader(sys.stdin.fileno(), stopped.set)
+    await stopped.wait()
+    loop.remove_reader(sys.stdin.fileno())
+    await runner.cleanup()  # waits for answers in progress (up to shutdown_timeout)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
-    asyncio.run(main(parser.parse_args().name))
+    parser.add_argument("--host", default="127.0.0.1")
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.name, arguments.host))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -64,10 +65,10 @@ async def eventually(
 
 
 class BackendProcess:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, host: str = "127.0.0.1") -> None:
         self.name = name
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.proxy.fake_backend", "--name", name],
+            [sys.executable, "-m", "tests.proxy.fake_backend", "--name", name, "--host", host],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -80,7 +81,7 @@ class BackendProcess:
             self.stop()
             raise AssertionError(f"backend {name} did not start: {line!r}")
         self.port = int(line.split()[1])
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{host}:{self.port}"
         self.endpoint = f"{self.base}/v1"
 
     def stop(self) -> None:
@@ -91,6 +92,9 @@ class BackendProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
 
     async def arrivals(self, session: aiohttp.ClientSession) -> list[str]:
         async with session.get(f"{self.base}/control/arrivals") as response:
@@ -207,3 +211,72 @@ async def running_proxy(
             yield running
         finally:
             await running.stop()
+
+
+class StaticProxy:
+    """`tests.proxy.static_proxy` in its own process: the real flags, server and loop.
+
+    Its stderr (the proxy's log) goes to `log_path`; `pid` lets a test read the
+    process's descriptors and memory from /proc.
+    """
+
+    def __init__(self, models: list[dict[str, Any]], *flags: str, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "tests.proxy.static_proxy",
+                "--models", json.dumps(models),
+                "--host", "127.0.0.1", "--port", "0", *flags,
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise AssertionError(f"static proxy did not start: {line!r}; {self.log()}")
+        words = line.split()
+        self.port, self.control_port = int(words[1]), int(words[3])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.control = f"http://127.0.0.1:{self.control_port}/control"
+        self.pid = self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def descriptors(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def peak_rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM in /proc status")
+
+    async def tasks(self, session: aiohttp.ClientSession) -> int:
+        async with session.get(f"{self.control}/tasks") as response:
+            return int((await response.json())["tasks"])
+
+    async def put(self, session: aiohttp.ClientSession, model: dict[str, Any]) -> None:
+        async with session.post(f"{self.control}/put", json=model) as response:
+            assert response.status == 200
+
+    async def depth(self, session: aiohttp.ClientSession, model: str) -> int:
+        async with session.get(f"{self.control}/depth", params={"model": model}) as response:
+            return int((await response.json())["depth"])
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()

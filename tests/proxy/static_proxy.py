@@ -32,6 +32,7 @@ from flexinfer_proxy.__main__ import build_parser, config_from, run_on_loop
 from flexinfer_proxy.app import Proxy, serve
 from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
+from flexinfer_proxy.resolve_file import HostsFileResolver
 
 
 class NullSink:
@@ -59,7 +60,8 @@ def entry_from(spec: dict[str, Any]) -> ModelEntry:
 async def run(models: list[dict[str, Any]], argv: Sequence[str]) -> None:
     args = build_parser().parse_args(argv)
     directory = InMemoryDirectory([entry_from(spec) for spec in models])
-    proxy = Proxy(directory, NullSink(), config=config_from(args))
+    resolver = HostsFileResolver(args.resolve_file) if args.resolve_file else None
+    proxy = Proxy(directory, NullSink(), config=config_from(args), resolver=resolver)
     runner, port = await serve(proxy, host=args.host, port=args.port)
 
     async def tasks(request: web.Request) -> web.Response:

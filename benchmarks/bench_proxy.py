@@ -83,6 +83,7 @@ class BackendProtocol(asyncio.Protocol):
         self._events = events
         self._interval = interval
         self._transport: asyncio.Transport | None = None
+        self._streams: set[asyncio.Future[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -102,7 +103,8 @@ class BackendProtocol(asyncio.Protocol):
             body = self._buffer[head_end + 4 : end]
             self._buffer = self._buffer[end:]
             if b'"stream": true' in body or b'"stream":true' in body:
-                asyncio.ensure_future(self._stream())
+                self._streams.add(stream := asyncio.ensure_future(self._stream()))
+                stream.add_done_callback(self._streams.discard)
             else:
                 assert self._transport is not None
                 self._transport.write(
@@ -480,32 +482,33 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "load": {},
         "sse": {},
     }
-    with backend(args.events, args.interval) as backend_port, nginx(backend_port) as front:
-        with proxy(backend_port, *args.proxy_flag) as (proxy_port, _, proxy_pid):
-            targets: dict[str, tuple[int, list[int]]] = {
-                "direct": (backend_port, []),
-                "proxy": (proxy_port, [proxy_pid]),
-            }
-            if front is not None:
-                targets["nginx"] = front
-            results["nginx"] = front is not None
-            for connections in CONNECTIONS:
-                row = {}
-                for name, (port, pids) in targets.items():
-                    before = cpu_seconds(pids)
-                    figures = _load(port, connections, args.seconds)
-                    if pids:
-                        # CPU time over warm-up and measurement, per request of both.
-                        spent = cpu_seconds(pids) - before
-                        answered = figures["requests"] + figures.pop("warmup_requests")
-                        figures["cpu_us_per_request"] = round(spent / answered * 1e6, 1)
-                    else:
-                        figures.pop("warmup_requests")
-                    row[name] = figures
-                results["load"][str(connections)] = row
-            results["sse"] = {
-                name: _streams(port, args.streams) for name, (port, _) in targets.items()
-            }
+    with (
+        backend(args.events, args.interval) as backend_port,
+        nginx(backend_port) as front,
+        proxy(backend_port, *args.proxy_flag) as (proxy_port, _, proxy_pid),
+    ):
+        targets: dict[str, tuple[int, list[int]]] = {
+            "direct": (backend_port, []),
+            "proxy": (proxy_port, [proxy_pid]),
+        }
+        if front is not None:
+            targets["nginx"] = front
+        results["nginx"] = front is not None
+        for connections in CONNECTIONS:
+            row = {}
+            for name, (port, pids) in targets.items():
+                before = cpu_seconds(pids)
+                figures = _load(port, connections, args.seconds)
+                if pids:
+                    # CPU time over warm-up and measurement, per request of both.
+                    spent = cpu_seconds(pids) - before
+                    answered = figures["requests"] + figures.pop("warmup_requests")
+                    figures["cpu_us_per_request"] = round(spent / answered * 1e6, 1)
+                else:
+                    figures.pop("warmup_requests")
+                row[name] = figures
+            results["load"][str(connections)] = row
+        results["sse"] = {name: _streams(port, args.streams) for name, (port, _) in targets.items()}
     results["ratios"] = ratios(results)
     results["drain"] = asyncio.run(drain(args.queued))
     results["load_average_after"] = os.getloadavg()[0]
@@ -566,9 +569,11 @@ async def drain(queued: int) -> dict[str, Any]:
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     """Load the proxy alone under pyinstrument; the profile goes to `args.output`."""
-    with backend(args.events, args.interval) as backend_port:
-        with proxy(backend_port, profile=args.output) as (proxy_port, _, _):
-            figures = _load(proxy_port, args.connections, args.seconds)
+    with (
+        backend(args.events, args.interval) as backend_port,
+        proxy(backend_port, profile=args.output) as (proxy_port, _, _),
+    ):
+        figures = _load(proxy_port, args.connections, args.seconds)
     return {"profile": args.output, "load": figures}
 
 

@@ -623,8 +623,18 @@ async def serve(
     server_log = logging.getLogger("aiohttp.server")
     if _QUIET_PARSE_ERRORS not in server_log.filters:
         server_log.addFilter(_QUIET_PARSE_ERRORS)
+    app = proxy.application(with_metrics=metrics_port is None)
+    metrics_runner: web.AppRunner | None = None
+    if metrics_port is not None:
+        metrics_runner = web.AppRunner(proxy.metrics_application(), access_log=None)
+
+        async def stop_metrics(app: web.Application) -> None:
+            assert metrics_runner is not None
+            await metrics_runner.cleanup()
+
+        app.on_cleanup.append(stop_metrics)
     runner = web.AppRunner(
-        proxy.application(with_metrics=metrics_port is None),
+        app,
         handler_cancellation=True,
         access_log=access_log if config.access_log else None,
         keepalive_timeout=config.client_idle_timeout,
@@ -646,12 +656,10 @@ async def serve(
 
     site = _GuardedSite(runner, host, port, guard_of=guard_of)
     await site.start()
-    if metrics_port is not None:
-        metrics_runner = web.AppRunner(proxy.metrics_application(), access_log=None)
+    if metrics_runner is not None:
         await metrics_runner.setup()
         await web.TCPSite(metrics_runner, host, metrics_port).start()
         proxy.metrics_port = _bound_port(metrics_runner)
-        runner.app.on_cleanup.append(lambda _: metrics_runner.cleanup())
     return runner, site.port
 
 

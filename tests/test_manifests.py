@@ -397,13 +397,27 @@ def rules_of(documents: list[dict[str, Any]], name: str) -> list[dict[str, Any]]
     return rules
 
 
+# The one Secret anything may read: the proxy's API keys (--api-key-secret).
+API_KEY_SECRET_ROLE = "flexinfer-proxy-api-keys"
+
+
 def test_rbac_grants_no_wildcards_and_no_secrets() -> None:
     documents = deploy_documents()
     for document in documents:
         for rule in document.get("rules", []):
             assert "*" not in rule["verbs"], document["metadata"]["name"]
             assert "*" not in rule["resources"], document["metadata"]["name"]
-            assert "secrets" not in rule["resources"], document["metadata"]["name"]
+            if "secrets" not in rule["resources"]:
+                continue
+            # Only the proxy's API keys: one named Secret, read only, in its namespace.
+            assert document["kind"] == "Role", document["metadata"]["name"]
+            assert document["metadata"]["name"] == API_KEY_SECRET_ROLE
+            assert rule == {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": [API_KEY_SECRET_ROLE],
+                "verbs": ["get"],
+            }
 
 
 def test_proxy_may_not_delete_or_scale() -> None:

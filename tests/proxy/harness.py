@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from flexinfer_kube.clock import Clock, ManualClock
+from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
@@ -139,16 +140,20 @@ def entry(
     kind: ModelKind = ModelKind.MODEL,
     gpu_group: str | None = None,
     cold_start: timedelta = timedelta(0),
+    namespace: str = "test",
+    **fields: Any,
 ) -> ModelEntry:
+    """A routable entry; `fields` are further ModelEntry fields (served_name, ...)."""
     return ModelEntry(
         name=name,
-        namespace="test",
+        namespace=namespace,
         kind=kind,
         ready=ready,
         endpoint=endpoint,
         phase="Ready" if ready else "Idle",
         cold_start_timeout=cold_start,
         gpu_group=gpu_group,
+        **fields,
     )
 
 
@@ -197,13 +202,17 @@ async def running_proxy(
     config: ProxyConfig | None = None,
     clock: Clock | None = None,
     sink: RecordingSink | None = None,
+    api_keys: ApiKeys | None = None,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[RunningProxy]:
     directory = InMemoryDirectory(entries)
     sink = sink or RecordingSink()
     manual = clock if isinstance(clock, ManualClock) else ManualClock()
     registry = CollectorRegistry()
-    proxy = Proxy(directory, sink, clock=manual, registry=registry, config=config)
-    runner, port = await serve(proxy, host="127.0.0.1", port=0)
+    proxy = Proxy(
+        directory, sink, clock=manual, registry=registry, config=config, api_keys=api_keys
+    )
+    runner, port = await serve(proxy, host="127.0.0.1", port=0, metrics_port=metrics_port)
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as session:
         running = RunningProxy(proxy, directory, sink, manual, registry, url, session, runner)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 
-from flexinfer_proxy.__main__ import build_parser
+from flexinfer_proxy.__main__ import SPARE_DESCRIPTORS, build_parser, config_from, fit_connections
+from flexinfer_proxy.app import ProxyConfig
 
 
 def test_defaults_and_repeatable_flags() -> None:
@@ -40,3 +43,61 @@ def test_bad_values_are_refused_with_a_message(
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
+    config = config_from(build_parser().parse_args([]))
+    assert config == ProxyConfig(max_connections=config.max_connections)
+    assert (config.max_body_bytes, config.max_buffered_bytes) == (16 * 2**20, 256 * 2**20)
+    assert (config.max_queue, config.max_queue_total) == (1000, 10000)
+    assert (
+        config.client_header_timeout,
+        config.client_body_timeout,
+        config.client_idle_timeout,
+        config.backend_connect_timeout,
+        config.backend_headers_timeout,
+        config.backend_read_timeout,
+    ) == (10.0, 60.0, 75.0, 10.0, 600.0, 300.0)
+    assert not config.access_log
+    flags = [
+        "--max-body-bytes", "2048", "--max-buffered-bytes", "4096",
+        "--max-queue", "3", "--max-queue-total", "4", "--max-connections", "5",
+        "--client-header-timeout", "2s", "--client-body-timeout", "3s",
+        "--client-idle-timeout", "4s", "--backend-connect-timeout", "5s",
+        "--backend-headers-timeout", "1m", "--backend-read-timeout", "7s",
+        "--access-log", "--retry-after", "3",
+    ]  # fmt: skip
+    set_ = config_from(build_parser().parse_args(flags))
+    assert (set_.max_body_bytes, set_.max_buffered_bytes, set_.max_queue) == (2048, 4096, 3)
+    assert (set_.max_queue_total, set_.max_connections, set_.retry_after_seconds) == (4, 5, 3)
+    assert (set_.client_header_timeout, set_.backend_headers_timeout) == (2.0, 60.0)
+    assert set_.access_log
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+        (["--max-body-bytes", "lots"], "--max-body-bytes: 'lots' is not a whole number"),
+        (["--client-header-timeout", "0s"], "--client-header-timeout must be longer than 0s"),
+        (["--backend-read-timeout", "soon"], "'soon' is not a valid duration"),
+        (["--api-key-secret", "just-a-name"], "expected NAMESPACE/NAME, got 'just-a-name'"),
+        (["--event-loop", "trio"], "invalid choice: 'trio'"),
+    ],
+)
+def test_bad_bounds_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_connection_cap_is_lowered_to_fit_the_open_files_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: None)
+    # Two descriptors per client (its own and its backend's) plus spares must fit 1024.
+    assert fit_connections(4096) == (1024 - SPARE_DESCRIPTORS) // 2
+    assert fit_connections(100) == 100

@@ -225,9 +225,11 @@ async def test_a_chunked_body_over_the_limit_is_cut_off_while_it_arrives(
 @async_test
 async def test_json_nested_100k_deep_is_a_400_not_a_500(bounded: StaticProxy) -> None:
     body = b'{"model": "alpha", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{bounded.url}/v1/chat/completions", data=body) as response:
-            status, payload = response.status, await response.json()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{bounded.url}/v1/chat/completions", data=body) as response,
+    ):
+        status, payload = response.status, await response.json()
     assert status == 400
     assert payload["error"]["code"] == "invalid_request"
     assert "nested too deeply" in payload["error"]["message"]
@@ -511,3 +513,56 @@ async def test_sixteen_50_mb_bodies_at_once_stay_under_512_mib(
         else:
             assert payload["received_model"] == "alpha"
     assert peak < 512 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+# -- the connection cap ------------------------------------------------------------
+
+
+@async_test
+async def test_at_the_connection_cap_idle_ones_make_room_and_busy_ones_refuse(
+    backends: dict[str, BackendProcess], tmp_path: Path
+) -> None:
+    alpha = backends["alpha"]
+    models = [{"name": "alpha", "endpoint": alpha.endpoint}]
+    proxy = StaticProxy(models, "--max-connections", "8", log_path=tmp_path / "log")
+    try:
+        # Eight idle keep-alive connections fill the cap...
+        idle = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(8)]
+        for reader, writer in idle:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+            assert (await read_answer(reader)).status == 200
+        # ...and a newcomer is still served: the longest idle one is closed for it.
+        async with aiohttp.ClientSession() as session:
+            status, _, _ = await post(session, proxy, {"model": "alpha"})
+            assert status == 200
+        assert await closed_by_peer(idle[0][0])
+        for _, writer in idle:
+            writer.close()
+
+        # Eight requests in progress: nothing to make room with, the newcomer gets a 503.
+        tags = [_tag() for _ in range(8)]
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True)
+        ) as session:
+            streams = [
+                await session.post(
+                    f"{proxy.url}/v1/chat/completions",
+                    json={"model": "alpha", "stream": True, "hold": True, "tag": tag},
+                )
+                for tag in tags
+            ]
+            async with connection(proxy.port) as (reader, writer):
+                answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert answer.status == 503
+            assert answer.error()["code"] == "too_many_connections"
+            for tag in tags:
+                await alpha.release(session, tag)
+            for stream in streams:
+                assert (await stream.read()).endswith(b"data: [DONE]\n\n")
+                stream.release()
+            async with session.get(f"{proxy.url}/metrics") as response:
+                metrics = await response.text()
+        assert 'flexinfer_proxy_client_connections_closed_total{reason="evicted"} 1.0' in metrics
+        assert 'flexinfer_proxy_client_connections_closed_total{reason="refused"} 1.0' in metrics
+    finally:
+        proxy.stop()

@@ -13,6 +13,7 @@ import pytest
 from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_kube.kubeapi import KubeApi
+from flexinfer_proxy.api_keys import SecretKeySource
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CONFLICTED,
@@ -123,9 +124,7 @@ def _bump(kubectl: Kubectl, namespace: str, resource: str, **status: str) -> Any
     return hook
 
 
-def test_a_conflict_is_reread_and_retried(
-    kubectl: Kubectl, namespace: str, api: KubeApi
-) -> None:
+def test_a_conflict_is_reread_and_retried(kubectl: Kubectl, namespace: str, api: KubeApi) -> None:
     apply(kubectl, namespace, model("conflict-once"))
     target = entry_for("conflict-once", namespace, ModelKind.MODEL)
     bump = _bump(kubectl, namespace, "model/conflict-once")
@@ -374,3 +373,26 @@ async def test_a_name_in_several_namespaces_is_ambiguous_unless_they_are_ordered
                 await directory.stop()
     finally:
         await asyncio.to_thread(delete_namespace, kubectl, other)
+
+
+@async_test
+async def test_api_keys_come_from_a_secret_and_follow_its_rotation(
+    kubectl: Kubectl, namespace: str, api: KubeApi
+) -> None:
+    def secret(**keys: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "proxy-keys"},
+                "stringData": keys}  # fmt: skip
+
+    source = SecretKeySource(api, namespace, "proxy-keys", refresh=3600)
+    await source.read_once()
+    assert source.keys.loaded and not source.keys.accepts("Bearer anything"), "missing: nobody"
+
+    await asyncio.to_thread(apply, kubectl, namespace, secret(team_a="old-key"))
+    await source.read_once()
+    assert source.keys.accepts("Bearer old-key")
+
+    await asyncio.to_thread(kubectl.ok, "delete", "-n", namespace, "secret/proxy-keys")
+    await asyncio.to_thread(apply, kubectl, namespace, secret(team_a="new-key", ci="ci-key"))
+    await source.read_once()
+    assert not source.keys.accepts("Bearer old-key")
+    assert source.keys.accepts("Bearer new-key") and source.keys.accepts("Bearer ci-key")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import uuid
@@ -9,6 +10,7 @@ import uuid
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.app import Proxy, serve
 from flexinfer_proxy.directory import InMemoryDirectory
 
@@ -188,3 +190,141 @@ async def test_before_the_first_list_an_unknown_model_is_a_503_not_a_404() -> No
                 assert answer.status == 503
     finally:
         await runner.cleanup()
+
+
+@async_test
+async def test_the_served_name_is_sent_to_the_backend_and_given_back(
+    backends: dict[str, BackendProcess],
+) -> None:
+    served = entry("m", backends["alpha"].endpoint, served_name="org/m-7b-instruct")
+    async with running_proxy([served]) as p:
+        status, body = await p.chat("m", tag=_tag())
+        assert status == 200
+        assert body["received_model"] == "org/m-7b-instruct"
+        assert body["model"] == "m", "the answer names the model the client asked for"
+        # Streamed answers are relayed untouched: their chunks carry the served name.
+        payload = {"model": "m", "stream": True, "tag": _tag()}
+        async with p.post("/v1/chat/completions", payload) as response:
+            first = await response.content.readuntil(b"\n\n")
+            await response.read()
+        assert json.loads(first.removeprefix(b"data: "))["model"] == "org/m-7b-instruct"
+
+
+@async_test
+async def test_a_service_label_reaches_the_member_holding_the_card(
+    backends: dict[str, BackendProcess],
+) -> None:
+    holder = entry("m1", backends["alpha"].endpoint, service_labels=("chat",),
+                   active_services=("chat",))  # fmt: skip
+    other = entry("m2", backends["beta"].endpoint, service_labels=("chat",), priority=900)
+    async with running_proxy([holder, other]) as p:
+        status, body = await p.chat("chat", tag=_tag())
+        assert status == 200
+        assert (body["backend"], body["received_model"], body["model"]) == ("alpha", "m1", "chat")
+
+
+@async_test
+async def test_a_service_label_wakes_a_parked_member(backends: dict[str, BackendProcess]) -> None:
+    parked = entry("m1", backends["alpha"].endpoint, ready=False, service_labels=("code",))
+    async with running_proxy([parked]) as p:
+        request = asyncio.create_task(p.chat("code", tag=_tag()))
+        await p.queued("m1", 1)
+        await p.proxy.signaller.flush()
+        assert p.sink.marks_for("m1") == [p.clock.now()], "demand for the member, not the label"
+        p.directory.set_ready("m1")
+        status, body = await request
+        assert (status, body["received_model"]) == (200, "m1")
+
+
+@async_test
+async def test_a_name_in_two_namespaces_needs_its_namespace(
+    backends: dict[str, BackendProcess],
+) -> None:
+    twins = [
+        entry("x", backends["alpha"].endpoint, namespace="team-a"),
+        entry("x", backends["beta"].endpoint, namespace="team-b"),
+    ]
+    async with running_proxy(twins) as p:
+        status, body = await p.chat("x")
+        assert status == 400
+        assert (body["error"]["code"], body["error"]["param"]) == ("ambiguous_model", "model")
+        assert "'team-a/x'" in body["error"]["message"]
+        assert "'team-b/x'" in body["error"]["message"]
+        status, body = await p.chat("team-b/x", tag=_tag())
+        assert (status, body["backend"], body["received_model"]) == (200, "beta", "x")
+        assert p.metric("flexinfer_proxy_requests_total", model="", outcome="ambiguous_model") == 1
+
+
+@async_test
+async def test_models_lists_what_can_be_routed_with_its_state(
+    backends: dict[str, BackendProcess],
+) -> None:
+    alpha = backends["alpha"].endpoint
+    entries = [
+        entry("ready", alpha),
+        entry("parked", alpha, ready=False),
+        entry("queued", alpha, ready=False),
+        entry("twin", alpha, namespace="team-a"),
+        entry("twin", alpha, namespace="team-b", service_labels=("chat",)),
+    ]
+    async with running_proxy(entries) as p:
+        waiting = asyncio.create_task(p.chat("queued"))
+        await p.queued("queued", 1)
+        async with p.session.get(f"{p.url}/v1/models") as response:
+            listing = await response.json()
+        waiting.cancel()
+    cards = {card["id"]: card["flexinfer"] for card in listing["data"]}
+    assert {name: card["state"] for name, card in cards.items()} == {
+        "parked": "parked",
+        "queued": "queued",
+        "ready": "ready",
+        "team-a/twin": "ready",
+        "team-b/twin": "ready",
+    }
+    assert cards["team-b/twin"]["serviceLabels"] == ["chat"]
+
+
+@async_test
+async def test_api_keys_let_in_only_their_bearers(backends: dict[str, BackendProcess]) -> None:
+    keys = ApiKeys(["key-one", "key-two"])
+    async with running_proxy([entry("a", backends["alpha"].endpoint)], api_keys=keys) as p:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "key-one"}):
+            async with p.post("/v1/chat/completions", {"model": "a"}, headers=headers) as answer:
+                body = await answer.json()
+                assert answer.status == 401, headers
+                assert answer.headers["WWW-Authenticate"] == "Bearer"
+                assert body["error"]["code"] == "invalid_api_key"
+        good = {"Authorization": "Bearer key-two"}
+        async with p.post("/v1/chat/completions", {"model": "a"}, headers=good) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["authorization"] is None, "the key stays with us"
+        async with p.session.get(f"{p.url}/v1/models") as answer:
+            assert answer.status == 401
+        async with p.session.get(f"{p.url}/healthz") as answer:
+            assert answer.status == 200
+        assert p.metric("flexinfer_proxy_requests_total", model="", outcome="unauthorized") == 4
+
+
+@async_test
+async def test_until_the_keys_are_read_requests_wait_and_readyz_says_so(
+    backends: dict[str, BackendProcess],
+) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)], api_keys=ApiKeys()) as p:
+        headers = {"Authorization": "Bearer anything"}
+        async with p.post("/v1/chat/completions", {"model": "a"}, headers=headers) as answer:
+            assert answer.status == 503
+            assert "Retry-After" in answer.headers
+        async with p.session.get(f"{p.url}/readyz") as answer:
+            assert answer.status == 503
+
+
+@async_test
+async def test_metrics_can_have_a_port_of_their_own(backends: dict[str, BackendProcess]) -> None:
+    async with running_proxy([entry("a", backends["alpha"].endpoint)], metrics_port=0) as p:
+        async with p.session.get(f"{p.url}/metrics") as answer:
+            assert answer.status == 404
+            assert (await answer.json())["error"]["code"] == "not_found"
+        assert p.proxy.metrics_port is not None
+        async with p.session.get(f"http://127.0.0.1:{p.proxy.metrics_port}/metrics") as answer:
+            assert answer.status == 200
+            assert "flexinfer_proxy_requests_total" in await answer.text()

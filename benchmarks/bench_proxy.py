@@ -271,10 +271,11 @@ async def drive_load(port: int, connections: int, seconds: float, warmup: float)
 
 
 class EventStream(asyncio.Protocol):
-    def __init__(self, delays: list[float]) -> None:
+    def __init__(self, delays: list[tuple[float, float]]) -> None:
         self._answers = Answers()
-        self._delays = delays
+        self._delays = delays  # (sent, delay) of every event
         self._seen = 0
+        self.first: float | None = None  # when the first event arrived
         self.done = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
@@ -283,7 +284,10 @@ class EventStream(asyncio.Protocol):
         events = bytes(self._answers.payload).split(b"\n\n")
         for event in events[self._seen : len(events) - 1]:
             if event.startswith(b"data: {"):
-                self._delays.append(now - json.loads(event[6:])["t"])
+                sent = json.loads(event[6:])["t"]
+                self._delays.append((sent, now - sent))
+                if self.first is None:
+                    self.first = now
         self._seen = len(events) - 1
         if finished and not self.done.done():
             self.done.set_result(None)
@@ -294,8 +298,9 @@ class EventStream(asyncio.Protocol):
 
 
 async def drive_streams(port: int, streams: int) -> dict[str, Any]:
+    """Event delays once every stream is open (steady state), and over all events."""
     loop = asyncio.get_running_loop()
-    delays: list[float] = []
+    delays: list[tuple[float, float]] = []
     request = request_bytes(port, STREAM_BODY)
     protocols = []
     for _ in range(streams):
@@ -305,24 +310,31 @@ async def drive_streams(port: int, streams: int) -> dict[str, Any]:
         transport.write(request)
         protocols.append(protocol)
     await asyncio.gather(*(p.done for p in protocols))
+    # Opening 200 streams at once is a burst of 200 requests; what a stream's events
+    # wait for once it runs is measured from the moment every stream has begun.
+    all_open = max(p.first or 0.0 for p in protocols)
+    steady = [delay for sent, delay in delays if sent > all_open]
+    every = [delay for _, delay in delays]
     return {
         "streams": streams,
-        "events": len(delays),
+        "events": len(steady),
         "failed": sum(p._answers.failed for p in protocols),
-        "delay_p50_ms": round(_percentile(delays, 0.5) * 1000, 3),
-        "delay_p99_ms": round(_percentile(delays, 0.99) * 1000, 3),
+        "delay_p50_ms": round(_percentile(steady, 0.5) * 1000, 3),
+        "delay_p99_ms": round(_percentile(steady, 0.99) * 1000, 3),
+        "with_opening_burst_p99_ms": round(_percentile(every, 0.99) * 1000, 3),
     }
 
 
 # -- the parties ---------------------------------------------------------------------
 
 
-def _child(*argv: str) -> subprocess.Popen[str]:
+def _child(*argv: str, quiet: bool = False) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *argv],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if quiet else None,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},
     )
@@ -357,6 +369,7 @@ def proxy(
     process = _child(
         *profiler, "-m", "tests.proxy.static_proxy", "--models", models,
         "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING", *flags,
+        quiet="--access-log" in flags,  # its lines are written (and paid for), not shown
     )  # fmt: skip
     assert process.stdout is not None
     try:

@@ -306,21 +306,50 @@ async def _stream_back(
     await response.prepare(request)
     content = upstream.content
     loop = asyncio.get_running_loop()
+    silence = _SilenceWatch(loop, timeouts.read, upstream)
     try:
-        while True:
-            # One timer per chunk would cost more than the chunk: re-arm a single one.
-            async with asyncio.timeout(timeouts.read) as deadline:
-                while chunk := await content.readany():
-                    await response.write(chunk)
-                    deadline.reschedule(loop.time() + timeouts.read)
-            break
-    except (TimeoutError, aiohttp.ClientError) as error:
+        while chunk := await content.readany():
+            silence.last = loop.time()
+            await response.write(chunk)
+    except aiohttp.ClientError as error:
         # Headers are gone already: the only honest signals left are an error event
         # (for an event stream) and a cut.
-        reason = "fell silent" if isinstance(error, TimeoutError) else "failed"
+        reason = "fell silent" if silence.fired else "failed"
         if upstream.content_type == "text/event-stream" and upstream.content_length is None:
             message = f"The backend {reason} in the middle of its answer."
             await response.write(openai_errors.stream_error_event(message, code="stream_cut"))
         raise StreamCut(f"backend {reason} mid-answer: {error!r}", response=response) from error
+    finally:
+        silence.stop()
     await response.write_eof()
     return response
+
+
+class _SilenceWatch:
+    """Closes the backend's answer once nothing arrived for `seconds`.
+
+    The reader stamps `last` per chunk (a float store); one timer checks the stamp
+    when it fires and re-arms for the rest. Re-arming a timer per chunk instead
+    costs a heap push for every event of every stream.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, upstream: aiohttp.ClientResponse
+    ) -> None:
+        self.last = loop.time()
+        self.fired = False
+        self._loop = loop
+        self._seconds = seconds
+        self._upstream = upstream
+        self._handle = loop.call_at(self.last + seconds, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self._seconds
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self.fired = True
+        self._upstream.close()  # the pending read fails: a ClientError
+
+    def stop(self) -> None:
+        self._handle.cancel()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -59,6 +60,9 @@ def entry_from(spec: dict[str, Any]) -> ModelEntry:
 
 async def run(models: list[dict[str, Any]], argv: Sequence[str]) -> None:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     directory = InMemoryDirectory([entry_from(spec) for spec in models])
     resolver = HostsFileResolver(args.resolve_file) if args.resolve_file else None
     proxy = Proxy(directory, NullSink(), config=config_from(args), resolver=resolver)

@@ -8,7 +8,8 @@ Every party is its own process (2 cores here: they share them):
 - the proxy: `tests/proxy/static_proxy.py`, i.e. `python -m flexinfer_proxy`'s flags,
   config and server with a static model list (uvloop, access log off: its defaults);
 - nginx, when installed (Debian package `nginx`): one worker, upstream keep-alive,
-  buffering off, access log off; without it the figures are direct and proxy only;
+  buffering off, access log off; without it (or with `--without-nginx`) the figures
+  are direct and proxy only;
 - the load: this script again (`load` / `sse` sub-commands), one process, raw
   asyncio, a fixed request on each of N keep-alive connections.
 
@@ -415,11 +416,12 @@ http {{
 
 
 @contextlib.contextmanager
-def nginx(backend_port: int) -> Iterator[tuple[int, list[int]] | None]:
-    """nginx's port and the pids whose CPU time counts (master and worker)."""
+def nginx(backend_port: int, *, wanted: bool = True) -> Iterator[tuple[int, list[int]] | None]:
+    """nginx's port and the pids whose CPU time counts (master and worker); None
+    when it is not installed (Debian package `nginx`) or not wanted."""
     # Debian installs it in /usr/sbin, which a non-root PATH may lack.
     binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-    if binary is None:
+    if binary is None or not wanted:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
@@ -497,7 +499,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     with (
         backend(args.events, args.interval) as backend_port,
-        nginx(backend_port) as front,
+        nginx(backend_port, wanted=not args.without_nginx) as front,
         proxy(backend_port, *args.proxy_flag) as (proxy_port, _, proxy_pid),
     ):
         targets: dict[str, tuple[int, list[int]]] = {
@@ -599,6 +601,9 @@ def main() -> None:
     bench.add_argument("--events", type=int, default=40, help="events per stream")
     bench.add_argument("--interval", type=float, default=0.05, help="seconds between events")
     bench.add_argument("--queued", type=int, default=200)
+    bench.add_argument(
+        "--without-nginx", action="store_true", help="direct and proxy only (as without nginx)"
+    )
     bench.add_argument(
         "--proxy-flag", action="append", default=[], help="extra flag for the proxy (repeatable)"
     )

@@ -36,7 +36,8 @@ BOUNDED_FLAGS = (
     "--client-idle-timeout", "1s",
     "--max-queue", "2",
     "--max-queue-total", "3",
-    "--backend-headers-timeout", "1s",
+    "--backend-connect-timeout", "1s",
+    "--backend-headers-timeout", "2s",
     "--backend-read-timeout", "1s",
     "--retry-after", "2",
     "--min-queue-wait", "30s",
@@ -337,6 +338,36 @@ async def test_a_backend_without_headers_in_time_is_a_504(bounded: StaticProxy) 
     assert status == 504
     assert payload["error"]["code"] == "backend_timeout"
     assert "127.0.0.1" not in payload["error"]["message"]
+
+
+@async_test
+async def test_a_backend_that_never_accepts_is_a_502_after_the_connect_timeout(
+    bounded: StaticProxy,
+) -> None:
+    # A listening socket whose accept queue is full drops further SYNs: connecting
+    # hangs, as it does to a black-holed address.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        try:
+            async with aiohttp.ClientSession() as session:
+                endpoint = f"http://127.0.0.1:{port}/v1"
+                await bounded.put(session, {"name": "black-hole", "endpoint": endpoint})
+                status, _, payload = await post(session, bounded, {"model": "black-hole"})
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert status == 502
+    assert payload["error"]["code"] == "backend_unavailable"
+    assert "black-hole at http://127.0.0.1" in bounded.log(), "the log names the backend"
+    assert "Connection timeout" in bounded.log()
 
 
 @async_test

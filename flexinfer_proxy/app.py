@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 import attrs
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractResolver
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -204,7 +204,9 @@ class Proxy:
         # raises its own plain-text 404/405; no middleware: one wrapper per handler.
         app = web.Application(client_max_size=self.config.max_body_bytes)
         for path in OPENAI_ROUTES:
-            app.router.add_post(path, self._framed(self.handle_openai))
+            app.router.add_post(
+                path, self._framed(self.handle_openai), expect_handler=self._expect_continue
+            )
         app.router.add_get("/v1/models", self._framed(self.handle_models))
         app.router.add_get("/healthz", self._framed(self.handle_healthz))
         app.router.add_get("/readyz", self._framed(self.handle_readyz))
@@ -285,6 +287,19 @@ class Proxy:
             self.metrics.request_done("", OUTCOME_INTERNAL_ERROR)
             return openai_errors.internal_error()
 
+    async def _expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue` (curl sends it for bodies over 1 MiB): refuse a body
+        that is too large before the client sends it, else invite it."""
+        expect = request.headers.get("Expect", "")
+        if request.version != HttpVersion11 or expect.lower() != "100-continue":
+            return None
+        if (request.content_length or 0) > self.config.max_body_bytes:
+            self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
+            return self._closing(openai_errors.body_too_large(self.config.max_body_bytes))
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # as aiohttp's own: the answer has not begun
+        return None
+
     # -- the OpenAI routes ---------------------------------------------------------
 
     async def handle_openai(self, request: web.Request) -> web.StreamResponse:
@@ -318,7 +333,13 @@ class Proxy:
             self.metrics.request_done("", OUTCOME_BODY_TIMEOUT)
             timeout = self.config.client_body_timeout
             return self._closing(openai_errors.body_timeout(timeout))
-        except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError):
+        except (web.RequestPayloadError, ConnectionError) as error:
+            # The client went away (or broke its own framing) in the middle of its body.
+            self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
+            log.info("request body cut off by the client: %s", error)
+            message = "The request body was cut off before its end."
+            return self._closing(openai_errors.bad_request(message, param=None))
+        except asyncio.CancelledError:
             self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
             raise
         try:

@@ -185,6 +185,14 @@ def proxy_closing(model: str, *, retry_after: int) -> web.Response:
     )
 
 
+def keys_loading(*, retry_after: int) -> web.Response:
+    return _retry_later(
+        "The proxy has not read its API keys yet",
+        code="proxy_starting",
+        retry_after=retry_after,
+    )
+
+
 def directory_syncing(model: str, *, retry_after: int) -> web.Response:
     return _retry_later(
         f"The proxy is still loading the list of models and does not know '{model}' yet",

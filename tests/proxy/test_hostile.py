@@ -81,7 +81,9 @@ async def read_answer(reader: asyncio.StreamReader) -> Answer:
         if ":" in line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-    if "content-length" in headers:
+    if status < 200 or status in (204, 304):
+        body = b""  # no body, by definition
+    elif "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
     elif headers.get("transfer-encoding") == "chunked":
         body = b""
@@ -221,6 +223,24 @@ async def test_a_chunked_body_over_the_limit_is_cut_off_while_it_arrives(
             answer = await asyncio.wait_for(read_answer(reader), 20)
     assert answer.status == 413
     assert answer.error()["code"] == "request_too_large"
+
+
+@async_test
+async def test_expect_100_continue_refuses_a_large_body_before_it_is_sent(
+    bounded: StaticProxy,
+) -> None:
+    expect = "Expect: 100-continue\r\n"
+    async with connection(bounded.port) as (reader, writer):
+        writer.write(request_head("/v1/embeddings", length=2 * MiB, extra=expect))
+        answer = await asyncio.wait_for(read_answer(reader), 20)
+    assert answer.status == 413
+    assert answer.error()["code"] == "request_too_large"
+    body = b'{"model": "alpha"}'
+    async with connection(bounded.port) as (reader, writer):
+        writer.write(request_head("/v1/embeddings", length=len(body), extra=expect))
+        assert (await asyncio.wait_for(read_answer(reader), 20)).status == 100
+        writer.write(body)
+        assert (await asyncio.wait_for(read_answer(reader), 20)).status == 200
 
 
 @async_test
@@ -477,6 +497,24 @@ async def test_headers_the_connection_header_names_are_dropped_both_ways(
     assert status == 200
     assert headers["X-Kept"] == "yes"
     assert "X-Backend-Hop" not in headers
+
+
+@async_test
+async def test_a_client_that_leaves_mid_body_is_counted_as_gone(bounded: StaticProxy) -> None:
+    async with connection(bounded.port) as (_, writer):
+        writer.write(request_head("/v1/embeddings", length=600 * 1024))
+        writer.write(b'{"input": "' + b"x" * (100 * 1024))
+        await writer.drain()
+    sample = 'flexinfer_proxy_requests_total{model="",outcome="client_disconnected"} 1.0'
+
+    async def counted() -> bool:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{bounded.url}/metrics") as response,
+        ):
+            return sample in await response.text()
+
+    await eventually(counted, what="the departure to be counted", attempts=200, interval=0.05)
 
 
 @async_test

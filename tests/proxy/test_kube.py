@@ -303,6 +303,18 @@ async def test_the_directory_follows_models_deployments_and_services(
         assert (by_label.entry, by_label.by_service_label) == (routed, True)
 
         await asyncio.to_thread(
+            kubectl.patch_status,
+            namespace,
+            "model/watched",
+            {"status": {"servedModelName": "org/model-7b"}},
+        )
+        served = await _until(
+            lambda: (e := _found(directory, "watched")) is not None and e.served_name and e,
+            what="the served name",
+        )
+        assert served.backend_model == "org/model-7b"
+
+        await asyncio.to_thread(
             apply,
             kubectl,
             namespace,

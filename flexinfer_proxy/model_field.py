@@ -21,6 +21,7 @@ This module parses and edits bytes; it performs no I/O.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from typing import Any
@@ -107,6 +108,21 @@ def _decode_string(raw: bytes | bytearray, *, where: str) -> str:
     return value
 
 
+class _At(enum.Enum):
+    """Where the walk is (at depth 1 unless noted)."""
+
+    START = "start"  # before the opening brace
+    KEY = "key"  # expecting a key or the closing brace
+    IN_KEY = "in_key"
+    COLON = "colon"
+    VALUE = "value"
+    IN_STRING_VALUE = "in_string_value"
+    NESTED = "nested"  # inside an object or array value (depth >= 2)
+    NESTED_STRING = "nested_string"  # a string inside one, not yet fully arrived
+    AFTER_VALUE = "after_value"  # expecting a comma or the closing brace
+    DONE = "done"
+
+
 class ModelFieldScanner:
     """Walks a JSON object as its bytes arrive; `field` is set once `model` is read.
 
@@ -115,21 +131,9 @@ class ModelFieldScanner:
     `finish(buffer, end)` once the body is complete. Both raise `BadRequest`.
     """
 
-    # Where the walk is (at depth 1 unless noted).
-    _START = "start"  # before the opening brace
-    _KEY = "key"  # expecting a key or the closing brace
-    _IN_KEY = "in_key"
-    _COLON = "colon"
-    _VALUE = "value"
-    _IN_STRING_VALUE = "in_string_value"
-    _NESTED = "nested"  # inside an object or array value (depth >= 2)
-    _NESTED_STRING = "nested_string"  # a string inside one, not yet fully arrived
-    _AFTER_VALUE = "after_value"  # expecting a comma or the closing brace
-    _DONE = "done"
-
     def __init__(self) -> None:
         self.field: ModelField | None = None
-        self._state = self._START
+        self._state = _At.START
         self._pos = 0
         self._depth = 0
         self._string_start = 0  # the opening quote of the string being read
@@ -138,7 +142,7 @@ class ModelFieldScanner:
 
     @property
     def done(self) -> bool:
-        return self._state == self._DONE
+        return self._state == _At.DONE
 
     def feed(self, buffer: bytes | bytearray, end: int) -> None:
         """Walk as far as `buffer[:end]` allows, in windows of `SCAN_WINDOW_BYTES`."""
@@ -156,7 +160,7 @@ class ModelFieldScanner:
 
     def finish(self, buffer: bytes | bytearray, end: int) -> ModelField:
         self.feed(buffer, end)
-        if self._state != self._DONE:
+        if self._state != _At.DONE:
             raise BadRequest("The request body is not valid JSON: it ends too early.")
         if self.field is None:
             raise BadRequest("Missing required field 'model'.", param="model")
@@ -186,41 +190,41 @@ class ModelFieldScanner:
     def _step(self, buffer: bytes | bytearray, end: int) -> bool:
         """Advance by one token, or not at all when it has not fully arrived."""
         state = self._state
-        if state == self._NESTED:
+        if state == _At.NESTED:
             return self._step_nested(buffer, end)
-        if state in (self._IN_KEY, self._IN_STRING_VALUE, self._NESTED_STRING):
+        if state in (_At.IN_KEY, _At.IN_STRING_VALUE, _At.NESTED_STRING):
             return self._step_string(buffer, end)
         if not self._skip_whitespace(buffer, end):
             return False
         byte = buffer[self._pos]
-        if state == self._START:
+        if state == _At.START:
             if byte != ord("{"):
                 raise BadRequest("The request body must be a JSON object.")
             self._pos += 1
             self._depth = 1
-            self._state = self._KEY
-        elif state == self._KEY:
+            self._state = _At.KEY
+        elif state == _At.KEY:
             if byte == ord("}") and not self._after_comma:
                 self._close_object()  # {}
             elif byte == _QUOTE:
                 self._string_start = self._pos
                 self._pos += 1
                 self._after_comma = False
-                self._state = self._IN_KEY
+                self._state = _At.IN_KEY
             else:
                 raise self._invalid("expected a key", self._pos)
-        elif state == self._COLON:
+        elif state == _At.COLON:
             if byte != ord(":"):
                 raise self._invalid("expected ':'", self._pos)
             self._pos += 1
-            self._state = self._VALUE
-        elif state == self._VALUE:
+            self._state = _At.VALUE
+        elif state == _At.VALUE:
             self._start_value(buffer, end, byte)
-        elif state == self._AFTER_VALUE:
+        elif state == _At.AFTER_VALUE:
             if byte == ord(","):
                 self._pos += 1
                 self._after_comma = True
-                self._state = self._KEY
+                self._state = _At.KEY
             elif byte == ord("}"):
                 self._close_object()
             else:
@@ -232,7 +236,7 @@ class ModelFieldScanner:
     def _close_object(self) -> None:
         self._pos += 1
         self._depth = 0
-        self._state = self._DONE
+        self._state = _At.DONE
 
     def _start_value(self, buffer: bytes | bytearray, end: int, byte: int) -> None:
         if self._key_is_model and byte != _QUOTE:
@@ -240,11 +244,11 @@ class ModelFieldScanner:
         if byte == _QUOTE:
             self._string_start = self._pos
             self._pos += 1
-            self._state = self._IN_STRING_VALUE
+            self._state = _At.IN_STRING_VALUE
         elif byte in _OPENERS:
             self._pos += 1
             self._depth = 2
-            self._state = self._NESTED
+            self._state = _At.NESTED
         else:
             match = _SCALAR.match(buffer, self._pos, end)
             assert match is not None
@@ -253,21 +257,21 @@ class ModelFieldScanner:
             if match.end() == end:
                 return  # the scalar may go on in the next chunk: look again then
             self._pos = match.end()
-            self._state = self._AFTER_VALUE
+            self._state = _At.AFTER_VALUE
 
     def _step_string(self, buffer: bytes | bytearray, end: int) -> bool:
         closing = self._string_end(buffer, end)
         if closing is None:
             return False
         start, self._pos = self._string_start, closing + 1
-        if self._state == self._NESTED_STRING:
-            self._state = self._NESTED
-        elif self._state == self._IN_KEY:
+        if self._state == _At.NESTED_STRING:
+            self._state = _At.NESTED
+        elif self._state == _At.IN_KEY:
             raw = buffer[start : self._pos]
             self._key_is_model = len(raw) <= _LONGEST_MODEL_KEY and (
                 _decode_string(raw, where="a key") == "model"
             )
-            self._state = self._COLON
+            self._state = _At.COLON
         else:
             if self._key_is_model:
                 if self.field is not None:
@@ -276,7 +280,7 @@ class ModelFieldScanner:
                 name = _checked_model(name, present=True)
                 self.field = ModelField(name, start, self._pos)
                 self._key_is_model = False
-            self._state = self._AFTER_VALUE
+            self._state = _At.AFTER_VALUE
         return True
 
     def _step_nested(self, buffer: bytes | bytearray, end: int) -> bool:
@@ -289,7 +293,7 @@ class ModelFieldScanner:
         if byte == _QUOTE:  # a string that has not fully arrived
             self._string_start = self._pos
             self._pos += 1
-            self._state = self._NESTED_STRING
+            self._state = _At.NESTED_STRING
         elif byte in _OPENERS:
             self._pos += 1
             self._depth += 1
@@ -298,5 +302,5 @@ class ModelFieldScanner:
             self._pos += 1
             self._depth -= 1
             if self._depth == 1:
-                self._state = self._AFTER_VALUE
+                self._state = _At.AFTER_VALUE
         return True

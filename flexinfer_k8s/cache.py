@@ -121,7 +121,9 @@ class ClusterCache:
         return out
 
     def unreadable_lease_sources(self, namespace: str) -> list[str]:
-        """Lease carriers whose informer for `namespace` cannot list right now."""
+        """Lease carriers whose informer for `namespace` is refused a list (RBAC, a
+        missing CRD). An outage is not that: the cache keeps the leases last listed, and
+        nothing can be written until the API server answers again anyway."""
         return sorted(
             {
                 informer.resource.plural
@@ -129,6 +131,7 @@ class ClusterCache:
                 if informer.resource in LEASE_SOURCES
                 and informer.namespace in (None, namespace)
                 and not informer.healthy
+                and not informer.last_error_transient
             }
         )
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flexinfer_kube.kubeapi import JSON, Gone, KubeApi, KubeError
+from flexinfer_kube.kubeapi import JSON, Gone, KubeApi, KubeError, Transient
 from flexinfer_kube.objects import Key, object_key
 from flexinfer_kube.resources import Resource
 
@@ -136,7 +136,11 @@ class Informer:
         """Set after the first list attempt, successful or not."""
         self.healthy = False
         self.last_error: str = ""
+        self.last_error_transient = False
+        """The last failed list could not reach the API server (an outage), as opposed to
+        being refused (RBAC, a missing resource): the cache still holds what was listed."""
         self.relists = 0
+        self._failing = False
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(
@@ -160,12 +164,31 @@ class Informer:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def _set_health(self, healthy: bool, error: str = "") -> None:
+    def _set_health(self, healthy: bool, error: KubeError | None = None) -> None:
         changed = healthy != self.healthy
         self.healthy = healthy
-        self.last_error = error
+        self.last_error = str(error or "")
+        self.last_error_transient = isinstance(error, Transient)
+        # One line per change of state, not one per retry: an outage of a minute used to
+        # log thousands of warnings.
+        if not healthy and not self._failing:
+            log.warning(
+                "list failed; retrying with backoff",
+                extra={"fields": {"informer": self.name, "error": self.last_error}},
+            )
+        elif healthy and self._failing:
+            log.info("listing again", extra={"fields": {"informer": self.name}})
+        self._failing = not healthy
         if changed and self._on_health is not None:
             self._on_health(self)
+
+    def _notify(self, old: JSON | None, new: JSON | None) -> None:
+        """One handler call; a handler that raises is logged and the next change still
+        goes out (a lost notification would wait for the resync)."""
+        try:
+            self._on_change(old, new)
+        except Exception:
+            log.exception("change handler failed", extra={"fields": {"informer": self.name}})
 
     def _run(self) -> None:
         backoff = 0.2
@@ -175,9 +198,9 @@ class Informer:
             except KubeError as error:
                 # Only a failed list makes the informer unhealthy: a watch that drops
                 # is re-listed first, and the cache stays good until that fails too.
-                self._set_health(False, str(error))
+                self._set_health(False, error)
                 self.attempted.set()
-                log.warning(
+                log.debug(
                     "list failed; retrying",
                     extra={"fields": {"informer": self.name, "error": str(error)}},
                 )
@@ -221,7 +244,7 @@ class Informer:
         self.synced.set()
         self.attempted.set()
         for old, new in changes:
-            self._on_change(old, new)
+            self._notify(old, new)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, version: str) -> None:
@@ -251,7 +274,7 @@ class Informer:
                     continue
                 change = self.store.apply_event(kind, obj)
                 if change is not None:
-                    self._on_change(*change)
+                    self._notify(*change)
             self._response = None
 
     def _opened(self, response: Any) -> None:

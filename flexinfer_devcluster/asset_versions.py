@@ -1,4 +1,8 @@
-"""The one place that pins the control-plane binaries flexinfer builds and tests against.
+"""The one place that pins the binaries flexinfer builds and tests against.
+
+The control-plane binaries come from Go modules; `llama-server` (the one real model
+server the local cluster runs) from the llama.cpp sources vendored in a pinned
+`llama-cpp-python` sdist.
 
 Changing a version here changes the cache key, so the next `ensure_assets()` builds
 the new set once and leaves the old one in place. Nothing here does I/O.
@@ -6,6 +10,7 @@ the new set once and leaves the old one in place. Nothing here does I/O.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 KUBERNETES_VERSION: Final = "v1.37.2"
@@ -69,3 +74,36 @@ BINARIES: Final = (
 def assets_key(*, goos: str, goarch: str) -> str:
     """The cache directory name for this set of pins on one platform."""
     return f"k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-kwok-{KWOK_VERSION}-{goos}-{goarch}"
+
+
+LLAMA_CPP_PYTHON_VERSION: Final = "0.3.36"
+"""The `llama-cpp-python` sdist on PyPI whose vendored llama.cpp sources build `llama-server`."""
+
+LLAMA_CPP_PYTHON_SHA256: Final = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+"""The sdist's SHA-256 (pip checks it with --require-hashes, and so does the cache)."""
+
+LLAMA_SERVER_CMAKE_FLAGS: Final = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    # Portable CPU code: the binary may be cached on one machine and run on another.
+    "-DGGML_NATIVE=OFF",
+    # One self-contained executable, no libllama.so/libggml.so beside it.
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_OPENMP=OFF",
+    # No network at build time: the web UI would otherwise be fetched during the build,
+    # and HTTPS model downloads (OpenSSL) are never used here.
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+)
+"""How `llama-server` is configured (CPU only). `LLAMA_CURL` is not passed: these sources
+dropped libcurl and only warn that the option is ignored."""
+
+LLAMA_SERVER_BINARY: Final = "llama-server"
+
+
+def llama_server_key(*, goos: str, goarch: str) -> str:
+    """The cache directory name for `llama-server`: the sdist version, the flags, the platform."""
+    flags = hashlib.sha256("\n".join(LLAMA_SERVER_CMAKE_FLAGS).encode()).hexdigest()[:8]
+    return f"llama-server-{LLAMA_CPP_PYTHON_VERSION}-{flags}-{goos}-{goarch}"

@@ -1,35 +1,46 @@
-"""Find or build the control-plane binaries (etcd, kube-*, kubectl, kwok).
+"""Find or build the binaries the local cluster runs: the control plane and `llama-server`.
 
-Resolution order: `$FLEXINFER_ASSETS` (must hold all six), then `$KUBEBUILDER_ASSETS`
-when it holds all six (envtest's usual three are passed over), then the cache
-`~/.cache/flexinfer/assets/<key>/` keyed by the pins in `asset_versions`. A missing
-cache entry is compiled once from the Go modules with the machine's Go toolchain into
-a temporary directory and renamed into place, under a file lock so concurrent callers
-build it once. Nothing is downloaded except through the Go module proxy.
+Control plane (etcd, kube-*, kubectl, kwok): `$FLEXINFER_ASSETS` (must hold all six),
+then `$KUBEBUILDER_ASSETS` when it holds all six (envtest's usual three are passed
+over), then the cache `~/.cache/flexinfer/assets/<key>/` keyed by the pins in
+`asset_versions`. A missing cache entry is compiled once from the Go modules with the
+machine's Go toolchain into a temporary directory and renamed into place, under a file
+lock so concurrent callers build it once. Nothing is downloaded except through the Go
+module proxy.
 
-This module never starts the binaries; `localcluster` does.
+`llama-server`: `$FLEXINFER_LLAMA_SERVER` (an executable), else the cache entry
+`~/.cache/flexinfer/assets/llama-server-<version>-<flags>-<platform>/`, built the same
+way (once, locked, renamed into place) with cmake from the llama.cpp sources vendored in
+the pinned `llama-cpp-python` sdist. The sdist is the only download (`pip download`,
+hash-checked, kept under `~/.cache/flexinfer/downloads/`); the build itself is offline.
+
+This module never starts the binaries; `localcluster` and `processnode` do.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from flexinfer_devcluster import asset_versions as pins
 
 ENV_ASSETS = "FLEXINFER_ASSETS"
 ENV_KUBEBUILDER_ASSETS = "KUBEBUILDER_ASSETS"
 ENV_CACHE = "FLEXINFER_CACHE_DIR"
+ENV_LLAMA_SERVER = "FLEXINFER_LLAMA_SERVER"
 MANIFEST = "versions.json"
 LOG_TAIL_LINES = 40
 
@@ -349,20 +360,232 @@ def manifest(directory: Path) -> dict[str, object]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def llama_server_key() -> str:
+    goos, goarch = _go_platform()
+    return pins.llama_server_key(goos=goos, goarch=goarch)
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def ensure_llama_server(*, build: bool = True, log: bool = True) -> Path:
+    """Return the path of a `llama-server` executable (see the module docstring).
+
+    With `build=False` a missing cache entry raises instead of building (minutes).
+    """
+    explicit = os.environ.get(ENV_LLAMA_SERVER)
+    if explicit:
+        binary = Path(explicit).expanduser()
+        if not _is_executable(binary):
+            raise AssetsError(
+                f"${ENV_LLAMA_SERVER}={binary} is not an executable file; point it at a "
+                f"llama-server binary or unset it to build one into {cache_root() / 'assets'}"
+            )
+        return binary
+    final = cache_root() / "assets" / llama_server_key()
+    binary = final / pins.LLAMA_SERVER_BINARY
+    if _llama_server_complete(final):
+        return binary
+    if not build:
+        raise AssetsError(
+            f"no llama-server at {binary}; run `python -m flexinfer_devcluster.assets`"
+        )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(final.parent / f"{final.name}.lock", log=log):
+        if _llama_server_complete(final):
+            return binary
+        _build_llama_server_into(final, log=log)
+    return binary
+
+
+def _llama_server_complete(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() and _is_executable(directory / pins.LLAMA_SERVER_BINARY)
+
+
+def sdist_path() -> Path:
+    """Where the pinned llama-cpp-python sdist is kept once downloaded."""
+    version = pins.LLAMA_CPP_PYTHON_VERSION
+    return cache_root() / "downloads" / f"llama_cpp_python-{version}.tar.gz"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fetch_sdist(*, log_file: IO[str], log: bool) -> Path:
+    """The pinned sdist, downloaded with pip (hash-checked) unless already kept."""
+    target = sdist_path()
+    if target.is_file() and _sha256(target) == pins.LLAMA_CPP_PYTHON_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    version = pins.LLAMA_CPP_PYTHON_VERSION
+    if log:
+        _say(f"downloading the llama-cpp-python {version} sdist with pip")
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text(
+            f"llama-cpp-python=={version} --hash=sha256:{pins.LLAMA_CPP_PYTHON_SHA256}\n"
+        )
+        downloads = Path(scratch) / "out"
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--require-hashes", "--disable-pip-version-check", "-r", str(requirements),
+            "-d", str(downloads),
+        ]  # fmt: skip
+        log_file.write(f"== {' '.join(command)}\n")
+        log_file.flush()
+        result = subprocess.run(
+            command, stdout=log_file, stderr=subprocess.STDOUT, check=False, cwd=scratch
+        )
+        log_file.flush()
+        found = sorted(downloads.glob("llama_cpp_python-*.tar.gz"))
+        if result.returncode != 0 or not found:
+            raise AssetsError(
+                f"pip could not download the llama-cpp-python {version} sdist (exit "
+                f"{result.returncode}); last lines of {log_file.name}:\n"
+                f"{_tail(Path(log_file.name))}"
+            )
+        if _sha256(found[0]) != pins.LLAMA_CPP_PYTHON_SHA256:
+            raise AssetsError(f"{found[0].name} does not match the pinned SHA-256")
+        found[0].replace(target)
+    return target
+
+
+def _extract_llama_cpp(sdist: Path, destination: Path) -> Path:
+    """Unpack only the vendored llama.cpp tree of the sdist; return its root."""
+    prefix = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+        if not members:
+            raise AssetsError(f"{sdist} holds no {prefix}: not the sdist that was pinned")
+        archive.extractall(destination, members=members, filter="data")
+    return destination / prefix.rstrip("/")
+
+
+def find_cmake() -> Path:
+    found = shutil.which("cmake")
+    if not found:
+        raise AssetsError(
+            "cmake is needed to build llama-server but is not on PATH; install it "
+            f"(apt-get install cmake) or set ${ENV_LLAMA_SERVER} to a llama-server binary"
+        )
+    return Path(found)
+
+
+def _build_llama_server_into(final: Path, *, log: bool) -> None:
+    cmake = find_cmake()
+    work = cache_root() / "build" / final.name
+    if work.exists():
+        shutil.rmtree(work)  # the sources and objects of an interrupted build
+    work.mkdir(parents=True)
+    log_path = work / "build.log"
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        with log_path.open("w") as log_file:
+            step_started = time.monotonic()
+            sdist = _fetch_sdist(log_file=log_file, log=log)
+            source = _extract_llama_cpp(sdist, work / "src")
+            timings["fetch and unpack"] = round(time.monotonic() - step_started, 1)
+            jobs = str(os.cpu_count() or 2)
+            if log:
+                _say(
+                    f"building llama-server from llama-cpp-python "
+                    f"{pins.LLAMA_CPP_PYTHON_VERSION} with {jobs} jobs (log: {log_path}); "
+                    "this takes minutes once"
+                )
+            build_dir = work / "build"
+            for step, command in (
+                (
+                    "configure",
+                    [str(cmake), "-S", str(source), "-B", str(build_dir),
+                     *pins.LLAMA_SERVER_CMAKE_FLAGS],
+                ),
+                (
+                    "compile",
+                    [str(cmake), "--build", str(build_dir), "--target",
+                     pins.LLAMA_SERVER_BINARY, "--parallel", jobs],
+                ),
+            ):  # fmt: skip
+                step_started = time.monotonic()
+                log_file.write(f"== {step}: {' '.join(command)}\n")
+                log_file.flush()
+                result = subprocess.run(
+                    command, stdout=log_file, stderr=subprocess.STDOUT, check=False, cwd=work
+                )
+                log_file.flush()
+                if result.returncode != 0:
+                    raise AssetsError(
+                        f"building llama-server failed at cmake {step} (exit "
+                        f"{result.returncode}); last lines of {log_path}:\n{_tail(log_path)}"
+                    )
+                timings[step] = round(time.monotonic() - step_started, 1)
+            built = build_dir / "bin" / pins.LLAMA_SERVER_BINARY
+            if not _is_executable(built):
+                raise AssetsError(f"cmake finished without {built}; see {log_path}")
+            shutil.copy2(built, staging / pins.LLAMA_SERVER_BINARY)
+            version = subprocess.run(
+                [str(staging / pins.LLAMA_SERVER_BINARY), "--version"],
+                capture_output=True, text=True, check=False, timeout=60,
+            )  # fmt: skip
+            if version.returncode != 0:
+                raise AssetsError(
+                    f"the built llama-server does not run (--version exit "
+                    f"{version.returncode}):\n{version.stderr[-2000:]}"
+                )
+        record = {
+            "llama_cpp_python": pins.LLAMA_CPP_PYTHON_VERSION,
+            "sdist_sha256": pins.LLAMA_CPP_PYTHON_SHA256,
+            "cmake_flags": list(pins.LLAMA_SERVER_CMAKE_FLAGS),
+            "llama_server_version": (version.stdout + version.stderr).strip().splitlines(),
+            "cmake": subprocess.run(
+                [str(cmake), "--version"], capture_output=True, text=True, check=False
+            ).stdout.splitlines()[:1],
+            "build_seconds": round(time.monotonic() - started, 1),
+            "step_seconds": timings,
+        }
+        (staging / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+        staging.chmod(0o755)
+        if final.exists():  # an incomplete leftover; the lock says nobody else uses it
+            shutil.rmtree(final)
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # The sources and objects are hundreds of megabytes; the log stays for the record.
+    shutil.rmtree(work / "src", ignore_errors=True)
+    shutil.rmtree(work / "build", ignore_errors=True)
+    if log:
+        _say(f"built llama-server in {record['build_seconds']}s into {final}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(
-            "usage: python -m flexinfer_devcluster.assets\n\nBuild (once) and print the directory "
-            f"holding {', '.join(pins.BINARIES)}."
+            "usage: python -m flexinfer_devcluster.assets [--llama-server]\n\nBuild (once) "
+            f"{', '.join(pins.BINARIES)} and llama-server, then print the directory holding "
+            "the first six (with --llama-server: the path of llama-server)."
         )
         return 0
+    unknown = [arg for arg in args if arg != "--llama-server"]
+    if unknown:
+        print(f"flexinfer assets: unknown argument {unknown[0]!r} (see --help)", file=sys.stderr)
+        return 2
     try:
         directory = ensure_assets()
+        llama_server = ensure_llama_server()
     except AssetsError as error:
         print(f"flexinfer assets: {error}", file=sys.stderr)
         return 1
-    print(directory)
+    # One line on stdout, so `$(python -m flexinfer_devcluster.assets)/kubectl` works.
+    print(llama_server if "--llama-server" in args else directory)
     return 0
 
 

@@ -1,10 +1,15 @@
-"""Where the control-plane binaries come from: overrides, the cache, one build at a time,
-and failures that name the binary. A fake `go` stands in for the toolchain."""
+"""Where the binaries come from: overrides, the cache, one build at a time, and failures
+that name the binary. A fake `go` stands in for the Go toolchain and a fake `cmake` (with
+a stand-in sdist) for the llama-server build."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import stat
+import tarfile
 import threading
 from pathlib import Path
 
@@ -15,10 +20,15 @@ from flexinfer_devcluster.assets import (
     ENV_ASSETS,
     ENV_CACHE,
     ENV_KUBEBUILDER_ASSETS,
+    ENV_LLAMA_SERVER,
     AssetsError,
     current_key,
     ensure_assets,
+    ensure_llama_server,
+    llama_server_key,
+    sdist_path,
 )
+from flexinfer_devcluster.assets import main as assets_main
 
 FAKE_GO = """#!/bin/sh
 if [ "$1" = version ]; then echo "go version fake"; exit 0; fi
@@ -141,3 +151,110 @@ def test_a_failed_build_names_the_binary_shows_the_log_and_leaves_no_partial_cac
     assert "invalid version" in message
     assets_root = tmp_path / "cache" / "assets"
     assert [p.name for p in assets_root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+# -- llama-server: built with cmake from the pinned sdist (a fake cmake stands in) ------
+
+FAKE_CMAKE = """#!/bin/sh
+if [ "$1" = --version ]; then echo "cmake version fake"; exit 0; fi
+echo "$*" >> "$FAKE_CMAKE_CALLS"
+if [ "$1" = -S ]; then
+  test -f "$2/CMakeLists.txt" || { echo "no CMakeLists.txt in $2" >&2; exit 1; }
+  mkdir -p "$4"; exit 0
+fi
+if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "$FAKE_CMAKE_FAIL" >&2; exit 2; fi
+mkdir -p "$2/bin"
+printf '#!/bin/sh\\necho "version: fake"\\n' > "$2/bin/llama-server"
+chmod +x "$2/bin/llama-server"
+"""
+
+
+@pytest.fixture
+def fake_cmake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache holding a stand-in sdist (pinned by its hash) and a fake `cmake`."""
+    tools = tmp_path / "cmake-tools"
+    tools.mkdir()
+    _executable(tools / "cmake", FAKE_CMAKE)
+    calls = tmp_path / "cmake-calls"
+    calls.touch()
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_CMAKE_CALLS", str(calls))
+    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.delenv(ENV_LLAMA_SERVER, raising=False)
+    root = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}"
+    sdist = sdist_path()
+    sdist.parent.mkdir(parents=True)
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in (
+            (f"{root}/vendor/llama.cpp/CMakeLists.txt", "project(llama.cpp)\n"),
+            (f"{root}/llama_cpp/__init__.py", "# the bindings, not unpacked\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setattr(pins, "LLAMA_CPP_PYTHON_SHA256", digest)
+    return calls
+
+
+def test_llama_server_is_built_once_from_the_vendored_sources_then_reused(
+    tmp_path: Path, fake_cmake: Path
+) -> None:
+    binary = ensure_llama_server(log=False)
+    assert binary == tmp_path / "cache" / "assets" / llama_server_key() / "llama-server"
+    assert pins.LLAMA_CPP_PYTHON_VERSION in llama_server_key()
+    configure, compile_ = fake_cmake.read_text().splitlines()
+    assert configure.split()[1].endswith("vendor/llama.cpp")
+    assert "-DGGML_NATIVE=OFF" in configure and "-DLLAMA_USE_PREBUILT_UI=OFF" in configure
+    assert "--target llama-server" in compile_
+    record = json.loads((binary.parent / "versions.json").read_text())
+    assert record["llama_cpp_python"] == pins.LLAMA_CPP_PYTHON_VERSION
+    assert record["llama_server_version"] == ["version: fake"]
+    build = tmp_path / "cache" / "build" / llama_server_key()
+    assert sorted(p.name for p in build.iterdir()) == ["build.log"], "sources are removed"
+
+    assert ensure_llama_server(log=False) == binary
+    assert len(fake_cmake.read_text().splitlines()) == 2, "a warm cache must not rebuild"
+
+
+def test_a_failed_llama_server_build_names_the_step_and_leaves_no_cache(
+    tmp_path: Path, fake_cmake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CMAKE_FAIL", "ggml.c:1: error: no such intrinsic")
+    with pytest.raises(AssetsError) as failure:
+        ensure_llama_server(log=False)
+    assert "failed at cmake compile" in str(failure.value)
+    assert "no such intrinsic" in str(failure.value)
+    assets_root = tmp_path / "cache" / "assets"
+    assert [p.name for p in assets_root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_without_a_build_a_missing_llama_server_names_the_command(fake_cmake: Path) -> None:
+    with pytest.raises(AssetsError, match=r"python -m flexinfer_devcluster\.assets"):
+        ensure_llama_server(build=False)
+    assert fake_cmake.read_text() == ""
+
+
+def test_flexinfer_llama_server_overrides_the_cache_and_must_be_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "llama-server"
+    _executable(mine)
+    monkeypatch.setenv(ENV_LLAMA_SERVER, str(mine))
+    assert ensure_llama_server(build=False) == mine
+    mine.chmod(0o644)
+    with pytest.raises(AssetsError, match=r"FLEXINFER_LLAMA_SERVER=.* is not an executable"):
+        ensure_llama_server(build=False)
+
+
+def test_the_assets_step_builds_both_and_prints_one_path(
+    tmp_path: Path, fake_go: Path, fake_cmake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert assets_main([]) == 0
+    # One line on stdout: README's `$(python -m flexinfer_devcluster.assets)/kubectl`.
+    assert capsys.readouterr().out == f"{tmp_path / 'cache' / 'assets' / current_key()}\n"
+    assert len(fake_cmake.read_text().splitlines()) == 2
+    assert assets_main(["--llama-server"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{llama_server_key()}/llama-server")
+    assert assets_main(["--bogus"]) == 2

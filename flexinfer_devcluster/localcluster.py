@@ -18,11 +18,9 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -44,6 +42,7 @@ from kubernetes import config as k8s_config
 
 from flexinfer_devcluster import localpki
 from flexinfer_devcluster.assets import ensure_assets
+from flexinfer_devcluster.processes import die_with_thread_hook, terminate_group
 
 READY_DELAY_ANNOTATION = "flexinfer.test/ready-delay"
 """Pod annotation: Go duration ("3s") from container start to Ready. Default 0s."""
@@ -375,7 +374,7 @@ class LocalCluster:
                 self._api_client.close()
             self._api_client = None
         for process in reversed(self._processes):
-            _terminate_group(process.popen)
+            terminate_group(process.popen)
         self._processes = []
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -720,37 +719,13 @@ def _write_kubeconfig(
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
-    """On Linux, ask the kernel to kill a child if the starting thread dies.
+    """Kill a child if the test process dies (see `processes.die_with_thread_hook`).
 
-    That covers a test run killed with SIGKILL, where atexit cannot run. The kernel ties
-    it to the *thread*, so it is only used when starting from the main thread.
+    The kernel ties that to the starting *thread*, so it is only used from the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
         return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    return hook
-
-
-def _terminate_group(popen: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGTERM)
-    try:
-        popen.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
-    # The leader is reaped; anything else left in its group goes too.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGKILL)
+    return die_with_thread_hook()
 
 
 def _rss_of_group(pid: int) -> int:

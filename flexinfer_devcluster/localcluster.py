@@ -8,6 +8,10 @@ with freshly generated certificates. kwok plays the kubelet for nodes that adver
 disappears after `flexinfer.test/terminate-delay`; a Job's pod succeeds after
 `flexinfer.test/complete-delay`.
 
+Opt-in (`process_node=True` or `add_process_node()`): one process-backed node whose pods
+run as real local `llama-server` processes (`processnode`), with the hosts file that maps
+Service names to their loopback addresses at `hosts_file`.
+
 Each process runs in its own process group with its log in the directory; `stop()` (also
 run at interpreter exit) ends the groups and removes the directory. This module owns
 process lifecycle only; it makes no flexinfer decisions.
@@ -41,8 +45,9 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from flexinfer_devcluster import localpki
-from flexinfer_devcluster.assets import ensure_assets
+from flexinfer_devcluster.assets import ensure_assets, ensure_llama_server
 from flexinfer_devcluster.processes import die_with_thread_hook, terminate_group
+from flexinfer_devcluster.processnode import ProcessNode
 
 READY_DELAY_ANNOTATION = "flexinfer.test/ready-delay"
 """Pod annotation: Go duration ("3s") from container start to Ready. Default 0s."""
@@ -177,9 +182,14 @@ class LocalCluster:
         name: str = "flexinfer-local",
         audit: bool = False,
         client_qps: int | None = None,
+        process_node: bool = False,
+        llama_server: Path | None = None,
     ) -> None:
         self._nodes = tuple(default_nodes() if nodes is None else nodes)
         self._assets_dir = assets_dir
+        self._want_process_node = process_node
+        self._llama_server = llama_server
+        self._process_node: ProcessNode | None = None
         self._startup_timeout = startup_timeout
         self.name = name
         self.audit = audit
@@ -236,6 +246,48 @@ class LocalCluster:
 
     def log_path(self, binary: str) -> Path:
         return self.workdir / f"{binary}.log"
+
+    @property
+    def hosts_file(self) -> Path:
+        """`<ip> <service>.<namespace>.svc` per Service with a ready pod on the process node
+        (empty without one); the proxy's `--resolve-file` reads it."""
+        return self.workdir / "hosts"
+
+    @property
+    def process_node(self) -> ProcessNode:
+        """The process-backed node (after `add_process_node()` or `process_node=True`)."""
+        return self._require(self._process_node, "process node")
+
+    def add_process_node(self, *, name: str = "process-node", gpus: int = 1) -> ProcessNode:
+        """Register the node whose pods run as local `llama-server` processes, and run it.
+
+        Pods reach it with `processnode.PROCESS_NODE_SELECTOR` as nodeSelector and
+        `processnode.PROCESS_NODE_TOLERATION` (it is tainted so that nothing else lands
+        there). Builds llama-server first if the cache lacks it (minutes, once).
+        """
+        if self._process_node is not None:
+            raise LocalClusterError(
+                f"{self.name} already has process node {self._process_node.name}"
+            )
+        if self._llama_server is None:
+            self._llama_server = ensure_llama_server()
+        node = ProcessNode(
+            self.kubeconfig,
+            self._llama_server,
+            workdir=self.workdir / "process-node",
+            hosts_file=self.hosts_file,
+            name=name,
+            gpus=gpus,
+        )
+        node.start()
+        self._process_node = node
+        return node
+
+    def remove_process_node(self) -> None:
+        """Stop every server the process node started and delete the node."""
+        node, self._process_node = self._process_node, None
+        if node is not None:
+            node.stop()
 
     def audit_events(self) -> list[dict[str, Any]]:
         """The API server's audit events so far (writes by the admin user), oldest first."""
@@ -361,6 +413,9 @@ class LocalCluster:
                 what="the controller manager to create ServiceAccount default/default",
                 blame=("kube-controller-manager",),
             )
+            self.hosts_file.touch()
+            if self._want_process_node:
+                self.add_process_node()
         except BaseException:
             self.stop()
             raise
@@ -369,6 +424,9 @@ class LocalCluster:
         """End every process group this cluster started and remove its directory."""
         with _live_lock:
             _live_clusters.discard(self)
+        # The servers first, while the API server can still take their last statuses.
+        with contextlib.suppress(Exception):
+            self.remove_process_node()
         if self._api_client is not None:
             with contextlib.suppress(Exception):
                 self._api_client.close()

@@ -4,17 +4,20 @@
 scheduler, kwok) for the whole session; see `flexinfer_devcluster.localcluster`. The binaries
 must already be built (`make test` runs `python -m flexinfer_devcluster.assets` first): a
 missing build fails the test with the command to run instead of compiling for minutes
-inside a test timeout.
+inside a test timeout. The same holds for `llama_server` (the cached `llama-server` that
+the process node runs); `tiny_model` is a freshly generated random-weight GGUF.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from flexinfer_devcluster.assets import AssetsError, ensure_assets
+from flexinfer_devcluster.assets import AssetsError, ensure_assets, ensure_llama_server
 from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.tinymodel import write_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +32,17 @@ def local_cluster() -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    try:
+        return ensure_llama_server(build=False)
+    except AssetsError as error:
+        pytest.fail(f"llama-server is missing: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight llama GGUF (seed 0), written once per session."""
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf", seed=0)

@@ -1,0 +1,425 @@
+"""The process node runs what the scheduler binds to it as a real llama-server.
+
+A hand-written Deployment and Service shaped like the llama.cpp renderer's (args only,
+port 8000 named http, /health readiness, the model from a hostPath File volume) is
+scheduled by the real scheduler onto the process node; the pod turns Ready from the
+real server's /health, the hosts file names its Service, and a chat completion sent to
+that address returns tokens. Scaling to zero stops the server within its grace period;
+a flag the server rejects leaves the pod crash-looping, never Ready; an image that is
+not llama.cpp's server fails the pod. A stub server that ignores SIGTERM (on a cluster
+of its own) shows the SIGKILL at the end of the grace period, and `LocalCluster.stop()`
+ending every server it started.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_devcluster.localcluster import (
+    KWOK_NODE_ANNOTATION,
+    LocalCluster,
+    processes_mentioning,
+)
+from flexinfer_devcluster.processnode import (
+    PROCESS_NODE_LABEL,
+    PROCESS_NODE_SELECTOR,
+    PROCESS_NODE_TOLERATION,
+    ProcessNode,
+)
+from flexinfer_kube.informers import Informer, Store
+from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
+from flexinfer_kube.objects import get_path
+from flexinfer_kube.resources import DEPLOYMENTS, PODS, SERVICES, Resource
+from tests.devcluster.chat import chat
+from tests.k8s.kubectl import create_namespace, delete_namespace, kubectl_for
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.k8s
+
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+RENDERED_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-rocm"
+MODEL_MOUNT = "/models/model.gguf"
+
+
+def rendered_args(name: str, *extra: str) -> list[str]:
+    return [
+        "-m", MODEL_MOUNT, "--host", "0.0.0.0", "--port", "8000", "--alias", name,
+        "--n-gpu-layers", "999", "--ctx-size", "256", *extra,
+    ]  # fmt: skip
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"ai.flexinfer/model": name, "app.kubernetes.io/managed-by": "flexinfer"}
+
+
+def pod_spec(
+    name: str, model: Path, *, extra: tuple[str, ...] = (), image: str = RENDERED_IMAGE
+) -> JSON:
+    """The llama.cpp pod as the renderer writes it, sent to the process node."""
+    return {
+        "nodeSelector": PROCESS_NODE_SELECTOR,
+        "tolerations": [PROCESS_NODE_TOLERATION],
+        "terminationGracePeriodSeconds": 30,
+        "volumes": [{"name": "model-source", "hostPath": {"path": str(model), "type": "File"}}],
+        "containers": [
+            {
+                "name": "server",
+                "image": image,
+                "args": rendered_args(name, *extra),
+                "ports": [{"name": "http", "containerPort": 8000}],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                "volumeMounts": [
+                    {"name": "model-source", "mountPath": MODEL_MOUNT, "readOnly": True}
+                ],
+                "resources": {"limits": {"amd.com/gpu": "1"}, "requests": {"amd.com/gpu": "1"}},
+            }
+        ],
+    }
+
+
+def deployment(name: str, model: Path, *, extra: tuple[str, ...] = ()) -> JSON:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels(name)},
+            "template": {
+                "metadata": {"labels": labels(name)},
+                "spec": pod_spec(name, model, extra=extra),
+            },
+        },
+    }
+
+
+def service(name: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": labels(name),
+            "ports": [{"name": "http", "port": 8000, "targetPort": "http"}],
+        },
+    }
+
+
+def bare_pod(name: str, spec: JSON) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels(name)},
+        "spec": spec,
+    }
+
+
+def hosts(path: Path) -> dict[str, str]:
+    """name → address, from the `<ip> <name>` lines of the hosts file."""
+    return {line.split()[1]: line.split()[0] for line in path.read_text().splitlines() if line}
+
+
+def is_ready(pod: JSON | None) -> bool:
+    conditions = get_path(pod, "status", "conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def container_status(pod: JSON | None) -> JSON:
+    statuses = get_path(pod, "status", "containerStatuses") or [{}]
+    return dict(statuses[0])
+
+
+class PodHistory:
+    """Every version of the namespace's pods the API server sent, including the last."""
+
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.versions: list[tuple[JSON | None, JSON | None]] = []
+        self._lock = threading.Lock()
+        self._informer = Informer(
+            api, PODS, Store(PODS), namespace=namespace, on_change=self._record
+        )
+        self._informer.start()
+        assert self._informer.synced.wait(30)
+
+    def _record(self, old: JSON | None, new: JSON | None) -> None:
+        with self._lock:
+            self.versions.append((old, new))
+
+    def of(self, name: str) -> list[JSON]:
+        """Versions of pod `name`, oldest first; the object as it was last seen at the end."""
+        with self._lock:
+            seen = [new if new is not None else old for old, new in self.versions]
+            return [pod for pod in seen if pod and get_path(pod, "metadata", "name") == name]
+
+    def deleted(self, name: str) -> bool:
+        with self._lock:
+            return any(
+                new is None and get_path(old, "metadata", "name") == name
+                for old, new in self.versions
+            )
+
+    def stop(self) -> None:
+        self._informer.stop()
+
+
+@pytest.fixture(scope="module")
+def process_node(local_cluster: LocalCluster, llama_server: Path) -> Iterator[ProcessNode]:
+    node = local_cluster.add_process_node()
+    yield node
+    local_cluster.remove_process_node()
+
+
+@pytest.fixture
+def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
+    api_client = new_api_client(str(local_cluster.kubeconfig), user_agent="flexinfer-test")
+    yield KubeApi(api_client)
+    api_client.close()
+
+
+@pytest.fixture
+def namespace(local_cluster: LocalCluster) -> Iterator[str]:
+    kubectl = kubectl_for(local_cluster)
+    name = create_namespace(kubectl, "pn")
+    yield name
+    delete_namespace(kubectl, name)
+
+
+@pytest.fixture
+def history(api: KubeApi, namespace: str) -> Iterator[PodHistory]:
+    recorder = PodHistory(api, namespace)
+    yield recorder
+    recorder.stop()
+
+
+def only_pod(api: KubeApi, namespace: str) -> JSON | None:
+    items = api.list(PODS, namespace).get("items") or []
+    return items[0] if len(items) == 1 else None
+
+
+def test_the_node_is_ours_not_kwoks_and_takes_only_pods_that_tolerate_it(
+    api: KubeApi, namespace: str, process_node: ProcessNode, tiny_model: Path
+) -> None:
+    node = api.get(NODES, "", process_node.name)
+    assert get_path(node, "metadata", "labels", PROCESS_NODE_LABEL) == "true"
+    assert KWOK_NODE_ANNOTATION not in (get_path(node, "metadata", "annotations") or {})
+    assert get_path(node, "status", "allocatable", "amd.com/gpu") == "1"
+    (ready,) = [c for c in get_path(node, "status", "conditions") if c["type"] == "Ready"]
+    assert (ready["status"], ready["message"]) == (
+        "True",
+        "flexinfer process node runner is running",
+    )
+
+    spec = pod_spec("intolerant", tiny_model)
+    del spec["tolerations"]
+    api.create(PODS, namespace, bare_pod("intolerant", spec))
+
+    def unschedulable() -> str | None:
+        pod = api.get(PODS, namespace, "intolerant")
+        for condition in get_path(pod, "status", "conditions") or []:
+            if condition.get("reason") == "Unschedulable":
+                return str(condition.get("message"))
+        return None
+
+    message = wait_until(unschedulable, what="the scheduler to refuse pod intolerant")
+    assert "1 node(s) had untolerated taint" in message, message
+
+
+def test_a_rendered_llama_cpp_deployment_serves_real_tokens_and_stops_at_zero(
+    api: KubeApi,
+    namespace: str,
+    history: PodHistory,
+    process_node: ProcessNode,
+    local_cluster: LocalCluster,
+    llama_server: Path,
+    tiny_model: Path,
+) -> None:
+    api.create(DEPLOYMENTS, namespace, deployment("tiny", tiny_model))
+    api.create(SERVICES, namespace, service("tiny"))
+    def ready_pod() -> JSON | None:
+        pod = only_pod(api, namespace)
+        return pod if is_ready(pod) else None
+
+    pod = wait_until(ready_pod, what="the tiny pod to be Ready")
+    name = get_path(pod, "metadata", "name")
+    assert get_path(pod, "spec", "nodeName") == process_node.name
+    address = get_path(pod, "status", "podIP")
+    assert address.startswith("127.0.0.") and address != "127.0.0.1"
+    assert get_path(pod, "status", "phase") == "Running"
+    assert container_status(pod)["ready"] is True
+    assert hosts(local_cluster.hosts_file)[f"tiny.{namespace}.svc"] == address
+
+    # The rendered command line, run as it is: only --host and the mounted path differ.
+    pid = process_node.pids()[f"{namespace}/{name}"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    expected = rendered_args("tiny")
+    expected[expected.index("--host") + 1] = address
+    expected[expected.index(MODEL_MOUNT)] = str(tiny_model)
+    assert argv == [str(llama_server), *expected]
+
+    base = f"http://{hosts(local_cluster.hosts_file)[f'tiny.{namespace}.svc']}:8000"
+    plain = chat(base, "tiny", stream=False, max_tokens=8)
+    streamed = chat(base, "tiny", stream=True, max_tokens=8)
+    assert plain["content"].strip() and plain["model"] == "tiny"
+    assert streamed["content"].strip() and streamed["chunks"] >= 8
+
+    api.patch(DEPLOYMENTS, namespace, "tiny", {"spec": {"replicas": 0}}, subresource="scale")
+    wait_until(lambda: history.deleted(name), what=f"pod {name} to be gone", timeout=60)
+    assert processes_mentioning(str(tiny_model)) == []
+    assert process_node.pids() == {}
+    assert f"tiny.{namespace}.svc" not in hosts(local_cluster.hosts_file)
+    # The last word before the pod went: the server's own exit after SIGTERM, recorded
+    # while the pod still existed, before the deadline the API server set (not SIGKILL).
+    last = history.of(name)[-1]
+    terminated = container_status(last)["state"]["terminated"]
+    assert terminated["exitCode"] in (0, 143), terminated
+    finished = parse_rfc3339(terminated["finishedAt"])
+    deadline = parse_rfc3339(get_path(last, "metadata", "deletionTimestamp"))
+    assert finished is not None and deadline is not None and finished <= deadline
+
+
+def test_a_flag_the_server_rejects_fails_the_pod_visibly_and_never_ready(
+    api: KubeApi,
+    namespace: str,
+    history: PodHistory,
+    process_node: ProcessNode,
+    local_cluster: LocalCluster,
+    tiny_model: Path,
+) -> None:
+    api.create(DEPLOYMENTS, namespace, deployment("bad", tiny_model, extra=("--no-such-flag",)))
+    api.create(SERVICES, namespace, service("bad"))
+
+    def crash_looping() -> JSON | None:
+        pod = only_pod(api, namespace)
+        waiting = get_path(container_status(pod), "state", "waiting", "reason")
+        return pod if waiting == "CrashLoopBackOff" else None
+
+    # Restarted at once after the first exit, as the kubelet does; backing off after that.
+    pod = wait_until(crash_looping, what="the pod to be in CrashLoopBackOff")
+    status = container_status(pod)
+    assert status["lastState"]["terminated"]["exitCode"] != 0
+    assert "invalid argument: --no-such-flag" in status["lastState"]["terminated"]["message"]
+    assert status["restartCount"] >= 2
+    assert not any(is_ready(version) for version in history.of(get_path(pod, "metadata", "name")))
+    assert f"bad.{namespace}.svc" not in hosts(local_cluster.hosts_file)
+
+
+def test_an_image_that_is_not_llama_cpps_server_fails_the_pod_saying_so(
+    api: KubeApi, namespace: str, process_node: ProcessNode, tiny_model: Path
+) -> None:
+    spec = pod_spec("other", tiny_model, image="vllm/vllm-openai:v0.9.0")
+    api.create(PODS, namespace, bare_pod("other", spec))
+    def failed() -> JSON | None:
+        pod = api.get(PODS, namespace, "other")
+        return pod if get_path(pod, "status", "phase") == "Failed" else None
+
+    pod = wait_until(failed, what="pod other to fail")
+    message = get_path(pod, "status", "message")
+    assert "'vllm/vllm-openai:v0.9.0', which is not a llama.cpp server image" in message
+    assert not [key for key in process_node.pids() if key.startswith(f"{namespace}/")]
+
+
+# -- the grace period's end and stop(), with a stub server on a cluster of its own -----
+
+STUB_SERVER = '''
+import http.server, os, signal, sys
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+def noted(signum, frame):
+    # Whether the hosts file still sends clients here when the server is told to stop.
+    with open(os.environ["STUB_HOSTS"]) as hosts:
+        listed = any(line.split()[0] == host for line in hosts if line.strip())
+    with open(os.environ["STUB_SIGNALS"], "a") as out:
+        out.write(f"{signum}:{'listed' if listed else 'unlisted'}\\n")
+signal.signal(signal.SIGTERM, noted)  # a server that will not stop when asked
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *_):
+        pass
+http.server.HTTPServer((host, port), Health).serve_forever()
+'''
+
+
+@pytest.fixture(scope="module")
+def stub_cluster(
+    tmp_path_factory: pytest.TempPathFactory, local_cluster: LocalCluster
+) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("stub")
+    stub = directory / "llama-server"
+    stub.write_text(f"#!{sys.executable}\n{STUB_SERVER}")
+    stub.chmod(0o755)
+    cluster = LocalCluster(
+        name="flexinfer-stub", process_node=True, llama_server=stub, nodes=()
+    ).start()
+    yield cluster
+    cluster.stop()
+
+
+def stub_pod(cluster: LocalCluster, name: str, model: Path, signals: Path, *, grace: int) -> JSON:
+    spec = pod_spec(name, model)
+    spec["terminationGracePeriodSeconds"] = grace
+    spec["containers"][0]["env"] = [
+        {"name": "STUB_SIGNALS", "value": str(signals)},
+        {"name": "STUB_HOSTS", "value": str(cluster.hosts_file)},
+    ]
+    del spec["containers"][0]["resources"]  # the node has one GPU; two stubs run at once
+    return bare_pod(name, spec)
+
+
+def test_a_server_that_ignores_sigterm_is_killed_when_the_grace_period_ends(
+    stub_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    api = KubeApi(stub_cluster.new_api_client())
+    history = PodHistory(api, "default")
+    model, signals = tmp_path / "model.gguf", tmp_path / "signals"
+    model.write_bytes(b"not read by the stub")
+    try:
+        api.create(PODS, "default", stub_pod(stub_cluster, "stubborn", model, signals, grace=2))
+        api.create(SERVICES, "default", service("stubborn"))
+        wait_until(lambda: is_ready(api.get(PODS, "default", "stubborn")), what="stub Ready")
+        assert "stubborn.default.svc" in hosts(stub_cluster.hosts_file)
+        pid = stub_cluster.process_node.pids()["default/stubborn"]
+        api.request("DELETE", PODS.path("default", "stubborn"))
+        wait_until(lambda: history.deleted("stubborn"), what="pod stubborn to be gone")
+        # One SIGTERM, sent only once the hosts file no longer names the server.
+        assert signals.read_text().split() == ["15:unlisted"]
+        assert not Path(f"/proc/{pid}").exists()
+        last = history.of("stubborn")[-1]
+        terminated = container_status(last)["state"]["terminated"]
+        assert terminated["exitCode"] == 137, terminated  # SIGKILL
+        # Killed no earlier than the deadline the API server set (now + grace), to the
+        # second that both timestamps carry.
+        finished = parse_rfc3339(terminated["finishedAt"])
+        deadline = parse_rfc3339(get_path(last, "metadata", "deletionTimestamp"))
+        assert finished is not None and deadline is not None and finished >= deadline
+    finally:
+        history.stop()
+
+
+def test_stop_ends_every_server_the_cluster_started(
+    stub_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Runs last of the stub tests: it stops their cluster."""
+    api = KubeApi(stub_cluster.new_api_client())
+    marker = tmp_path / f"model-{uuid.uuid4().hex[:8]}.gguf"
+    marker.write_bytes(b"stub")
+    for name in ("one", "two"):
+        pod = stub_pod(stub_cluster, name, marker, tmp_path / "signals", grace=30)
+        api.create(PODS, "default", pod)
+    wait_until(
+        lambda: all(is_ready(api.get(PODS, "default", n)) for n in ("one", "two")),
+        what="both stub pods Ready",
+    )
+    hosts_file = stub_cluster.hosts_file
+    assert len(processes_mentioning(str(marker))) == 2
+    stub_cluster.stop()
+    assert processes_mentioning(str(marker)) == []
+    assert not hosts_file.exists()

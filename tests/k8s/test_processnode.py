@@ -255,6 +255,7 @@ def test_a_rendered_llama_cpp_deployment_serves_real_tokens_and_stops_at_zero(
     assert get_path(pod, "status", "phase") == "Running"
     assert container_status(pod)["ready"] is True
     assert hosts(local_cluster.hosts_file)[f"tiny.{namespace}.svc"] == address
+    assert process_node.address_of(namespace, name) == address
 
     # The rendered command line, run as it is: only --host and the mounted path differ.
     pid = process_node.pids()[f"{namespace}/{name}"]

@@ -24,7 +24,8 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-# Builds etcd, kube-*, kubectl and kwok once (minutes) into ~/.cache/flexinfer; then instant.
+# Builds etcd, kube-*, kubectl, kwok and llama-server once (minutes) into ~/.cache/flexinfer;
+# then instant.
 assets: $(STAMP)
 	$(BIN)/python -m flexinfer_devcluster.assets
 

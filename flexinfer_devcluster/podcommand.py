@@ -9,6 +9,10 @@ values are passed on (paths in them mapped the same way); `valueFrom` entries ar
 resolved here. Everything else is kept as rendered, so a flag the server rejects makes
 the real server fail.
 
+It also reads how the kubelet would check readiness: the container's readinessProbe
+(httpGet or tcpSocket, the port by number or by name), to be run against the pod's
+address.
+
 Pure: reads the pod as the API returns it (a dict) and returns what to run; never
 touches the file system or starts anything.
 """
@@ -46,6 +50,16 @@ class HostPathMount:
 
 
 @attrs.frozen
+class ReadinessCheck:
+    """The container's readiness probe: an HTTP GET, a TCP connect, or none (ready once
+    running, as the kubelet treats a container without one)."""
+
+    kind: str  # "http", "tcp" or "none"
+    port: int = 0
+    path: str = "/"
+
+
+@attrs.frozen
 class ServerCommand:
     """What to start for one pod: the argv (binary first) and the container's env."""
 
@@ -54,6 +68,7 @@ class ServerCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     mounts: tuple[HostPathMount, ...]
+    readiness: ReadinessCheck
 
 
 def is_llama_server_image(image: str) -> bool:
@@ -127,6 +142,44 @@ def with_host(args: Sequence[str], address: str) -> list[str]:
     return result
 
 
+def readiness_check(container: Mapping[str, Any]) -> ReadinessCheck:
+    """The container's readinessProbe as a check to run; raises `UnsupportedPod`."""
+    probe = container.get("readinessProbe") or {}
+    ports = {
+        str(port.get("name")): int(port.get("containerPort"))
+        for port in container.get("ports") or []
+        if port.get("name")
+    }
+
+    def port_of(field: str, value: Any) -> int:
+        if isinstance(value, int):
+            return value
+        if str(value).isdigit():
+            return int(str(value))
+        if str(value) in ports:
+            return ports[str(value)]
+        raise UnsupportedPod(
+            f"container {container.get('name')!r}: readinessProbe.{field}.port {value!r} "
+            "names no containerPort"
+        )
+
+    if "httpGet" in probe:
+        http = probe["httpGet"]
+        scheme = str(http.get("scheme") or "HTTP").upper()
+        if scheme != "HTTP":
+            raise UnsupportedPod(
+                f"container {container.get('name')!r}: readinessProbe.httpGet.scheme "
+                f"{scheme!r} is not run on the process node (HTTP only)"
+            )
+        return ReadinessCheck(
+            "http", port=port_of("httpGet", http.get("port")), path=str(http.get("path") or "/")
+        )
+    if "tcpSocket" in probe:
+        return ReadinessCheck("tcp", port=port_of("tcpSocket", probe["tcpSocket"].get("port")))
+    # An exec probe has no container to run in; like no probe, ready once running.
+    return ReadinessCheck("none")
+
+
 def server_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The pod's one container, which must be a llama.cpp server image."""
     name = f"{get_path(pod, 'metadata', 'namespace')}/{get_path(pod, 'metadata', 'name')}"
@@ -176,4 +229,5 @@ def server_command(pod: Mapping[str, Any], *, binary: Path, address: str) -> Ser
         argv=(str(binary), *with_host([map_path(arg, mounts) for arg in args], address)),
         env=env,
         mounts=tuple(mounts),
+        readiness=readiness_check(container),
     )

@@ -46,7 +46,12 @@ from typing import IO, Any
 import attrs
 
 from flexinfer_core.timestamps import format_rfc3339
-from flexinfer_devcluster.podcommand import ServerCommand, UnsupportedPod, server_command
+from flexinfer_devcluster.podcommand import (
+    ReadinessCheck,
+    ServerCommand,
+    UnsupportedPod,
+    server_command,
+)
 from flexinfer_devcluster.processes import die_with_thread_hook, signal_group, terminate_group
 from flexinfer_kube.informers import Informer, Store, wait_all
 from flexinfer_kube.kubeapi import JSON, Conflict, KubeApi, KubeError, NotFound, new_api_client
@@ -163,61 +168,22 @@ def _server_port(command: ServerCommand) -> int:
 # -- one pod --------------------------------------------------------------------------
 
 
-@attrs.define
-class _Probe:
-    """The readiness check of the container: an HTTP GET, a TCP connect, or none."""
-
-    kind: str  # "http", "tcp" or "none"
-    port: int = 0
-    path: str = "/"
-
-    def passes(self, address: str) -> bool:
-        if self.kind == "none":
+def _passes(check: ReadinessCheck, address: str) -> bool:
+    """Run one readiness check against the pod's address, as the kubelet probes the pod IP."""
+    if check.kind == "none":
+        return True
+    if check.kind == "tcp":
+        with contextlib.suppress(OSError), socket.create_connection(
+            (address, check.port), timeout=PROBE_TIMEOUT_SECONDS
+        ):
             return True
-        if self.kind == "tcp":
-            with contextlib.suppress(OSError), socket.create_connection(
-                (address, self.port), timeout=PROBE_TIMEOUT_SECONDS
-            ):
-                return True
-            return False
-        url = f"http://{address}:{self.port}{self.path}"
-        try:
-            with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_SECONDS) as response:
-                return bool(200 <= response.status < 400)
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-
-def _readiness_probe(container: Mapping[str, Any]) -> _Probe:
-    probe = container.get("readinessProbe") or {}
-    ports = {str(p.get("name")): int(p.get("containerPort")) for p in container.get("ports") or []}
-
-    def port_of(value: Any) -> int:
-        if isinstance(value, int):
-            return value
-        if str(value).isdigit():
-            return int(str(value))
-        if str(value) in ports:
-            return ports[str(value)]
-        raise UnsupportedPod(
-            f"container {container.get('name')!r}: readinessProbe port {value!r} names no "
-            "containerPort"
-        )
-
-    if "httpGet" in probe:
-        scheme = str(probe["httpGet"].get("scheme") or "HTTP").upper()
-        if scheme != "HTTP":
-            raise UnsupportedPod(f"readinessProbe.httpGet.scheme {scheme!r}: only HTTP is run")
-        return _Probe(
-            "http",
-            port=port_of(probe["httpGet"].get("port")),
-            path=str(probe["httpGet"].get("path") or "/"),
-        )
-    if "tcpSocket" in probe:
-        return _Probe("tcp", port=port_of(probe["tcpSocket"].get("port")))
-    # No probe (or an exec probe, which has no container to run in): ready once running,
-    # as the kubelet treats a container without a readiness probe.
-    return _Probe("none")
+        return False
+    url = f"http://{address}:{check.port}{check.path}"
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_SECONDS) as response:
+            return bool(200 <= response.status < 400)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 @attrs.define
@@ -228,7 +194,6 @@ class _PodProcess:
     namespace: str
     name: str
     command: ServerCommand
-    probe: _Probe
     reservation: AddressReservation
     log_path: Path
     restart_policy: str
@@ -553,9 +518,8 @@ class ProcessNode:
     def _admit(self, uid: str, pod: JSON) -> None:
         namespace, name = namespace_of(pod), name_of(pod)
         try:
+            # Parsed once with a placeholder address: it tells the port to reserve for.
             probe_command = server_command(pod, binary=self.llama_server, address=HOST_IP)
-            container = next(iter(get_path(pod, "spec", "containers") or []))
-            probe = _readiness_probe(container)
         except UnsupportedPod as refusal:
             self._refused[uid] = self._refusal_status(pod, str(refusal))
             log.info(
@@ -570,7 +534,6 @@ class ProcessNode:
             namespace=namespace,
             name=name,
             command=command,
-            probe=probe,
             reservation=reservation,
             log_path=self.workdir / "pods" / f"{namespace}_{name}_{uid[:8]}.log",
             restart_policy=str(get_path(pod, "spec", "restartPolicy") or "Always"),
@@ -648,7 +611,7 @@ class ProcessNode:
             self._launch(process)
             return
         if popen is not None and now >= process.next_probe:
-            process.ready = process.probe.passes(process.address)
+            process.ready = _passes(process.command.readiness, process.address)
             process.next_probe = now + (
                 PROBE_READY_SECONDS if process.ready else PROBE_STARTING_SECONDS
             )

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from flexinfer_devcluster.podcommand import UnsupportedPod, map_path, server_command
+from flexinfer_devcluster.podcommand import (
+    ReadinessCheck,
+    UnsupportedPod,
+    map_path,
+    server_command,
+)
+from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
+from flexinfer_k8s.render.workload import workload_from_model
+from flexinfer_k8s.render.workloads import RenderSettings, render_workload
 
 BINARY = Path("/cache/llama-server")
 RENDERED_ARGS = [
@@ -114,3 +122,45 @@ def test_a_second_container_or_an_init_container_is_refused() -> None:
     pod["spec"]["initContainers"] = [{"name": "fetch", "image": "busybox"}]
     with pytest.raises(UnsupportedPod, match=r"spec\.initContainers"):
         server_command(pod, binary=BINARY, address="127.0.0.2")
+
+
+def test_the_readiness_probe_is_read_with_its_port_by_number_or_name() -> None:
+    named = {"httpGet": {"path": "/health", "port": "http"}}
+    pod = _pod(readinessProbe=named, ports=[{"name": "http", "containerPort": 8000}])
+    assert server_command(pod, binary=BINARY, address="127.0.0.2").readiness == ReadinessCheck(
+        "http", port=8000, path="/health"
+    )
+    pod = _pod(readinessProbe={"tcpSocket": {"port": 8000}})
+    assert server_command(pod, binary=BINARY, address="127.0.0.2").readiness.kind == "tcp"
+    assert server_command(_pod(), binary=BINARY, address="127.0.0.2").readiness.kind == "none"
+    with pytest.raises(UnsupportedPod, match=r"readinessProbe\.httpGet\.port 'metrics'"):
+        pod = _pod(readinessProbe={"httpGet": {"path": "/health", "port": "metrics"}})
+        server_command(pod, binary=BINARY, address="127.0.0.2")
+
+
+def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed() -> None:
+    """The contract with flexinfer_k8s.render: what it writes for a file:// GGUF source."""
+    model = {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "tiny", "namespace": "ns", "uid": "uid-1"},
+        "spec": {
+            "backend": "llama-cpp",
+            "source": "file:///var/models/tiny.gguf",
+            "llamacpp": {"ctxSize": 256},
+            "extraArgs": ["--threads", "1"],
+            "nodeSelector": PROCESS_NODE_SELECTOR,
+            "tolerations": [PROCESS_NODE_TOLERATION],
+        },
+    }
+    rendered = render_workload(workload_from_model(model), cache=None, settings=RenderSettings())
+    template = rendered.deployment["spec"]["template"]
+    pod = {"metadata": {"namespace": "ns", "name": "tiny-x", **template["metadata"]}, **template}
+    command = server_command(pod, binary=BINARY, address="127.0.0.4")
+    assert command.argv == (
+        str(BINARY), "-m", "/var/models/tiny.gguf", "--host", "127.0.0.4", "--port", "8000",
+        "--alias", "tiny", "--n-gpu-layers", "999", "--ctx-size", "256", "--threads", "1",
+    )  # fmt: skip
+    assert command.readiness == ReadinessCheck("http", port=8000, path="/health")
+    assert template["spec"]["nodeSelector"] == PROCESS_NODE_SELECTOR
+    assert template["spec"]["tolerations"] == [PROCESS_NODE_TOLERATION]

@@ -74,7 +74,7 @@ def pod_spec(
                 "image": image,
                 "args": rendered_args(name, *extra),
                 "ports": [{"name": "http", "containerPort": 8000}],
-                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
                 "volumeMounts": [
                     {"name": "model-source", "mountPath": MODEL_MOUNT, "readOnly": True}
                 ],

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
+from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster.localcluster import (
     KWOK_NODE_LABEL,
     KWOK_NODE_LABEL_VALUE,
@@ -35,7 +36,6 @@ from flexinfer_devcluster.localcluster import (
     KwokNode,
     LocalCluster,
 )
-from flexinfer_k8s import convert
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
@@ -170,7 +170,7 @@ def _rendered(api: KubeApi) -> bool:
 
 def _ask(api: KubeApi, name: str) -> None:
     """What the proxy does for a request: stamp the Model's lastActiveTime."""
-    now = convert.format_time(datetime.now(UTC))
+    now = format_rfc3339(datetime.now(UTC))
     api.patch(MODELS, NAMESPACE, name, {"status": {"lastActiveTime": now}}, subresource="status")
 
 

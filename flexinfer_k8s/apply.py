@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from flexinfer_k8s.convert import format_time
+from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_kube.informers import Store
 from flexinfer_kube.kubeapi import JSON, Conflict, KubeApi, NotFound
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, Resource
@@ -186,7 +186,7 @@ class Writer:
         """Record a core/v1 Event on `involved` (best effort: a lost Event is logged)."""
         meta = involved.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
-        stamp = format_time(now.replace(microsecond=0))
+        stamp = format_rfc3339(now.replace(microsecond=0))
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -14,10 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flexinfer_core import GpuLease
-from flexinfer_k8s import convert
+from flexinfer_k8s.convert_leases import gpu_lease_from_config_map, gpu_lease_from_k8s
+from flexinfer_k8s.convert_model_deployments import model_deployment_group_ref
+from flexinfer_k8s.convert_models import model_cache_is_ready
+from flexinfer_k8s.pods import live_pods, pods_of, selector_matches
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -72,20 +76,20 @@ class ClusterCache:
                 for m in self.objects(MODELS, namespace)
                 if str(((m.get("spec") or {}).get("gpu") or {}).get("shared") or "") == group
             ),
-            key=convert.name_of,
+            key=name_of,
         )
 
     def pods_of(self, deployment: Mapping[str, Any] | None) -> list[JSON]:
         if deployment is None:
             return []
-        return convert.pods_of(deployment, self.objects(PODS, convert.namespace_of(deployment)))
+        return pods_of(deployment, self.objects(PODS, namespace_of(deployment)))
 
     def deployments_selecting(self, pod: Mapping[str, Any]) -> list[JSON]:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         return [
             d
-            for d in self.objects(DEPLOYMENTS, convert.namespace_of(pod))
-            if convert.selector_matches((d.get("spec") or {}).get("selector"), labels)
+            for d in self.objects(DEPLOYMENTS, namespace_of(pod))
+            if selector_matches((d.get("spec") or {}).get("selector"), labels)
         ]
 
     def group_occupants(self, namespace: str, *, group: str, kind: str) -> set[str]:
@@ -111,11 +115,11 @@ class ClusterCache:
     def leases(self, namespace: str) -> list[GpuLease]:
         out: list[GpuLease] = []
         for obj in self.objects(GPU_LEASES, namespace):
-            lease = convert.gpu_lease_from_k8s(obj)
+            lease = gpu_lease_from_k8s(obj)
             if lease is not None:
                 out.append(lease)
         for obj in self.objects(CONFIG_MAPS, namespace):
-            lease = convert.gpu_lease_from_config_map(obj)
+            lease = gpu_lease_from_config_map(obj)
             if lease is not None:
                 out.append(lease)
         return out
@@ -142,13 +146,13 @@ class ClusterCache:
         for group in self.objects(GPU_GROUPS, namespace):
             models = (group.get("spec") or {}).get("models") or []
             if any(entry.get("name") == member for entry in models):
-                names.append(convert.name_of(group))
+                names.append(name_of(group))
         return names
 
     def standalone_model_deployment(self, namespace: str, name: str) -> JSON | None:
         """The ModelDeployment `name` if it is standalone: no `gpuGroupRef`, in no GPUGroup."""
         md = self.get(MODEL_DEPLOYMENTS, namespace, name)
-        if md is None or convert.model_deployment_group_ref(md):
+        if md is None or model_deployment_group_ref(md):
             return None
         if self.gpu_groups_with_member(namespace, name):
             return None
@@ -157,7 +161,7 @@ class ClusterCache:
     def model_cache_ready(self, namespace: str, name: str) -> bool:
         if not name:
             return True
-        return convert.model_cache_is_ready(self.get(MODEL_CACHES, namespace, name))
+        return model_cache_is_ready(self.get(MODEL_CACHES, namespace, name))
 
     def job(self, namespace: str, name: str) -> JSON | None:
         return self.get(JOBS, namespace, name)
@@ -176,7 +180,7 @@ def occupants(pods: Iterable[JSON], *, group: str, kind: str) -> set[str]:
     whether or not they are still members: a deleted member's pods hold the card until
     they are gone."""
     found = set()
-    for pod in convert.live_pods(list(pods)):
+    for pod in live_pods(list(pods)):
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if labels.get(GROUP_LABEL) == group and labels.get(KIND_LABEL) == kind:
             found.add(str(labels.get(MODEL_LABEL) or ""))

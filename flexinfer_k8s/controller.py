@@ -29,9 +29,15 @@ from datetime import timedelta
 from typing import Any
 
 from flexinfer_core import DEFAULT_POLICY, FlexinferError, Policy
-from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import WATCHED, ClusterCache
+from flexinfer_k8s.convert_leases import (
+    GPU_LEASE_LABEL,
+    gpu_lease_from_config_map,
+    gpu_lease_from_k8s,
+)
+from flexinfer_k8s.convert_model_deployments import model_deployment_group_ref
+from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.reconcile_cache import CacheReconciler
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
@@ -43,6 +49,7 @@ from flexinfer_k8s.workqueue import WorkQueue
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_kube.informers import Informer, wait_all
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -101,9 +108,7 @@ class Controller:
             finetune_image=finetune_image,
         )
         self.standalone = StandaloneReconciler(self.cache, self.writer, self.clock)
-        self.workloads = WorkloadReconciler(
-            self.cache, self.writer, self.clock, settings=settings
-        )
+        self.workloads = WorkloadReconciler(self.cache, self.writer, self.clock, settings=settings)
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}
@@ -120,9 +125,7 @@ class Controller:
                         namespace=namespace,
                         on_change=self._handler(resource),
                         on_health=self._health_changed,
-                        label_selector=(
-                            convert.GPU_LEASE_LABEL if resource is CONFIG_MAPS else None
-                        ),
+                        label_selector=(GPU_LEASE_LABEL if resource is CONFIG_MAPS else None),
                         watch_timeout=watch_timeout,
                     )
                 )
@@ -190,17 +193,17 @@ class Controller:
         for model in self.cache.objects(MODELS):
             keys |= self._model_keys(model)
         for group in self.cache.objects(GPU_GROUPS):
-            keys.add(("gpugroup", convert.namespace_of(group), convert.name_of(group)))
+            keys.add(("gpugroup", namespace_of(group), name_of(group)))
         for cache in self.cache.objects(MODEL_CACHES):
-            keys.add(("modelcache", convert.namespace_of(cache), convert.name_of(cache)))
+            keys.add(("modelcache", namespace_of(cache), name_of(cache)))
         for md in self.cache.objects(MODEL_DEPLOYMENTS):
             keys |= self._model_deployment_keys(md)
-            keys.add(("md-workload", convert.namespace_of(md), convert.name_of(md)))
+            keys.add(("md-workload", namespace_of(md), name_of(md)))
         return keys
 
     def _model_keys(self, model: JSON) -> set[WorkKey]:
-        namespace, name = convert.namespace_of(model), convert.name_of(model)
-        group = convert.model_state_group(model)
+        namespace, name = namespace_of(model), name_of(model)
+        group = model_state_group(model)
         return {
             ("shared", namespace, group) if group else ("model", namespace, name),
             ("model-workload", namespace, name),
@@ -210,10 +213,8 @@ class Controller:
         """The standalone key of a ModelDeployment, from the object itself (so that
         setting or clearing `gpuGroupRef` queues the key either way); the
         reconciler checks the cache again and leaves group members alone."""
-        namespace, name = convert.namespace_of(md), convert.name_of(md)
-        if convert.model_deployment_group_ref(md) or self.cache.gpu_groups_with_member(
-            namespace, name
-        ):
+        namespace, name = namespace_of(md), name_of(md)
+        if model_deployment_group_ref(md) or self.cache.gpu_groups_with_member(namespace, name):
             return set()
         return {("modeldeployment", namespace, name)}
 
@@ -232,7 +233,7 @@ class Controller:
         return keys
 
     def keys_for(self, resource: Resource, obj: JSON) -> set[WorkKey]:
-        namespace, name = convert.namespace_of(obj), convert.name_of(obj)
+        namespace, name = namespace_of(obj), name_of(obj)
         keys: set[WorkKey]
         if resource is MODELS:
             return self._model_keys(obj)
@@ -241,7 +242,7 @@ class Controller:
         if resource is PODS:
             keys = set()
             for deployment in self.cache.deployments_selecting(obj):
-                keys |= self._workload_keys(namespace, convert.name_of(deployment))
+                keys |= self._workload_keys(namespace, name_of(deployment))
             # By its group label too: a deleted member's pods still hold the card, and
             # their going is what lets the next holder in.
             labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -254,7 +255,7 @@ class Controller:
             return {k for k in keys if not k[0].endswith("-workload")}
         if resource is GPU_LEASES:
             keys = set()
-            lease = convert.gpu_lease_from_k8s(obj)
+            lease = gpu_lease_from_k8s(obj)
             if lease is not None:
                 keys.add(("shared", namespace, lease.group))
             for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
@@ -262,7 +263,7 @@ class Controller:
                     keys.add(("modelcache", namespace, str(ref.get("name"))))
             return keys
         if resource is CONFIG_MAPS:
-            lease = convert.gpu_lease_from_config_map(obj)
+            lease = gpu_lease_from_config_map(obj)
             return {("shared", namespace, lease.group)} if lease is not None else set()
         if resource is GPU_GROUPS:
             # A ModelDeployment that leaves (or joins) the group changes hands.
@@ -271,7 +272,7 @@ class Controller:
                 md = self.cache.get(MODEL_DEPLOYMENTS, namespace, str(entry.get("name") or ""))
                 if md is not None:
                     keys |= self._model_deployment_keys(md)
-                    keys.add(("md-workload", namespace, convert.name_of(md)))  # its group label
+                    keys.add(("md-workload", namespace, name_of(md)))  # its group label
             return keys
         if resource is MODEL_DEPLOYMENTS:
             return (
@@ -285,12 +286,12 @@ class Controller:
         if resource is MODEL_CACHES:
             keys = {("modelcache", namespace, name)}
             for model in self.cache.objects(MODELS, namespace):
-                if convert.model_cache_ref(model) == name:
+                if model_cache_ref(model) == name:
                     keys |= self._model_keys(model)
             for md in self.cache.objects(MODEL_DEPLOYMENTS, namespace):
                 if str((md.get("spec") or {}).get("modelCacheRef") or "") == name:
                     keys |= self._model_deployment_keys(md)
-                    keys.add(("md-workload", namespace, convert.name_of(md)))
+                    keys.add(("md-workload", namespace, name_of(md)))
             return keys
         if resource in (JOBS, PERSISTENT_VOLUME_CLAIMS):
             return {

@@ -38,7 +38,7 @@ from flexinfer_core import (
     plan_finetune_lease,
     reasons,
 )
-from flexinfer_k8s import convert
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.reconcile_shared import Outcome
@@ -52,6 +52,7 @@ from flexinfer_k8s.render.cache import (
 )
 from flexinfer_k8s.render.finetune import finetune_job, job_name
 from flexinfer_k8s.render.workloads import RenderSettings
+from flexinfer_k8s.status_diff import merge_conditions, status_differs
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.objects import JSON, get_path
 from flexinfer_kube.resources import (
@@ -272,7 +273,7 @@ class CacheReconciler:
                     ),
                     node=dict(spec.node_selector).get("kubernetes.io/hostname", ""),
                     job=phase,
-                    lease_expires_at=convert.parse_time(get_path(lease, "spec", "expiresAt")),
+                    lease_expires_at=parse_rfc3339(get_path(lease, "spec", "expiresAt")),
                     lease_exists=lease is not None,
                     cache_deleted=bool(get_path(obj, "metadata", "deletionTimestamp")),
                 ),
@@ -333,7 +334,7 @@ class CacheReconciler:
             if created is None:
                 return False
             self.writer.patch_status(
-                GPU_LEASES, created, {"acquiredAt": convert.format_time(now), "active": True}
+                GPU_LEASES, created, {"acquiredAt": format_rfc3339(now), "active": True}
             )
             return True
         if action is LeaseAction.REFRESH:
@@ -342,7 +343,7 @@ class CacheReconciler:
                     GPU_LEASES,
                     namespace,
                     lease_name(name),
-                    {"spec": {"expiresAt": convert.format_time(expires_at)}},
+                    {"spec": {"expiresAt": format_rfc3339(expires_at)}},
                 )
                 is not None
             )
@@ -366,7 +367,7 @@ class CacheReconciler:
         if node:
             body["spec"]["node"] = node
         if expires_at is not None:
-            body["spec"]["expiresAt"] = convert.format_time(expires_at)
+            body["spec"]["expiresAt"] = format_rfc3339(expires_at)
         return body
 
     # -- status ----------------------------------------------------------------------
@@ -380,7 +381,7 @@ class CacheReconciler:
             "path": path or None,
             "jobName": status.job or None,
             "message": status.message,
-            "conditions": convert.merge_conditions(
+            "conditions": merge_conditions(
                 get_path(obj, "status", "conditions"),
                 [Condition("Ready", status.ready, status.reason, status.message)],
                 now=now,
@@ -390,7 +391,7 @@ class CacheReconciler:
         if generation is not None:
             wanted["observedGeneration"] = generation
         current = get_path(obj, "status") or {}
-        if not convert.status_differs(current, wanted):
+        if not status_differs(current, wanted):
             return False
         written = self.writer.patch_status(MODEL_CACHES, obj, wanted) is not None
         newly_failed = status.phase == "Failed" and (

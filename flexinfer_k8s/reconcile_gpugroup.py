@@ -18,13 +18,21 @@ import logging
 from datetime import datetime, timedelta
 
 from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, reasons
-from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache, live_occupants
+from flexinfer_k8s.convert_gpugroups import (
+    demand_reports_expire_at,
+    gpu_group_state_from_k8s,
+    gpu_group_status,
+)
+from flexinfer_k8s.convert_model_deployments import model_deployment_status
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -66,17 +74,17 @@ class GpuGroupReconciler:
                 model_deployments[member] = md
             deployment = self.cache.get(DEPLOYMENTS, namespace, member)
             member_pods[member] = self.cache.pods_of(deployment)
-            replicas[member] = convert.deployment_replicas(deployment)
+            replicas[member] = deployment_replicas(deployment)
 
-        state = convert.gpu_group_state_from_k8s(
+        state = gpu_group_state_from_k8s(
             group, model_deployments=model_deployments, member_pods=member_pods, now=now
         )
         decision = decide_gpu_group(state, now=now)
         wrote = False
 
-        wanted = convert.gpu_group_status(group, decision, now=now)
+        wanted = gpu_group_status(group, decision, now=now)
         if (
-            convert.status_differs(group.get("status"), wanted)
+            status_differs(group.get("status"), wanted)
             and self.writer.patch_status(GPU_GROUPS, group, wanted) is not None
         ):
             wrote = True
@@ -96,7 +104,7 @@ class GpuGroupReconciler:
         ]
         deferred = False
         if ups:
-            cached = {m for m in members if convert.live_pods(member_pods[m])}
+            cached = {m for m in members if live_pods(member_pods[m])}
             # Label-selected: a former member's pods count too (the decision never saw them).
             live = live_occupants(self.api, namespace, group=name, kind=MODEL_DEPLOYMENTS.kind)
             for member in ups:
@@ -112,14 +120,14 @@ class GpuGroupReconciler:
                 wrote = self.writer.scale(namespace, member, decision.replicas_for(member)) or wrote
 
         for member, md in model_deployments.items():
-            wanted = convert.model_deployment_status(
+            wanted = model_deployment_status(
                 md, replicas=replicas[member], pods=member_pods[member]
             )
-            if convert.status_differs(md.get("status"), wanted):
+            if status_differs(md.get("status"), wanted):
                 wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
 
         next_at = decision.next_change_at
-        expiry = convert.demand_reports_expire_at(group, now=now)
+        expiry = demand_reports_expire_at(group, now=now)
         candidates = [t for t in (next_at, expiry) if t is not None]
         if deferred:
             candidates.append(now + RECHECK_AFTER)
@@ -149,7 +157,7 @@ class GpuGroupReconciler:
         decision: GpuGroupDecision,
         now: datetime,
     ) -> None:
-        name = convert.name_of(group)
+        name = name_of(group)
         self.metrics.swaps.labels(namespace=namespace, group=name, kind="gpugroup").inc()
         self.writer.event(group, reason=decision.reason, message=decision.message, now=now)
         if previous and previous != decision.active_model:

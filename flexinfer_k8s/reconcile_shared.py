@@ -42,12 +42,22 @@ from flexinfer_core import (
     lease_is_active,
     reasons,
 )
-from flexinfer_k8s import convert
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import ClusterCache, live_occupants
+from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
+from flexinfer_k8s.convert_models import (
+    model_cache_ref,
+    model_state_from_k8s,
+    model_state_group,
+    model_status,
+    model_status_stale,
+)
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.pods import deployment_replicas, live_pods
+from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_LEASES, MODELS, SERVICES
 
 log = logging.getLogger("flexinfer.shared")
@@ -85,13 +95,13 @@ class SharedGroupReconciler:
 
     def reconcile_standalone(self, namespace: str, name: str) -> Outcome:
         model = self.cache.get(MODELS, namespace, name)
-        if model is None or convert.model_state_group(model):
+        if model is None or model_state_group(model):
             return Outcome(None, False)
         return self._reconcile(namespace, "", [model])
 
     def reconcile_group(self, namespace: str, group: str) -> Outcome:
         models = self.cache.shared_group_models(namespace, group)
-        members = {convert.name_of(m) for m in models}
+        members = {name_of(m) for m in models}
         released = self._release_former_members(namespace, group, members)
         departed = self.cache.group_occupants(namespace, group=group, kind=MODELS.kind) - members
         if not models:
@@ -107,8 +117,8 @@ class SharedGroupReconciler:
         for pods: until their pods are gone they hold the card."""
         wrote = False
         for deployment in self.cache.group_deployments(namespace, group=group, kind=MODELS.kind):
-            name = convert.name_of(deployment)
-            if name not in members and (convert.deployment_replicas(deployment) or 0) > 0:
+            name = name_of(deployment)
+            if name not in members and (deployment_replicas(deployment) or 0) > 0:
                 wrote = self.writer.scale(namespace, name, 0) or wrote
         return wrote
 
@@ -128,20 +138,18 @@ class SharedGroupReconciler:
         if group:
             running |= self.cache.group_occupants(namespace, group=group, kind=MODELS.kind)
         for obj in objs:
-            name = convert.name_of(obj)
+            name = name_of(obj)
             deployment = self.cache.get(DEPLOYMENTS, namespace, name)
             pods = self.cache.pods_of(deployment)
-            if convert.live_pods(pods):
+            if live_pods(pods):
                 running.add(name)
             states.append(
-                convert.model_state_from_k8s(
+                model_state_from_k8s(
                     obj,
                     deployment=deployment,
                     pods=pods,
                     service=self.cache.get(SERVICES, namespace, name),
-                    cache_ready=self.cache.model_cache_ready(
-                        namespace, convert.model_cache_ref(obj)
-                    ),
+                    cache_ready=self.cache.model_cache_ready(namespace, model_cache_ref(obj)),
                 )
             )
 
@@ -209,7 +217,7 @@ class SharedGroupReconciler:
         now: datetime,
         departed: AbstractSet[str],
     ) -> str:
-        by_name = {convert.name_of(o): o for o in objs}
+        by_name = {name_of(o): o for o in objs}
         observed = {s.name: s for s in states}
         changes = {c.name: c for c in decision.changes(states)}
         wrote = ""
@@ -221,10 +229,10 @@ class SharedGroupReconciler:
             change = changes.get(member.name)
             if not (
                 (change is not None and change.status)
-                or convert.model_status_stale(obj, member, group=group)
+                or model_status_stale(obj, member, group=group)
             ):
                 continue
-            status = convert.model_status(obj, member, group=group, now=now)
+            status = model_status(obj, member, group=group, now=now)
             try:
                 written = self.writer.patch_status(MODELS, obj, status)
             except RetryNow:
@@ -304,7 +312,7 @@ class SharedGroupReconciler:
         """
         wrote = False
         for obj in self.cache.objects(GPU_LEASES, namespace):
-            lease = convert.gpu_lease_from_k8s(obj)
+            lease = gpu_lease_from_k8s(obj)
             if lease is None or lease.group != group:
                 continue
             status = obj.get("status") or {}
@@ -313,7 +321,7 @@ class SharedGroupReconciler:
                 "acquiredAt": status.get("acquiredAt")
                 or (obj.get("metadata") or {}).get("creationTimestamp"),
             }
-            if convert.status_differs(status, wanted):
+            if status_differs(status, wanted):
                 wrote = self.writer.patch_status(GPU_LEASES, obj, wanted) is not None or wrote
         return wrote
 

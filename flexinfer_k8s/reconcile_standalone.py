@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 
 from flexinfer_core import decide_standalone
-from flexinfer_k8s import convert
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
 from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.clock import Clock
 from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS
 
@@ -39,7 +40,7 @@ class StandaloneReconciler:
         now = self.clock.now()
         deployment = self.cache.get(DEPLOYMENTS, namespace, name)
         pods = self.cache.pods_of(deployment)
-        state = convert.standalone_from_k8s(md, deployment=deployment, pods=pods)
+        state = standalone_from_k8s(md, deployment=deployment, pods=pods)
         decision = decide_standalone(state, now=now)
         wrote = False
 
@@ -58,8 +59,8 @@ class StandaloneReconciler:
 
         # After the scale, so the phase written is the one the new replicas give
         # (Pending while woken pods start), not a stale Idle rewritten a moment later.
-        wanted = convert.standalone_status(md, decision, replicas=replicas, pods=pods, now=now)
-        if convert.status_differs(md.get("status"), wanted):
+        wanted = standalone_status(md, decision, replicas=replicas, pods=pods, now=now)
+        if status_differs(md.get("status"), wanted):
             wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
 
         if wrote:

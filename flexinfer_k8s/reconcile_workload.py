@@ -28,7 +28,6 @@ from typing import Any
 import attrs
 
 from flexinfer_core import Condition, InvalidFieldError, reasons
-from flexinfer_k8s import convert
 from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER, Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.live_diff import holds
@@ -40,8 +39,9 @@ from flexinfer_k8s.render.workload import (
     workload_from_model_deployment,
 )
 from flexinfer_k8s.render.workloads import RenderedWorkload, RenderSettings, render_workload
+from flexinfer_k8s.status_diff import merge_conditions, status_differs
 from flexinfer_kube.clock import Clock
-from flexinfer_kube.objects import JSON, get_path
+from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
     MODEL_CACHES,
@@ -126,7 +126,7 @@ class WorkloadReconciler:
         self, resource: Resource, obj: JSON, read: Callable[[JSON], Workload]
     ) -> Outcome:
         now = self.clock.now()
-        name = convert.name_of(obj)
+        name = name_of(obj)
         conditions: list[Condition] = []
         rendered: RenderedWorkload | None = None
         problem: Problem | None = None
@@ -238,7 +238,7 @@ class WorkloadReconciler:
 
     def _clash(self, resource: Resource, obj: JSON) -> Problem | None:
         """A Deployment or Service of this name that is not this resource's own."""
-        namespace, name = convert.namespace_of(obj), convert.name_of(obj)
+        namespace, name = namespace_of(obj), name_of(obj)
         uid = get_path(obj, "metadata", "uid")
         for kind in (DEPLOYMENTS, SERVICES):
             live = self.cache.get(kind, namespace, name)
@@ -329,7 +329,7 @@ class WorkloadReconciler:
             or any(w.type == c.get("type") for w in conditions)
         ]
         wanted: JSON = {
-            "conditions": convert.merge_conditions(
+            "conditions": merge_conditions(
                 kept,
                 conditions,
                 now=now,
@@ -341,7 +341,7 @@ class WorkloadReconciler:
             wanted["endpoint"] = rendered.endpoint if rendered else None
         else:
             wanted["endpoints"] = [rendered.endpoint] if rendered else None
-        if not convert.status_differs(status, wanted):
+        if not status_differs(status, wanted):
             return False
         written = self.writer.patch_status(resource, obj, wanted)
         if written is None:

@@ -1,7 +1,7 @@
 """Small readers of Kubernetes JSON (plain dicts, as the API returns them).
 
-A path lookup that tolerates missing or mistyped levels, and an object's name,
-namespace and key. No decisions, no I/O.
+A path lookup that tolerates missing or mistyped levels, an object's name,
+namespace and key, and an integer field read with its default. No decisions, no I/O.
 """
 
 from __future__ import annotations
@@ -34,3 +34,10 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
 def object_key(obj: Mapping[str, Any]) -> Key:
     """(namespace, name)."""
     return (namespace_of(obj), name_of(obj))
+
+
+def int_or(value: Any, default: int) -> int:
+    """`value` if it is an integer (a bool is not), else `default`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    return value

@@ -27,6 +27,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
+from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster.localcluster import (
     KWOK_NODE_LABEL,
     KWOK_NODE_LABEL_VALUE,
@@ -34,9 +35,9 @@ from flexinfer_devcluster.localcluster import (
     TERMINATE_DELAY_ANNOTATION,
     LocalCluster,
 )
-from flexinfer_k8s import convert
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, PODS, SERVICES
@@ -73,7 +74,7 @@ def on_kwok(*, ready_delay: str = "1s", terminate_delay: str = "1s") -> JSON:
 
 
 def now_text() -> str:
-    return str(convert.format_time(datetime.now(UTC)))
+    return str(format_rfc3339(datetime.now(UTC)))
 
 
 # --- objects -------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class Cluster:
         ]
 
     def ready_pods(self, app: str) -> list[JSON]:
-        return [p for p in self.pods(app) if convert.pod_is_ready(p)
+        return [p for p in self.pods(app) if pod_is_ready(p)
                 and not p["metadata"].get("deletionTimestamp")]
 
     def annotation(self, name: str) -> str | None:

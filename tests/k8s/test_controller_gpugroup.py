@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer_k8s.convert import format_time
+from flexinfer_core.timestamps import format_rfc3339 as format_time
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 from tests.polling import hold_while, wait_until
 

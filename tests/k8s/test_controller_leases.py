@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer_k8s.convert import format_time
+from flexinfer_core.timestamps import format_rfc3339 as format_time
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, JOBS, MODEL_CACHES, Resource
 from tests.polling import wait_until
 

@@ -118,7 +118,7 @@ def test_cooldown_blocks_a_swap_back(local_cluster: object, cluster: Cluster) ->
         preempted_at = c.status("x")["sharedGroup"]["preemptedAt"]
         # y is now idle too soon enough, and x asks: equal priority against an idle
         # leader would swap — but the 12 s cooldown since x's preemption holds it.
-        from flexinfer_k8s.convert import parse_time
+        from flexinfer_core.timestamps import parse_rfc3339 as parse_time
 
         began = parse_time(preempted_at)
         assert began is not None

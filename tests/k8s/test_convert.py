@@ -19,7 +19,22 @@ from flexinfer_core import (
     decide_standalone,
     reasons,
 )
-from flexinfer_k8s import convert
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.convert_gpugroups import (
+    demand_from_annotation,
+    gpu_group_state_from_k8s,
+    gpu_group_status,
+)
+from flexinfer_k8s.convert_leases import (
+    GPU_LEASE_LABEL,
+    gpu_lease_from_config_map,
+    gpu_lease_from_k8s,
+)
+from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
+from flexinfer_k8s.convert_models import model_state_from_k8s, model_status, model_status_stale
+from flexinfer_k8s.pods import selector_matches
+from flexinfer_k8s.status_diff import merge_conditions, status_differs
+from flexinfer_kube.objects import name_of
 
 NOW = datetime(2026, 11, 29, 17, 0, 0, 123456, tzinfo=UTC)
 
@@ -63,24 +78,24 @@ def pod(app: str, *, ready: bool, terminating: bool = False) -> dict[str, Any]:
 
 
 def test_times_round_trip_with_microseconds() -> None:
-    assert convert.parse_time(convert.format_time(NOW)) == NOW
-    assert convert.format_time(NOW.replace(microsecond=0)) == "2026-11-29T17:00:00Z"
-    assert convert.parse_time("2026-11-29T17:00:00Z") == NOW.replace(microsecond=0)
-    assert convert.parse_time("garbage") is None
-    assert convert.parse_time(None) is None
+    assert parse_rfc3339(format_rfc3339(NOW)) == NOW
+    assert format_rfc3339(NOW.replace(microsecond=0)) == "2026-11-29T17:00:00Z"
+    assert parse_rfc3339("2026-11-29T17:00:00Z") == NOW.replace(microsecond=0)
+    assert parse_rfc3339("garbage") is None
+    assert parse_rfc3339(None) is None
 
 
 def test_selector_matching() -> None:
     labels = {"app": "a", "tier": "gpu"}
-    assert convert.selector_matches({"matchLabels": {"app": "a"}}, labels)
-    assert not convert.selector_matches({"matchLabels": {"app": "b"}}, labels)
-    assert convert.selector_matches(
+    assert selector_matches({"matchLabels": {"app": "a"}}, labels)
+    assert not selector_matches({"matchLabels": {"app": "b"}}, labels)
+    assert selector_matches(
         {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}]}, labels
     )
-    assert not convert.selector_matches(
+    assert not selector_matches(
         {"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels
     )
-    assert not convert.selector_matches({}, labels)
+    assert not selector_matches({}, labels)
 
 
 def test_model_state_reads_spec_status_and_workload() -> None:
@@ -115,7 +130,7 @@ def test_model_state_reads_spec_status_and_workload() -> None:
         },
     )
     service = {"metadata": {"name": "a", "annotations": {ACTIVE_SERVICES_ANNOTATION: "a-chat"}}}
-    state = convert.model_state_from_k8s(
+    state = model_state_from_k8s(
         obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)], service=service
     )
     assert state.group == "g"
@@ -132,7 +147,7 @@ def test_model_state_reads_spec_status_and_workload() -> None:
 
 def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> None:
     obj = model("a", status={"phase": "Preempted"})
-    state = convert.model_state_from_k8s(
+    state = model_state_from_k8s(
         obj,
         deployment=deployment("a", 0),
         pods=[pod("a", ready=True, terminating=True)],
@@ -143,7 +158,7 @@ def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> No
 
 
 def test_no_deployment_means_no_replicas_and_idle() -> None:
-    state = convert.model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
+    state = model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
     assert state.replicas is None
     assert state.phase is Phase.IDLE
 
@@ -168,17 +183,17 @@ def store_status(obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 def test_writing_the_status_then_deciding_again_writes_nothing() -> None:
     objs = [
         model("a", priority=100, status={"phase": "Ready"}),
-        model("b", priority=200, status={"lastActiveTime": convert.format_time(NOW)}),
+        model("b", priority=200, status={"lastActiveTime": format_rfc3339(NOW)}),
     ]
     deployments = {"a": deployment("a", 1), "b": deployment("b", 0)}
     pods = {"a": [pod("a", ready=True)], "b": []}
 
     def states(objs: list[dict[str, Any]]) -> list[Any]:
         return [
-            convert.model_state_from_k8s(
+            model_state_from_k8s(
                 o,
-                deployment=deployments[convert.name_of(o)],
-                pods=pods[convert.name_of(o)],
+                deployment=deployments[name_of(o)],
+                pods=pods[name_of(o)],
                 service=None,
             )
             for o in objs
@@ -190,26 +205,26 @@ def test_writing_the_status_then_deciding_again_writes_nothing() -> None:
     assert a.phase is Phase.PREEMPTED and a.events
     written = [
         store_status(
-            o, convert.model_status(o, first.member(convert.name_of(o)), group="g", now=NOW)
+            o, model_status(o, first.member(name_of(o)), group="g", now=NOW)
         )
         for o in objs
     ]
-    assert written[0]["status"]["sharedGroup"]["preemptedAt"] == convert.format_time(NOW)
+    assert written[0]["status"]["sharedGroup"]["preemptedAt"] == format_rfc3339(NOW)
     deployments["a"] = deployment("a", 0)
     again = decide_group(states(written), now=NOW, running={"a"})
     changes = {c.name: c for c in again.changes(states(written))}
     assert all(not c.status for c in changes.values())
     assert not any(c.events for c in changes.values())
     for o in written:
-        member = again.member(convert.name_of(o))
-        assert not convert.model_status_stale(o, member, group="g")
-        status = convert.model_status(o, member, group="g", now=NOW + timedelta(seconds=5))
+        member = again.member(name_of(o))
+        assert not model_status_stale(o, member, group="g")
+        status = model_status(o, member, group="g", now=NOW + timedelta(seconds=5))
         # Transition times are kept when a condition's status does not change.
         assert status["conditions"] == o["status"]["conditions"]
 
 
 def test_gpu_lease_and_config_map() -> None:
-    lease = convert.gpu_lease_from_k8s(
+    lease = gpu_lease_from_k8s(
         {
             "metadata": {"name": "l", "namespace": "ns"},
             "spec": {"group": "g", "owner": "train", "expiresAt": "2026-11-29T18:00:00Z"},
@@ -218,34 +233,34 @@ def test_gpu_lease_and_config_map() -> None:
     assert lease is not None
     assert (lease.group, lease.owner, lease.source) == ("g", "train", LeaseSource.GPU_LEASE)
     assert lease.expires_at == datetime(2026, 11, 29, 18, tzinfo=UTC)
-    legacy = convert.gpu_lease_from_config_map(
+    legacy = gpu_lease_from_config_map(
         {
             "metadata": {
                 "name": "gpu-lease-g",
                 "namespace": "ns",
-                "labels": {convert.GPU_LEASE_LABEL: "g"},
+                "labels": {GPU_LEASE_LABEL: "g"},
             },
             "data": {"owner": "job"},
         }
     )
     assert legacy is not None
     assert (legacy.group, legacy.source, legacy.expires_at) == ("g", LeaseSource.CONFIG_MAP, None)
-    assert convert.gpu_lease_from_k8s({"metadata": {"name": "x"}, "spec": {}}) is None
+    assert gpu_lease_from_k8s({"metadata": {"name": "x"}, "spec": {}}) is None
 
 
 def test_demand_annotations() -> None:
     fresh = json.dumps(
         {"queued": 3, "oldestWaiting": "2026-11-29T16:59:50Z", "reportedAt": "2026-11-29T16:59:55Z"}
     )
-    assert convert.demand_from_annotation(fresh, now=NOW) == (
+    assert demand_from_annotation(fresh, now=NOW) == (
         3,
         datetime(2026, 11, 29, 16, 59, 50, tzinfo=UTC),
         datetime(2026, 11, 29, 16, 59, 55, tzinfo=UTC),
     )
     stale = json.dumps({"queued": 3, "reportedAt": "2026-11-29T16:50:00Z"})
-    assert convert.demand_from_annotation(stale, now=NOW)[0] == 0  # type: ignore[index]
-    assert convert.demand_from_annotation("{not json", now=NOW) is None
-    assert convert.demand_from_annotation(json.dumps({"queued": -1}), now=NOW) is None
+    assert demand_from_annotation(stale, now=NOW)[0] == 0  # type: ignore[index]
+    assert demand_from_annotation("{not json", now=NOW) is None
+    assert demand_from_annotation(json.dumps({"queued": -1}), now=NOW) is None
 
 
 def test_gpu_group_state_and_status_round_trip() -> None:
@@ -280,7 +295,7 @@ def test_gpu_group_state_and_status_round_trip() -> None:
         },
         "b": {"metadata": {"name": "b"}, "spec": {}},
     }
-    state = convert.gpu_group_state_from_k8s(
+    state = gpu_group_state_from_k8s(
         group, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
     )
     assert [m.name for m in state.members] == ["a", "b"]
@@ -290,12 +305,12 @@ def test_gpu_group_state_and_status_round_trip() -> None:
     assert state.anti_thrashing.request_queue_threshold == 2
     decision = decide_gpu_group(state, now=NOW)
     assert decision.active_model == "b"
-    status = convert.gpu_group_status(group, decision, now=NOW)
+    status = gpu_group_status(group, decision, now=NOW)
     assert status["swapCount"] == 1
     assert status["observedGeneration"] == 2
     stored = store_status(group, status)
-    assert not convert.status_differs(stored["status"], status)
-    again = convert.gpu_group_state_from_k8s(
+    assert not status_differs(stored["status"], status)
+    again = gpu_group_state_from_k8s(
         stored, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
     )
     assert again.current_model == "b" and again.swap_count == 1
@@ -308,16 +323,16 @@ def test_standalone_model_deployment_round_trip_writes_nothing_twice() -> None:
     md: dict[str, Any] = {
         "metadata": {"name": "solo", "namespace": "ns", "generation": 2},
         "spec": {"replicas": 2, "minReplicas": 0, "idleTimeoutSeconds": 30},
-        "status": {"lastAccessTime": convert.format_time(NOW - timedelta(seconds=40))},
+        "status": {"lastAccessTime": format_rfc3339(NOW - timedelta(seconds=40))},
     }
     deployment = {"metadata": {"name": "solo", "namespace": "ns"}, "spec": {"replicas": 2}}
-    state = convert.standalone_from_k8s(md, deployment=deployment, pods=[])
+    state = standalone_from_k8s(md, deployment=deployment, pods=[])
     assert (state.replicas, state.current_replicas, state.ready_replicas) == (2, 2, 0)
     assert state.idle_timeout == timedelta(seconds=30)
     assert state.cold_start_timeout == timedelta(seconds=60)  # the CRD default
     decision = decide_standalone(state, now=NOW)
     assert decision.reason == reasons.COLD_START  # woken, no pod ready yet
-    status = convert.standalone_status(md, decision, replicas=2, pods=[], now=NOW)
+    status = standalone_status(md, decision, replicas=2, pods=[], now=NOW)
     assert (status["phase"], status["readyReplicas"], status["observedGeneration"]) == (
         "Pending",
         0,
@@ -326,11 +341,11 @@ def test_standalone_model_deployment_round_trip_writes_nothing_twice() -> None:
     ready = status["conditions"][0]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "ColdStart")
     md["status"].update(status)
-    later = convert.standalone_status(
+    later = standalone_status(
         md, decision, replicas=2, pods=[], now=NOW + timedelta(seconds=5)
     )
-    assert not convert.status_differs(md["status"], later)
-    assert convert.standalone_from_k8s(md, deployment=None, pods=[]).current_replicas is None
+    assert not status_differs(md["status"], later)
+    assert standalone_from_k8s(md, deployment=None, pods=[]).current_replicas is None
 
 
 def test_merging_conditions_keeps_their_order_so_two_writers_agree() -> None:
@@ -343,16 +358,16 @@ def test_merging_conditions_keeps_their_order_so_two_writers_agree() -> None:
         {"type": "Ready", "status": "False", "reason": "Queued", "message": "",
          "lastTransitionTime": "2026-01-01T00:00:00Z"},
     ]
-    ready = convert.merge_conditions(
+    ready = merge_conditions(
         existing, [Condition("Ready", False, "Queued", "")], now=now, generation=None
     )
     assert [c["type"] for c in ready] == ["Rendered", "Ready"]
     assert ready == existing
-    rendered = convert.merge_conditions(
+    rendered = merge_conditions(
         ready, [Condition("Rendered", True, "Rendered", "")], now=now, generation=None
     )
     assert rendered == existing
-    added = convert.merge_conditions(
+    added = merge_conditions(
         existing, [Condition("VRAMFits", True, "KVCacheFits", "")], now=now, generation=None
     )
     assert [c["type"] for c in added] == ["Rendered", "Ready", "VRAMFits"]

@@ -1,0 +1,174 @@
+"""GPUGroups (v1alpha1) from Kubernetes JSON, and the status the controller writes on them.
+
+`gpu_group_state_from_k8s` reads a GPUGroup with its member ModelDeployments, their
+pods and the proxy's demand annotations into the core's `GpuGroupState`;
+`gpu_group_status` turns a `GpuGroupDecision` into the status merge patch. Pure:
+no client, no clock (callers pass `now`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from flexinfer_core import (
+    AntiThrashing,
+    Condition,
+    GpuGroupDecision,
+    GpuGroupMember,
+    GpuGroupPhase,
+    GpuGroupState,
+)
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.pods import live_pods, pod_is_ready
+from flexinfer_k8s.status_diff import generation_of, merge_conditions
+from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
+
+DEMAND_ANNOTATION_PREFIX = "demand.ai.flexinfer/"
+DEMAND_STALE_AFTER = timedelta(minutes=5)
+
+
+def demand_from_annotation(
+    value: Any, *, now: datetime
+) -> tuple[int, datetime | None, datetime | None] | None:
+    """(queued, oldestWaiting, reportedAt) from a demand annotation; None if unreadable.
+
+    A report older than five minutes counts as no demand (a proxy that died with a
+    queue), as docs/resources.md says.
+    """
+    try:
+        body = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    if not isinstance(body, Mapping):
+        return None
+    queued = body.get("queued")
+    if isinstance(queued, bool) or not isinstance(queued, int) or queued < 0:
+        return None
+    reported = parse_rfc3339(body.get("reportedAt"))
+    if reported is not None and now - reported > DEMAND_STALE_AFTER:
+        return (0, None, reported)
+    oldest = parse_rfc3339(body.get("oldestWaiting")) if queued > 0 else None
+    return (queued, oldest, reported)
+
+
+def gpu_group_state_from_k8s(
+    group: Mapping[str, Any],
+    *,
+    model_deployments: Mapping[str, Mapping[str, Any]],
+    member_pods: Mapping[str, Sequence[JSON]],
+    now: datetime,
+) -> GpuGroupState:
+    """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand."""
+    spec = get_path(group, "spec") or {}
+    status = get_path(group, "status") or {}
+    annotations = get_path(group, "metadata", "annotations") or {}
+    policy = spec.get("scalingPolicy") or {}
+    anti = spec.get("antiThrashing") or {}
+    recorded = {
+        str(s.get("name")): s for s in status.get("modelStatuses") or [] if isinstance(s, Mapping)
+    }
+    members = []
+    for entry in spec.get("models") or []:
+        name = str(entry.get("name") or "")
+        if not name:
+            continue
+        md = model_deployments.get(name)
+        demand = demand_from_annotation(
+            annotations.get(DEMAND_ANNOTATION_PREFIX + name), now=now
+        ) or (0, None, None)
+        pods = live_pods(member_pods.get(name, ()))
+        row = recorded.get(name) or {}
+        members.append(
+            GpuGroupMember(
+                name=name,
+                priority=int_or(entry.get("priority"), 100),
+                queued=demand[0],
+                oldest_waiting=demand[1],
+                last_request=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
+                idle_timeout=timedelta(
+                    seconds=int_or(get_path(md, "spec", "idleTimeoutSeconds"), 300)
+                ),
+                preempted_at=parse_rfc3339(row.get("preemptedAt")),
+                preempted_by=str(row.get("preemptedBy") or ""),
+                exists=md is not None,
+                has_pods=bool(pods),
+                ready=any(pod_is_ready(p) for p in pods),
+            )
+        )
+    return GpuGroupState(
+        name=name_of(group),
+        namespace=namespace_of(group) or "default",
+        members=tuple(members),
+        current_model=str(status.get("activeModel") or "") or None,
+        last_swap_time=parse_rfc3339(status.get("lastSwapTime")),
+        last_swap_reason=str(status.get("lastSwapReason") or ""),
+        swap_count=int_or(status.get("swapCount"), 0),
+        preemption_policy=str(policy.get("preemptionPolicy") or "Graceful"),
+        drain_timeout=timedelta(seconds=int_or(policy.get("drainTimeoutSeconds"), 60)),
+        anti_thrashing=AntiThrashing(
+            enabled=bool(anti.get("enabled", True)),
+            hysteresis_window=timedelta(seconds=int_or(anti.get("hysteresisWindowSeconds"), 10)),
+            request_queue_threshold=int_or(anti.get("requestQueueThreshold"), 3),
+            minimum_run_duration=timedelta(
+                seconds=int_or(anti.get("minimumRunDurationSeconds"), 30)
+            ),
+            cooldown_after_preemption=timedelta(
+                seconds=int_or(anti.get("cooldownAfterPreemptionSeconds"), 60)
+            ),
+        ),
+    )
+
+
+def demand_reports_expire_at(group: Mapping[str, Any], *, now: datetime) -> datetime | None:
+    """When the next live demand report goes stale (the decision changes then)."""
+    annotations = get_path(group, "metadata", "annotations") or {}
+    times = []
+    for key, value in annotations.items():
+        if not str(key).startswith(DEMAND_ANNOTATION_PREFIX):
+            continue
+        demand = demand_from_annotation(value, now=now)
+        if demand is not None and demand[0] > 0 and demand[2] is not None:
+            times.append(demand[2] + DEMAND_STALE_AFTER + timedelta(milliseconds=1))
+    return min((t for t in times if t > now), default=None)
+
+
+def gpu_group_status(
+    group: Mapping[str, Any], decision: GpuGroupDecision, *, now: datetime
+) -> JSON:
+    """The GPUGroup status the decision describes (everything the controller owns)."""
+    generation = generation_of(group)
+    draining = decision.phase is GpuGroupPhase.DRAINING
+    ready = decision.phase is GpuGroupPhase.ACTIVE
+    status: JSON = {
+        "phase": decision.phase.value,
+        "message": decision.message,
+        "activeModel": decision.active_model or "",
+        "pendingModel": decision.active_model if draining else None,
+        "drainStartedAt": format_rfc3339(decision.last_swap_time) if draining else None,
+        "lastSwapTime": format_rfc3339(decision.last_swap_time),
+        "lastSwapReason": decision.last_swap_reason or None,
+        "swapCount": decision.swap_count,
+        "modelStatuses": [
+            {
+                "name": s.name,
+                "state": s.state.value,
+                "queuedRequests": s.queued_requests,
+                "queuedSince": format_rfc3339(s.queued_since),
+                "preemptedAt": format_rfc3339(s.preempted_at),
+                "preemptedBy": s.preempted_by or None,
+            }
+            for s in decision.member_statuses
+        ],
+        "conditions": merge_conditions(
+            get_path(group, "status", "conditions"),
+            [Condition("Ready", ready, decision.reason, decision.message)],
+            now=now,
+            generation=generation,
+        ),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status

@@ -1,0 +1,52 @@
+"""GPU leases from Kubernetes JSON: a `GPULease`, or the legacy ConfigMap carrier.
+
+Pure readers (spec/election.md section 2): an object that names no group is not a
+lease and reads as None. Which lease governs a group, and what an unreadable
+source means, is the core's to decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flexinfer_core import GpuLease, LeaseSource
+from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_kube.objects import get_path, name_of, namespace_of
+
+GPU_LEASE_LABEL = "ai.flexinfer/gpu-lease"
+
+
+def gpu_lease_from_k8s(obj: Mapping[str, Any]) -> GpuLease | None:
+    """A `GPULease`; None when it names no group."""
+    spec = get_path(obj, "spec") or {}
+    group = str(spec.get("group") or "")
+    if not group:
+        return None
+    return GpuLease(
+        name=name_of(obj),
+        group=group,
+        namespace=namespace_of(obj) or "default",
+        owner=str(spec.get("owner") or ""),
+        node=str(spec.get("node") or ""),
+        expires_at=parse_rfc3339(spec.get("expiresAt")),
+        source=LeaseSource.GPU_LEASE,
+    )
+
+
+def gpu_lease_from_config_map(obj: Mapping[str, Any]) -> GpuLease | None:
+    """The legacy `gpu-lease-<group>` ConfigMap; the group comes from data, else the label."""
+    data = get_path(obj, "data") or {}
+    labels = get_path(obj, "metadata", "labels") or {}
+    group = str(data.get("group") or labels.get(GPU_LEASE_LABEL) or "")
+    if not group:
+        return None
+    return GpuLease(
+        name=name_of(obj),
+        group=group,
+        namespace=namespace_of(obj) or "default",
+        owner=str(data.get("owner") or ""),
+        node=str(data.get("node") or ""),
+        expires_at=parse_rfc3339(data.get("expiresAt")),
+        source=LeaseSource.CONFIG_MAP,
+    )

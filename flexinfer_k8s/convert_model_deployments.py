@@ -1,0 +1,81 @@
+"""ModelDeployments (v1alpha1) from Kubernetes JSON, and the status the controller writes.
+
+`standalone_from_k8s` reads a ModelDeployment with its Deployment and pods into the
+core's `StandaloneDeployment`; `model_deployment_status` and `standalone_status`
+build the status merge patches. Pure: no client, no clock (callers pass `now`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from flexinfer_core import Condition, StandaloneDecision, StandaloneDeployment
+from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
+from flexinfer_k8s.status_diff import merge_conditions
+from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
+
+
+def model_deployment_group_ref(md: Mapping[str, Any]) -> str:
+    """`spec.gpuGroupRef` ("" for a standalone ModelDeployment)."""
+    return str(get_path(md, "spec", "gpuGroupRef") or "")
+
+
+def model_deployment_status(
+    md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]
+) -> JSON:
+    """A ModelDeployment's observed status: Running once a pod is ready, Pending while
+    its pods start, Idle at zero replicas (its `lastAccessTime` is the proxy's)."""
+    ready = serving_pod_count(pods)
+    if ready:
+        phase, message = "Running", f"{ready} pod(s) ready"
+    elif replicas:
+        phase, message = "Pending", "waiting for its pods to be ready"
+    else:
+        phase, message = "Idle", "scaled to zero"
+    status: JSON = {"phase": phase, "message": message, "readyReplicas": ready}
+    generation = get_path(md, "metadata", "generation")
+    if isinstance(generation, int):
+        status["observedGeneration"] = generation
+    return status
+
+
+def standalone_from_k8s(
+    md: Mapping[str, Any], *, deployment: Mapping[str, Any] | None, pods: Sequence[JSON]
+) -> StandaloneDeployment:
+    """A standalone ModelDeployment with its Deployment's replicas and ready pods."""
+    spec = get_path(md, "spec") or {}
+    return StandaloneDeployment(
+        name=name_of(md),
+        namespace=namespace_of(md) or "default",
+        replicas=int_or(spec.get("replicas"), 1),
+        min_replicas=int_or(spec.get("minReplicas"), 0),
+        idle_timeout=timedelta(seconds=int_or(spec.get("idleTimeoutSeconds"), 300)),
+        cold_start_timeout=timedelta(seconds=int_or(spec.get("coldStartTimeoutSeconds"), 60)),
+        last_access_time=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
+        current_replicas=deployment_replicas(deployment),
+        ready_replicas=serving_pod_count(pods),
+    )
+
+
+def standalone_status(
+    md: Mapping[str, Any],
+    decision: StandaloneDecision,
+    *,
+    replicas: int | None,
+    pods: Sequence[JSON],
+    now: datetime,
+) -> JSON:
+    """The observed phase and readyReplicas, with the decision's message and Ready condition."""
+    status = model_deployment_status(md, replicas=replicas, pods=pods)
+    generation = status.get("observedGeneration")
+    status["message"] = decision.message
+    status["conditions"] = merge_conditions(
+        get_path(md, "status", "conditions"),
+        [Condition("Ready", status["phase"] == "Running", decision.reason, decision.message)],
+        now=now,
+        generation=generation if isinstance(generation, int) else None,
+    )
+    return status

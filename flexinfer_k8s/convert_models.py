@@ -1,0 +1,182 @@
+"""Models (v1alpha2) from Kubernetes JSON, and the status the controller writes on them.
+
+`model_state_from_k8s` reads a Model with its Deployment, pods and Service into the
+core's `ModelState` (its phase observed from the workload); `model_status` turns a
+`MemberDecision` into the status merge patch. Pure: no client, no clock (callers
+pass `now`). Unreadable optional values fall back to the spec's defaults; a value
+the core rejects raises the core's `FlexinferError` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from flexinfer_core import (
+    ACTIVE_SERVICES_ANNOTATION,
+    Condition,
+    MemberDecision,
+    ModelState,
+    Phase,
+    Serverless,
+    observed_phase,
+    parse_duration,
+)
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready
+from flexinfer_k8s.status_diff import generation_of, merge_conditions
+from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
+
+# The conditions the controller owns on a Model; others are left as they are.
+MODEL_CONDITIONS = ("Active", "Ready")
+
+
+def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:
+    if value is None or value == "":
+        return default
+    return parse_duration(str(value), field=field)
+
+
+def _conditions_from_k8s(items: Any) -> tuple[Condition, ...]:
+    out = []
+    for item in items or []:
+        if not isinstance(item, Mapping) or item.get("type") not in MODEL_CONDITIONS:
+            continue
+        out.append(
+            Condition(
+                str(item.get("type")),
+                item.get("status") == "True",
+                str(item.get("reason") or ""),
+                str(item.get("message") or ""),
+            )
+        )
+    return tuple(out)
+
+
+def model_state_from_k8s(
+    model: Mapping[str, Any],
+    *,
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[JSON],
+    service: Mapping[str, Any] | None,
+    cache_ready: bool = True,
+) -> ModelState:
+    """A Model as the core sees it, its phase derived from its Deployment and pods."""
+    spec = get_path(model, "spec") or {}
+    status = get_path(model, "status") or {}
+    gpu = spec.get("gpu") or {}
+    serverless = spec.get("serverless") or {}
+    shared = status.get("sharedGroup") or {}
+    name = name_of(model)
+
+    try:
+        recorded = Phase(status.get("phase") or Phase.IDLE.value)
+    except ValueError:
+        recorded = Phase.IDLE
+    live = live_pods(pods)
+    failed = bool(pods) and all(get_path(p, "status", "phase") == "Failed" for p in pods)
+    phase = observed_phase(
+        recorded,
+        replicas=deployment_replicas(deployment) or 0,
+        pods=len(live),
+        ready_pods=sum(1 for p in live if pod_is_ready(p)),
+        failed=failed,
+    )
+    state_value = shared.get("state")
+    shared_state = state_value if state_value in ("Active", "Queued") else None
+    queue_position = shared.get("queuePosition")
+    annotations = get_path(service, "metadata", "annotations") or {}
+    return ModelState(
+        name=name,
+        namespace=namespace_of(model) or "default",
+        group=str(gpu.get("shared") or ""),
+        priority=int_or(gpu.get("priority"), 100),
+        phase=phase,
+        last_active=parse_rfc3339(status.get("lastActiveTime")),
+        shared_state=shared_state,
+        preempted_at=parse_rfc3339(shared.get("preemptedAt")),
+        swap_cooldown=(
+            None
+            if gpu.get("swapCooldown") in (None, "")
+            else parse_duration(str(gpu["swapCooldown"]), field=f"{name}.spec.gpu.swapCooldown")
+        ),
+        force_promotion=bool(gpu.get("forcePromotion", False)),
+        serverless=Serverless(
+            enabled=bool(serverless.get("enabled", True)),
+            min_replicas=int_or(serverless.get("minReplicas"), 0),
+            idle_timeout=_duration(
+                serverless.get("idleTimeout"),
+                timedelta(minutes=5),
+                field=f"{name}.spec.serverless.idleTimeout",
+            ),
+            cold_start_timeout=_duration(
+                serverless.get("coldStartTimeout"),
+                timedelta(seconds=60),
+                field=f"{name}.spec.serverless.coldStartTimeout",
+            ),
+        ),
+        service_labels=tuple(str(s) for s in spec.get("serviceLabels") or ()),
+        cache_ready=cache_ready,
+        queue_position=queue_position if isinstance(queue_position, int) else None,
+        preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
+        conditions=_conditions_from_k8s(status.get("conditions")),
+        replicas=deployment_replicas(deployment),
+        active_services=(
+            str(annotations[ACTIVE_SERVICES_ANNOTATION])
+            if service is not None and ACTIVE_SERVICES_ANNOTATION in annotations
+            else None
+        ),
+    )
+
+
+def model_cache_ref(model: Mapping[str, Any]) -> str:
+    return str(get_path(model, "spec", "cache", "modelCacheRef") or "")
+
+
+def model_cache_is_ready(cache: Mapping[str, Any] | None) -> bool:
+    return cache is not None and bool(get_path(cache, "status", "ready"))
+
+
+def model_state_group(model: Mapping[str, Any]) -> str:
+    """`spec.gpu.shared`: the shared group a Model belongs to ("" for none)."""
+    return str(get_path(model, "spec", "gpu", "shared") or "")
+
+
+def model_status(
+    model: Mapping[str, Any], member: MemberDecision, *, group: str, now: datetime
+) -> JSON:
+    """The status fields the controller owns on a Model, as a merge patch body."""
+    generation = generation_of(model)
+    status: JSON = {
+        "phase": member.phase.value,
+        "message": member.message,
+        "conditions": merge_conditions(
+            get_path(model, "status", "conditions"),
+            member.conditions,
+            now=now,
+            generation=generation,
+        ),
+        "sharedGroup": {
+            "groupName": group or None,
+            "state": member.state.value,
+            "queuePosition": member.queue_position,
+            "preemptedBy": member.preempted_by,
+            "preemptedAt": format_rfc3339(member.preempted_at),
+        },
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def model_status_stale(model: Mapping[str, Any], member: MemberDecision, *, group: str) -> bool:
+    """What `GroupDecision.changes` cannot see: the recorded phase, generation and group."""
+    status = get_path(model, "status") or {}
+    generation = get_path(model, "metadata", "generation")
+    return (
+        status.get("phase") != member.phase.value
+        or status.get("message") != member.message
+        or (isinstance(generation, int) and status.get("observedGeneration") != generation)
+        or (get_path(status, "sharedGroup", "groupName") or "") != group
+    )

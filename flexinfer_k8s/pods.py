@@ -1,0 +1,86 @@
+"""Pods and the Deployments that select them, as the controller reads them.
+
+Until the rendering issue lands, a Model's (and a ModelDeployment's) workload is the
+Deployment *named like it* in its namespace, and a Deployment's pods are the pods
+its `spec.selector` matches. Pure readers of Kubernetes JSON: no client, no clock,
+no decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from flexinfer_kube.objects import JSON, get_path, int_or, namespace_of
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions) against labels; empty matches none."""
+    if not selector:
+        return False
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    for key, value in match_labels.items():
+        if labels.get(key) != value:
+            return False
+    for expression in expressions:
+        key = expression.get("key", "")
+        operator = expression.get("operator", "")
+        values = expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def pods_of(deployment: Mapping[str, Any] | None, pods: Iterable[JSON]) -> list[JSON]:
+    """The pods a Deployment's selector matches in its namespace (terminating included)."""
+    if deployment is None:
+        return []
+    selector = get_path(deployment, "spec", "selector")
+    namespace = namespace_of(deployment)
+    return [
+        p
+        for p in pods
+        if namespace_of(p) == namespace
+        and selector_matches(selector, get_path(p, "metadata", "labels") or {})
+    ]
+
+
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    if get_path(pod, "status", "phase") != "Running":
+        return False
+    conditions = get_path(pod, "status", "conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_is_finished(pod: Mapping[str, Any]) -> bool:
+    return get_path(pod, "status", "phase") in ("Succeeded", "Failed")
+
+
+def live_pods(pods: Iterable[JSON]) -> list[JSON]:
+    """Pods that may still hold a GPU: everything not Succeeded/Failed, terminating included."""
+    return [p for p in pods if not pod_is_finished(p)]
+
+
+def serving_pod_count(pods: Sequence[JSON]) -> int:
+    """Ready pods that are not on their way out (what a ModelDeployment reports as ready)."""
+    return sum(
+        1
+        for p in live_pods(pods)
+        if pod_is_ready(p) and not get_path(p, "metadata", "deletionTimestamp")
+    )
+
+
+def deployment_replicas(deployment: Mapping[str, Any] | None) -> int | None:
+    """A Deployment's `spec.replicas` (1 when unset); None when there is no Deployment."""
+    if deployment is None:
+        return None
+    return int_or(get_path(deployment, "spec", "replicas"), 1)

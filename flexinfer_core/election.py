@@ -160,7 +160,7 @@ def _elect(
             # No expiry in the text: a refreshed lease must not rewrite every status.
             return Election(
                 None,
-                reasons.GPU_LEASE_HELD_ELECTION,
+                reasons.GPU_LEASE_HELD,
                 f"GPU lease {lease.name} held by {lease_holder_label(lease)}; "
                 "every member is parked",
                 lease=lease,

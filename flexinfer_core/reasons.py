@@ -11,7 +11,8 @@ from typing import Final
 
 # Why the shared-group election picked its leader (spec/election.md 1.2).
 EMPTY_GROUP: Final = "EmptyGroup"
-GPU_LEASE_HELD_ELECTION: Final = "GpuLeaseHeld"
+# One spelling for the election, the members' conditions and the Events (spec 1.3).
+GPU_LEASE_HELD: Final = "GPULeaseHeld"
 FORCE_PROMOTED: Final = "ForcePromoted"
 SWAP_COOLDOWN: Final = "SwapCooldown"
 LOADING_HOLDER: Final = "LoadingHolder"
@@ -23,7 +24,7 @@ FALLBACK: Final = "Fallback"
 ELECTION_REASONS: Final = frozenset(
     {
         EMPTY_GROUP,
-        GPU_LEASE_HELD_ELECTION,
+        GPU_LEASE_HELD,
         FORCE_PROMOTED,
         SWAP_COOLDOWN,
         LOADING_HOLDER,
@@ -34,10 +35,9 @@ ELECTION_REASONS: Final = frozenset(
     }
 )
 
-# Per-member condition and Event reasons (spec/election.md 1.3). The spelling
-# `GPULeaseHeld` is the user-visible one the spec gives for conditions and Events.
+# Per-member condition and Event reasons (spec/election.md 1.3); a member parked by
+# a lease says GPU_LEASE_HELD, like the election.
 PREEMPTED: Final = "Preempted"
-GPU_LEASE_HELD: Final = "GPULeaseHeld"
 PROMOTED: Final = "Promoted"
 WAITING_FOR_GPU: Final = "WaitingForGPU"
 QUEUED: Final = "Queued"

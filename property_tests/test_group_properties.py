@@ -162,7 +162,7 @@ def test_active_lease_parks_every_member(sc: GroupScenario, data: st.DataObject)
     sc = attrs.evolve(sc, leases=(*sc.leases, lease))
     decision = sc.decide()
     assert decision.leader is None
-    assert decision.reason == reasons.GPU_LEASE_HELD_ELECTION
+    assert decision.reason == reasons.GPU_LEASE_HELD
     for member in decision.members:
         observed = sc.member(member.name)
         assert member.desired_replicas == 0

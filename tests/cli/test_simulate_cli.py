@@ -39,7 +39,7 @@ def test_priority_and_lease_scenario(capsys: pytest.CaptureFixture[str]) -> None
     assert by_time["2m"]["leader"] == "coder"
     assert by_time["2m"]["reason"] == "DemandPreemption"
     assert by_time["8m"]["leader"] is None
-    assert by_time["8m"]["reason"] == "GpuLeaseHeld"
+    assert by_time["8m"]["reason"] == "GPULeaseHeld"
     assert [e["reason"] for e in by_time["8m"]["events"]] == ["GPULeaseHeld"]
 
 

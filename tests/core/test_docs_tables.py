@@ -162,7 +162,7 @@ PRIORITY: dict[str, tuple[list[ModelState], list[GpuLease], str | None, str]] = 
         [member("leader", **LEADER_BUSY), member("forced", force_promotion=True)],
         [GpuLease(name="ft", group="homelab-gpu", owner="trainer")],
         None,
-        reasons.GPU_LEASE_HELD_ELECTION,
+        reasons.GPU_LEASE_HELD,
     ),
     "higher-priority model demanded during a swap cooldown": (
         [

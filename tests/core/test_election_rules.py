@@ -66,7 +66,7 @@ def test_rule2_active_lease_parks_everyone_even_force_promoted() -> None:
     lease = GpuLease(name="train", group="homelab-gpu", owner="finetune-job")
     election = elect_leader(models, now=T0, leases=[lease])
     assert election.leader is None
-    assert election.reason == reasons.GPU_LEASE_HELD_ELECTION == "GpuLeaseHeld"
+    assert election.reason == reasons.GPU_LEASE_HELD == "GPULeaseHeld"
     assert "gpu-lease/finetune-job" in election.message
 
 

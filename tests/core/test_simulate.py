@@ -93,7 +93,7 @@ def test_lease_parks_then_serving_returns() -> None:
         ],
     )
     reasons_seen = [(s.at - T0, s.reason) for s in timeline.steps]
-    assert (timedelta(seconds=60), reasons.GPU_LEASE_HELD_ELECTION) in reasons_seen
+    assert (timedelta(seconds=60), reasons.GPU_LEASE_HELD) in reasons_seen
     after = [s for s in timeline.steps if s.at >= T0 + timedelta(seconds=120)]
     assert after and after[0].leader == "chat"
 

@@ -7,6 +7,15 @@ back (leaders, member status, desired replicas, lease actions, reasons,
 """
 
 from flexinfer_core import reasons
+from flexinfer_core.annotations import (
+    ACTIVE_SERVICES_ANNOTATION,
+    DEMAND_ANNOTATION_PREFIX,
+    DEMAND_STALE_AFTER,
+    DemandReport,
+    demand_annotation_key,
+    format_demand,
+    parse_demand,
+)
 from flexinfer_core.durations import format_duration, parse_duration
 from flexinfer_core.election import Election, better, elect_leader, group_cooldown
 from flexinfer_core.errors import (
@@ -28,7 +37,6 @@ from flexinfer_core.gpugroup import (
     decide_gpu_group,
 )
 from flexinfer_core.group import (
-    ACTIVE_SERVICES_ANNOTATION,
     Event,
     GroupDecision,
     MemberChanges,
@@ -80,8 +88,11 @@ from flexinfer_core.vram import (
 __all__ = [
     "ACTIVE_SERVICES_ANNOTATION",
     "DEFAULT_POLICY",
+    "DEMAND_ANNOTATION_PREFIX",
+    "DEMAND_STALE_AFTER",
     "AntiThrashing",
     "Condition",
+    "DemandReport",
     "DurationError",
     "Election",
     "Event",
@@ -120,10 +131,12 @@ __all__ = [
     "decide_gpu_group",
     "decide_group",
     "decide_standalone",
+    "demand_annotation_key",
     "desired_replicas",
     "elect_leader",
     "estimate_vram",
     "finetune_lease_ttl",
+    "format_demand",
     "format_duration",
     "governing_lease",
     "group_cooldown",
@@ -134,6 +147,7 @@ __all__ = [
     "mlc_mode_settings",
     "next_change_at",
     "observed_phase",
+    "parse_demand",
     "parse_duration",
     "plan_finetune_lease",
     "reasons",

@@ -1,7 +1,9 @@
 """The v1alpha1 GPUGroup decision: keep, swap, drain or idle, with the blocking reason.
 
 Spec: spec/election.md section 3. Demand is real queued requests, reported by the
-proxy per member (queue depth and the arrival of the oldest waiting request). The
+proxy per member (queue depth, the arrival of the oldest waiting request and when
+it reported); a report older than `DEMAND_STALE_AFTER` counts as no demand, and
+`next_change_at` includes the instant the next live report goes stale. The
 decision is level-based: a swap is recorded at once (`activeModel`,
 `lastSwapTime`, `swapCount`), and every later decision derives the drain from
 that record plus which members still have pods, so deciding again after applying
@@ -17,6 +19,7 @@ from datetime import datetime, timedelta
 import attrs
 
 from flexinfer_core import reasons
+from flexinfer_core.annotations import DEMAND_STALE_AFTER, demand_is_stale
 from flexinfer_core.durations import format_duration
 from flexinfer_core.snapshot import (
     DEFAULT_PRIORITY,
@@ -74,7 +77,12 @@ class AntiThrashing:
 
 @attrs.frozen
 class GpuGroupMember:
-    """One member ModelDeployment of a GPUGroup, with the proxy's demand report."""
+    """One member ModelDeployment of a GPUGroup, with the proxy's demand report.
+
+    `queued`/`oldest_waiting` are the report as written; `reported_at` is when. A
+    stale report is read as no demand by the decision, not here, so that the
+    decision can also say when a live report will go stale.
+    """
 
     name: str = attrs.field(validator=non_empty_name)
     priority: int = attrs.field(
@@ -82,6 +90,7 @@ class GpuGroupMember:
     )
     queued: int = attrs.field(default=0, validator=int_between(0, None))
     oldest_waiting: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    reported_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     last_request: datetime | None = attrs.field(default=None, validator=aware_or_none)
     idle_timeout: timedelta = attrs.field(
         default=timedelta(seconds=300), validator=non_negative_duration
@@ -91,6 +100,9 @@ class GpuGroupMember:
     exists: bool = True
     has_pods: bool = False
     ready: bool = False
+
+
+_TICK = timedelta(microseconds=1)
 
 
 def _members(value: Iterable[GpuGroupMember]) -> tuple[GpuGroupMember, ...]:
@@ -208,8 +220,24 @@ def _blocking_gate(
     return None
 
 
+def _without_stale_demand(state: GpuGroupState, now: datetime) -> GpuGroupState:
+    """The state with every stale demand report read as no demand."""
+    if not any(m.queued and demand_is_stale(m.reported_at, now=now) for m in state.members):
+        return state
+    return attrs.evolve(
+        state,
+        members=tuple(
+            attrs.evolve(m, queued=0, oldest_waiting=None)
+            if m.queued and demand_is_stale(m.reported_at, now=now)
+            else m
+            for m in state.members
+        ),
+    )
+
+
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
     """Decide which member holds the group's GPU (spec/election.md 3)."""
+    state = _without_stale_demand(state, now)
     existing = sorted((m for m in state.members if m.exists), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
     if current is not None and not current.exists:
@@ -399,6 +427,9 @@ def _gpu_group_next_change(
                 candidates.append(t + m.idle_timeout)
         if m.oldest_waiting is not None:
             candidates.append(m.oldest_waiting + anti.hysteresis_window)
+        if m.queued and m.reported_at is not None:
+            # The report goes stale one tick after it is DEMAND_STALE_AFTER old.
+            candidates.append(m.reported_at + DEMAND_STALE_AFTER + _TICK)
     for s in statuses:
         if s.preempted_at is not None:
             candidates.append(s.preempted_at + anti.cooldown_after_preemption)

@@ -36,7 +36,6 @@ from flexinfer_core.snapshot import (
     SharedState,
 )
 
-ACTIVE_SERVICES_ANNOTATION = "ai.flexinfer/active-services"
 CONDITION_ACTIVE = "Active"
 CONDITION_READY = "Ready"
 _TICK = timedelta(microseconds=1)

@@ -2,13 +2,13 @@
 
 `gpu_group_state_from_k8s` reads a GPUGroup with its member ModelDeployments, their
 pods and the proxy's demand annotations into the core's `GpuGroupState`;
-`gpu_group_status` turns a `GpuGroupDecision` into the status merge patch. Pure:
-no client, no clock (callers pass `now`).
+`gpu_group_status` turns a `GpuGroupDecision` into the status merge patch. The
+demand annotations' format and staleness are the core's (`flexinfer_core.annotations`).
+Pure: no client, no clock (callers pass `now`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,42 +16,18 @@ from typing import Any
 from flexinfer_core import (
     AntiThrashing,
     Condition,
+    DemandReport,
     GpuGroupDecision,
     GpuGroupMember,
     GpuGroupPhase,
     GpuGroupState,
+    demand_annotation_key,
+    parse_demand,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.pods import live_pods, pod_is_ready
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
-
-DEMAND_ANNOTATION_PREFIX = "demand.ai.flexinfer/"
-DEMAND_STALE_AFTER = timedelta(minutes=5)
-
-
-def demand_from_annotation(
-    value: Any, *, now: datetime
-) -> tuple[int, datetime | None, datetime | None] | None:
-    """(queued, oldestWaiting, reportedAt) from a demand annotation; None if unreadable.
-
-    A report older than five minutes counts as no demand (a proxy that died with a
-    queue), as docs/resources.md says.
-    """
-    try:
-        body = json.loads(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    if not isinstance(body, Mapping):
-        return None
-    queued = body.get("queued")
-    if isinstance(queued, bool) or not isinstance(queued, int) or queued < 0:
-        return None
-    reported = parse_rfc3339(body.get("reportedAt"))
-    if reported is not None and now - reported > DEMAND_STALE_AFTER:
-        return (0, None, reported)
-    oldest = parse_rfc3339(body.get("oldestWaiting")) if queued > 0 else None
-    return (queued, oldest, reported)
 
 
 def gpu_group_state_from_k8s(
@@ -59,7 +35,6 @@ def gpu_group_state_from_k8s(
     *,
     model_deployments: Mapping[str, Mapping[str, Any]],
     member_pods: Mapping[str, Sequence[JSON]],
-    now: datetime,
 ) -> GpuGroupState:
     """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand."""
     spec = get_path(group, "spec") or {}
@@ -76,17 +51,16 @@ def gpu_group_state_from_k8s(
         if not name:
             continue
         md = model_deployments.get(name)
-        demand = demand_from_annotation(
-            annotations.get(DEMAND_ANNOTATION_PREFIX + name), now=now
-        ) or (0, None, None)
+        demand = parse_demand(annotations.get(demand_annotation_key(name))) or DemandReport(0)
         pods = live_pods(member_pods.get(name, ()))
         row = recorded.get(name) or {}
         members.append(
             GpuGroupMember(
                 name=name,
                 priority=int_or(entry.get("priority"), 100),
-                queued=demand[0],
-                oldest_waiting=demand[1],
+                queued=demand.queued,
+                oldest_waiting=demand.oldest_waiting,
+                reported_at=demand.reported_at,
                 last_request=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
                 idle_timeout=timedelta(
                     seconds=int_or(get_path(md, "spec", "idleTimeoutSeconds"), 300)
@@ -120,19 +94,6 @@ def gpu_group_state_from_k8s(
             ),
         ),
     )
-
-
-def demand_reports_expire_at(group: Mapping[str, Any], *, now: datetime) -> datetime | None:
-    """When the next live demand report goes stale (the decision changes then)."""
-    annotations = get_path(group, "metadata", "annotations") or {}
-    times = []
-    for key, value in annotations.items():
-        if not str(key).startswith(DEMAND_ANNOTATION_PREFIX):
-            continue
-        demand = demand_from_annotation(value, now=now)
-        if demand is not None and demand[0] > 0 and demand[2] is not None:
-            times.append(demand[2] + DEMAND_STALE_AFTER + timedelta(milliseconds=1))
-    return min((t for t in times if t > now), default=None)
 
 
 def gpu_group_status(

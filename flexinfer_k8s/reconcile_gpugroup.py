@@ -21,7 +21,6 @@ from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, r
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache, live_occupants
 from flexinfer_k8s.convert_gpugroups import (
-    demand_reports_expire_at,
     gpu_group_state_from_k8s,
     gpu_group_status,
 )
@@ -77,7 +76,7 @@ class GpuGroupReconciler:
             replicas[member] = deployment_replicas(deployment)
 
         state = gpu_group_state_from_k8s(
-            group, model_deployments=model_deployments, member_pods=member_pods, now=now
+            group, model_deployments=model_deployments, member_pods=member_pods
         )
         decision = decide_gpu_group(state, now=now)
         wrote = False
@@ -127,10 +126,9 @@ class GpuGroupReconciler:
                 wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
 
         next_at = decision.next_change_at
-        expiry = demand_reports_expire_at(group, now=now)
-        candidates = [t for t in (next_at, expiry) if t is not None]
         if deferred:
-            candidates.append(now + RECHECK_AFTER)
+            recheck = now + RECHECK_AFTER
+            next_at = recheck if next_at is None else min(next_at, recheck)
         if wrote:
             log.info(
                 "applied GPUGroup decision",
@@ -147,7 +145,7 @@ class GpuGroupReconciler:
                     }
                 },
             )
-        return Outcome(min(candidates, default=None), wrote, decision.reason)
+        return Outcome(next_at, wrote, decision.reason)
 
     def _record_swap(
         self,

@@ -13,14 +13,15 @@
   refresh `lastAccessTime` at most once a minute.
 
 Writes never hold up a client request: they run as tasks, and `flush()` waits for
-them (shutdown, tests). The sink owns the wire format of the writes; this module
-owns their timing. It reads time only from the injected `Clock`.
+them (shutdown, tests). The annotation's wire format is the core's
+(`flexinfer_core.annotations`), shared with the controller that reads it; the sink
+performs the writes; this module owns their timing. It reads time only from the
+injected `Clock`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Coroutine
 from datetime import datetime, timedelta
@@ -28,14 +29,12 @@ from typing import Any, Protocol
 
 import attrs
 
-from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_kube.clock import Clock
 from flexinfer_proxy.directory import ModelEntry
 from flexinfer_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("flexinfer.proxy.demand")
 
-DEMAND_ANNOTATION_PREFIX = "demand.ai.flexinfer/"
 REFRESH_INTERVAL = timedelta(seconds=60)
 
 # Results of one timestamp write, as `flexinfer_proxy_demand_writes_total{result}`.
@@ -79,19 +78,6 @@ class DemandSink(Protocol):
     ) -> None:
         """Write (or, for None, remove) the member's demand annotation on its GPUGroup."""
         ...
-
-
-def demand_annotation_key(member: str) -> str:
-    return DEMAND_ANNOTATION_PREFIX + member
-
-
-def demand_annotation_value(report: QueueReport, *, now: datetime) -> str:
-    """The annotation's JSON, e.g. `{"queued": 3, "oldestWaiting": …, "reportedAt": …}`."""
-    value: dict[str, Any] = {"queued": report.queued}
-    if report.queued > 0 and report.oldest_waiting is not None:
-        value["oldestWaiting"] = format_rfc3339(report.oldest_waiting)
-    value["reportedAt"] = format_rfc3339(now)
-    return json.dumps(value, separators=(", ", ": "))
 
 
 @attrs.define

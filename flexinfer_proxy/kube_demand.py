@@ -7,7 +7,8 @@
   conflicts the demand still counts as recorded when someone else set the field
   within the last 30 s (spec/election.md 1.4). The field never moves backwards.
 - `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
-  GPUGroup, a merge patch touching only that key (null removes it).
+  GPUGroup (its format is `flexinfer_core.annotations`'), a merge patch touching
+  only that key (null removes it).
 
 Blocking `KubeApi` calls run in worker threads (`asyncio.to_thread`). This module
 touches nothing else: no spec, no other status field, no other annotation.
@@ -20,6 +21,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from flexinfer_core.annotations import DemandReport, demand_annotation_key, format_demand
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_kube.kubeapi import Conflict, KubeApi, KubeError, NotFound
 from flexinfer_kube.objects import JSON
@@ -33,8 +35,6 @@ from flexinfer_proxy.demand import (
     WRITTEN,
     MarkOutcome,
     QueueReport,
-    demand_annotation_key,
-    demand_annotation_value,
 )
 from flexinfer_proxy.directory import ModelEntry, ModelKind
 
@@ -104,7 +104,13 @@ class KubeDemandSink:
     ) -> None:
         if not entry.gpu_group:
             return
-        value = demand_annotation_value(report, now=now) if report is not None else None
+        value = (
+            format_demand(
+                DemandReport(report.queued, oldest_waiting=report.oldest_waiting, reported_at=now)
+            )
+            if report is not None
+            else None
+        )
         body = {"metadata": {"annotations": {demand_annotation_key(entry.name): value}}}
         try:
             self._api.patch(GPU_GROUPS, entry.namespace, entry.gpu_group, body)

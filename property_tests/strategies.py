@@ -494,6 +494,12 @@ _GG_IDLE = st.sampled_from((timedelta(seconds=300), timedelta(seconds=20)))
 _GG_PREEMPTED_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(180))
 _GG_PREEMPTED_BY = st.sampled_from(("", "alpha"))
 _EXISTS = st.sampled_from((True, True, True, True, False))
+# The proxy's report: undated, fresh, or at either side of the 5-minute staleness mark.
+_REPORT_AGE = st.one_of(
+    st.none(),
+    durations(120),
+    st.sampled_from((timedelta(minutes=5), timedelta(minutes=5) + _ONE_US)),
+)
 _SWAP_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(600))
 _ANTI_THRASHING = st.builds(
     AntiThrashing,
@@ -513,6 +519,7 @@ def gpu_group_members(draw: st.DrawFn, name: str, *, now: datetime) -> GpuGroupM
         priority=draw(_PRIORITY),
         queued=queued,
         oldest_waiting=now - draw(_WAIT_AGES) if queued else None,
+        reported_at=ago(now, draw(_REPORT_AGE)),
         last_request=ago(now, draw(_SWAP_AGE)),
         idle_timeout=draw(_GG_IDLE),
         preempted_at=ago(now, draw(_GG_PREEMPTED_AGE)),

@@ -39,6 +39,19 @@ def record(state: GpuGroupState, decision: GpuGroupDecision) -> GpuGroupState:
     )
 
 
+def with_live_demand(state: GpuGroupState, now: datetime) -> GpuGroupState:
+    """docs/resources.md, written out: a report more than 5 minutes old is no demand."""
+    return attrs.evolve(
+        state,
+        members=tuple(
+            attrs.evolve(m, queued=0, oldest_waiting=None)
+            if m.reported_at is not None and now - m.reported_at > timedelta(minutes=5)
+            else m
+            for m in state.members
+        ),
+    )
+
+
 def member_order(m: GpuGroupMember) -> tuple[int, int, float, str]:
     """spec 3.1, written out: queued first, priority desc, oldest waiting first, name."""
     waiting = m.oldest_waiting.timestamp() if m.oldest_waiting is not None else float("inf")
@@ -181,6 +194,7 @@ def contested_states(draw: st.DrawFn) -> Case:
             priority=1000,
             queued=queued,
             oldest_waiting=now - waited,
+            reported_at=now,
             preempted_at=preempted,
         )
         if m.name == challenger
@@ -203,12 +217,13 @@ _RECENT = st.sampled_from((timedelta(0), timedelta(seconds=5), timedelta(seconds
 @given(contested_states())
 def test_anti_thrashing_never_swaps_while_a_gate_holds(case: Case) -> None:
     state, now = case
+    decision = decide_gpu_group(state, now=now)
+    state = with_live_demand(state, now)
     existing = sorted((m for m in state.members if m.exists), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
     assert current is not None and current.exists  # contested_states builds them so
     winner = existing[0]
     assert winner.name != current.name and _in_use(state, current, now)
-    decision = decide_gpu_group(state, now=now)
     gate = _gate_holds(state, winner, now)
     event(f"gate: {gate}")
     if gate:

@@ -21,7 +21,6 @@ from flexinfer_core import (
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_gpugroups import (
-    demand_from_annotation,
     gpu_group_state_from_k8s,
     gpu_group_status,
 )
@@ -248,21 +247,6 @@ def test_gpu_lease_and_config_map() -> None:
     assert gpu_lease_from_k8s({"metadata": {"name": "x"}, "spec": {}}) is None
 
 
-def test_demand_annotations() -> None:
-    fresh = json.dumps(
-        {"queued": 3, "oldestWaiting": "2026-11-29T16:59:50Z", "reportedAt": "2026-11-29T16:59:55Z"}
-    )
-    assert demand_from_annotation(fresh, now=NOW) == (
-        3,
-        datetime(2026, 11, 29, 16, 59, 50, tzinfo=UTC),
-        datetime(2026, 11, 29, 16, 59, 55, tzinfo=UTC),
-    )
-    stale = json.dumps({"queued": 3, "reportedAt": "2026-11-29T16:50:00Z"})
-    assert demand_from_annotation(stale, now=NOW)[0] == 0  # type: ignore[index]
-    assert demand_from_annotation("{not json", now=NOW) is None
-    assert demand_from_annotation(json.dumps({"queued": -1}), now=NOW) is None
-
-
 def test_gpu_group_state_and_status_round_trip() -> None:
     group = {
         "metadata": {
@@ -296,12 +280,13 @@ def test_gpu_group_state_and_status_round_trip() -> None:
         "b": {"metadata": {"name": "b"}, "spec": {}},
     }
     state = gpu_group_state_from_k8s(
-        group, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
+        group, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}
     )
     assert [m.name for m in state.members] == ["a", "b"]
     a, b = state.members
     assert a.has_pods and a.ready and a.idle_timeout == timedelta(seconds=60)
     assert b.queued == 5 and b.priority == 200 and not b.has_pods
+    assert b.reported_at == datetime(2026, 11, 29, 16, 59, 59, tzinfo=UTC)
     assert state.anti_thrashing.request_queue_threshold == 2
     decision = decide_gpu_group(state, now=NOW)
     assert decision.active_model == "b"
@@ -311,7 +296,7 @@ def test_gpu_group_state_and_status_round_trip() -> None:
     stored = store_status(group, status)
     assert not status_differs(stored["status"], status)
     again = gpu_group_state_from_k8s(
-        stored, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}, now=NOW
+        stored, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}
     )
     assert again.current_model == "b" and again.swap_count == 1
     second = decide_gpu_group(again, now=NOW)

@@ -4,11 +4,16 @@ Spec: spec/election.md 1.1–1.2, rule by rule and in that order. Each rule is a
 pure check over the snapshot that either names the leader with a reason and a
 message or passes to the next. `better` is a total order, so the result never
 depends on the order of the input.
+
+Leases fail open here too (spec section 2): the adapter passes the leases it could
+read and the names of the sources it could not. A readable active lease parks the
+group whatever else is unreadable; with none, an unreadable source means the
+election proceeds as unleased and its message says which sources and why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 
 import attrs
@@ -84,11 +89,18 @@ class Election:
     reason: str
     message: str
     lease: GpuLease | None = None
-    lease_unreadable: bool = False
+    # Set only when the election failed open: no readable lease parks the group and
+    # these sources could not be read.
+    unreadable_lease_sources: tuple[str, ...] = ()
 
     @property
     def leader_name(self) -> str | None:
         return None if self.leader is None else self.leader.name
+
+    @property
+    def lease_unreadable(self) -> bool:
+        """The election proceeded as unleased because leases could not be read."""
+        return bool(self.unreadable_lease_sources)
 
 
 def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
@@ -118,20 +130,23 @@ def elect_leader(
     *,
     now: datetime,
     leases: Iterable[GpuLease] = (),
-    lease_unreadable: bool = False,
+    unreadable_lease_sources: Collection[str] = (),
     policy: Policy = DEFAULT_POLICY,
 ) -> Election:
-    """Apply spec/election.md 1.2 in order and return the first rule that decides."""
+    """Apply spec/election.md 1.2 in order and return the first rule that decides.
+
+    `unreadable_lease_sources` names the lease carriers the adapter could not read
+    (e.g. "gpuleases", "configmaps"); see the module docstring for what they change.
+    """
     key = check_one_group(models)
-    election = _elect(
-        models, key, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
-    )
-    if lease_unreadable:
+    election = _elect(models, key, now=now, leases=leases, policy=policy)
+    if election.lease is None and key is not None and key[1] and unreadable_lease_sources:
+        sources = tuple(sorted(set(unreadable_lease_sources)))
         return attrs.evolve(
             election,
-            lease_unreadable=True,
-            message=f"GPU lease could not be read; proceeding as unleased (fail open): "
-            f"{election.message}",
+            unreadable_lease_sources=sources,
+            message=f"GPU leases could not be read ({', '.join(sources)}); proceeding as "
+            f"unleased (fail open): {election.message}",
         )
     return election
 
@@ -142,7 +157,6 @@ def _elect(
     *,
     now: datetime,
     leases: Iterable[GpuLease],
-    lease_unreadable: bool,
     policy: Policy,
 ) -> Election:
     # 1. Empty group.
@@ -154,7 +168,7 @@ def _elect(
     models = sorted(models, key=candidate_rank)
 
     # 2. A GPU lease parks everyone; it beats forcePromotion.
-    if group and not lease_unreadable:
+    if group:
         lease = governing_lease(leases, namespace=namespace, group=group, now=now)
         if lease is not None:
             # No expiry in the text: a refreshed lease must not rewrite every status.

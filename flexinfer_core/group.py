@@ -189,18 +189,24 @@ def decide_group(
     *,
     now: datetime,
     leases: Iterable[GpuLease] = (),
-    lease_unreadable: bool = False,
+    unreadable_lease_sources: Collection[str] = (),
     policy: Policy = DEFAULT_POLICY,
     running: Collection[str] = (),
 ) -> GroupDecision:
     """Elect, then say what every member of the group should look like.
 
+    `leases` are the leases the adapter could read and `unreadable_lease_sources`
+    the carriers it could not (the election fails open; see `elect_leader`).
     `running` names the members that still have pods (any phase, terminating
     included); the leader is not scaled up while another member is in it.
     """
     leases = tuple(leases)
     election = elect_leader(
-        models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
+        models,
+        now=now,
+        leases=leases,
+        unreadable_lease_sources=unreadable_lease_sources,
+        policy=policy,
     )
     namespace = models[0].namespace if models else ""
     group = models[0].group if models else ""
@@ -217,7 +223,7 @@ def decide_group(
                 settled,
                 now=now,
                 leases=leases,
-                lease_unreadable=lease_unreadable,
+                unreadable_lease_sources=unreadable_lease_sources,
                 policy=policy,
             )
             if again.leader_name == election.leader_name:
@@ -230,9 +236,7 @@ def decide_group(
         group=group,
         election=election,
         members=members,
-        next_change_at=next_change_at(
-            models, now=now, leases=leases, lease_unreadable=lease_unreadable, policy=policy
-        ),
+        next_change_at=next_change_at(models, now=now, leases=leases, policy=policy),
     )
 
 
@@ -459,7 +463,6 @@ def next_change_at(
     *,
     now: datetime,
     leases: Iterable[GpuLease] = (),
-    lease_unreadable: bool = False,
     policy: Policy = DEFAULT_POLICY,
 ) -> datetime | None:
     """The earliest instant after `now` at which the decision could change unaided.
@@ -467,29 +470,20 @@ def next_change_at(
     Every threshold the decision reads is listed: demand and recent windows, the
     loading grace and idle timeout (both inclusive, so they lapse one tick later),
     the cooldown and lease expiry. The decision is constant between consecutive
-    thresholds, so nothing changes before the earliest future one.
+    thresholds, so nothing changes before the earliest future one. Unreadable lease
+    sources add no threshold: only the leases that were read can expire.
     """
     members = list(models)
     leases = tuple(leases)
     if not members:
         return None
     namespace, group = members[0].namespace, members[0].group
-    lease_ends = (
-        []
-        if lease_unreadable
-        else [
-            lease.expires_at
-            for lease in leases
-            if lease.expires_at is not None
-            and lease.group == group
-            and lease.namespace == namespace
-        ]
-    )
-    if (
-        group
-        and not lease_unreadable
-        and governing_lease(leases, namespace=namespace, group=group, now=now)
-    ):
+    lease_ends = [
+        lease.expires_at
+        for lease in leases
+        if lease.expires_at is not None and lease.group == group and lease.namespace == namespace
+    ]
+    if group and governing_lease(leases, namespace=namespace, group=group, now=now):
         # Under a lease only the leases themselves can change the decision.
         return min((end for end in lease_ends if end > now), default=None)
     candidates: list[datetime] = list(lease_ends)

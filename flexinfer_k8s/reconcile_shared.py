@@ -17,9 +17,10 @@ Who occupies the card is read from the cluster at every reconcile: pods labelled
 the group (a deleted member's included, until they are gone), and Deployments of
 former members that still ask for replicas are scaled to 0.
 
-A reconcile that changes nothing writes nothing. A lease source that cannot be
-listed fails open toward serving, logged and counted. The caller arms a timer at
-the returned `next_change_at`.
+A reconcile that changes nothing writes nothing. The core is given the leases that
+were read and the lease sources that could not be listed; when it fails open toward
+serving, this module logs and counts it. The caller arms a timer at the returned
+`next_change_at`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from flexinfer_core import (
     ModelState,
     Policy,
     decide_group,
-    governing_lease,
     lease_is_active,
     reasons,
 )
@@ -153,26 +153,25 @@ class SharedGroupReconciler:
                 )
             )
 
+        # A Model outside any shared group has no lease to read.
         leases = self.cache.leases(namespace) if group else []
         unreadable = self.cache.unreadable_lease_sources(namespace) if group else []
-        governing = governing_lease(leases, namespace=namespace, group=group, now=now)
-        lease_unreadable = bool(unreadable) and governing is None
-        if lease_unreadable:
-            for source in unreadable:
-                self.metrics.lease_read_errors.labels(namespace=namespace, source=source).inc()
-            log.warning(
-                "GPU leases unreadable; failing open toward serving",
-                extra={"fields": {"namespace": namespace, "group": group, "sources": unreadable}},
-            )
-
         decision = decide_group(
             states,
             now=now,
             leases=leases,
-            lease_unreadable=lease_unreadable,
+            unreadable_lease_sources=unreadable,
             policy=self.policy,
             running=running,
         )
+        failed_open = decision.election.unreadable_lease_sources
+        if failed_open:
+            for source in failed_open:
+                self.metrics.lease_read_errors.labels(namespace=namespace, source=source).inc()
+            log.warning(
+                "GPU leases unreadable; failing open toward serving",
+                extra={"fields": {"namespace": namespace, "group": group, "sources": failed_open}},
+            )
         if group:
             self._record_metrics(namespace, group, decision)
         wrote = self._apply(namespace, group, objs, states, decision, now=now, departed=departed)

@@ -219,6 +219,7 @@ def active_lease(leases_: Sequence[GpuLease], now: datetime) -> bool:
 
 
 _BOOLS = st.booleans()
+_UNREADABLE_SOURCES = st.sampled_from((("gpuleases",), ("configmaps",), ("configmaps", "gpuleases")))
 
 
 @attrs.frozen
@@ -229,14 +230,15 @@ class GroupScenario:
     now: datetime
     leases: tuple[GpuLease, ...] = ()
     running: frozenset[str] = frozenset()
-    lease_unreadable: bool = False
+    # Lease carriers the adapter could not read (the election may fail open).
+    unreadable_lease_sources: tuple[str, ...] = ()
 
     def decide(self, *, now: datetime | None = None) -> GroupDecision:
         return decide_group(
             self.models,
             now=self.now if now is None else now,
             leases=self.leases,
-            lease_unreadable=self.lease_unreadable,
+            unreadable_lease_sources=self.unreadable_lease_sources,
             running=self.running,
         )
 
@@ -284,7 +286,7 @@ def group_scenarios(
         now=now,
         leases=leases_,
         running=draw(running_sets(models)),
-        lease_unreadable=unreadable,
+        unreadable_lease_sources=draw(_UNREADABLE_SOURCES) if unreadable else (),
     )
 
 

@@ -56,14 +56,19 @@ def check_one_scaled_member(decision: GroupDecision) -> None:
 
 
 def check_unleased_group_has_a_leader(sc: GroupScenario, decision: GroupDecision) -> None:
-    """A non-empty group with no readable active lease always has a leader."""
+    """A non-empty group with no readable active lease always has a leader; one that
+    cannot read every lease source fails open and says which (spec section 2), but a
+    lease that was read still parks it."""
     leased = active_lease(sc.leases, sc.now)
-    if sc.models and (sc.lease_unreadable or not leased):
+    if sc.models and not leased:
         assert decision.leader in {m.name for m in sc.models}
-        if leased:
-            assert decision.election.lease_unreadable  # fail open, and it says so
+        failed_open = sorted(sc.unreadable_lease_sources)
+        assert list(decision.election.unreadable_lease_sources) == failed_open
+        if failed_open:
+            assert f"could not be read ({', '.join(failed_open)})" in decision.message
     elif sc.models:
         assert decision.leader is None
+        assert not decision.election.lease_unreadable
 
 
 def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:

@@ -94,13 +94,37 @@ def test_rule2_configmap_lease_parks_too() -> None:
 
 
 def test_rule2_unreadable_lease_fails_open_and_says_so() -> None:
-    lease = GpuLease(name="train", group="homelab-gpu")
     election = elect_leader(
-        [member("a", phase=READY)], now=T0, leases=[lease], lease_unreadable=True
+        [member("a", phase=READY)], now=T0, unreadable_lease_sources=["gpuleases", "configmaps"]
     )
     assert election.leader_name == "a"
+    assert election.reason == reasons.READY_LEADER  # the rule that decided
+    assert election.unreadable_lease_sources == ("configmaps", "gpuleases")
     assert election.lease_unreadable
-    assert "fail open" in election.message
+    assert election.message == (
+        "GPU leases could not be read (configmaps, gpuleases); proceeding as unleased "
+        "(fail open): a is ready and keeps the card"
+    )
+
+
+def test_rule2_a_lease_that_was_read_parks_even_when_another_source_is_unreadable() -> None:
+    lease = GpuLease(name="train", group="homelab-gpu", source=LeaseSource.CONFIG_MAP)
+    election = elect_leader(
+        [member("a", phase=READY)], now=T0, leases=[lease], unreadable_lease_sources=["gpuleases"]
+    )
+    assert (election.leader, election.reason, election.lease) == (
+        None,
+        reasons.GPU_LEASE_HELD,
+        lease,
+    )
+    assert not election.lease_unreadable
+    assert "fail open" not in election.message
+
+
+def test_rule2_a_model_outside_any_shared_group_never_fails_open() -> None:
+    solo = member("solo", group="", phase=READY)
+    election = elect_leader([solo], now=T0, unreadable_lease_sources=["gpuleases"])
+    assert (election.leader_name, election.lease_unreadable) == ("solo", False)
 
 
 def test_rule3_force_promotion_beats_cooldown_priority_and_readiness() -> None:

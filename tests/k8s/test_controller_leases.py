@@ -153,7 +153,11 @@ def test_unreadable_leases_fail_open_toward_serving(
         c.api.create(GPU_LEASES, c.namespace, lease("train"))
         c.demand("a")
         with controller(local_cluster, c.namespace, impersonate=user) as ctl:  # type: ignore[arg-type]
-            c.wait_serving("a")
+            status = c.wait_serving("a")
+            active = next(x for x in status["conditions"] if x["type"] == "Active")
+            assert active["message"].startswith(
+                "GPU leases could not be read (gpuleases); proceeding as unleased (fail open)"
+            )
             text = ctl.scrape()
             errors = metric_value(text, "flexinfer_gpu_lease_read_errors_total",
                                   namespace=c.namespace, source="gpuleases")

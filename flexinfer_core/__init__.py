@@ -46,7 +46,6 @@ from flexinfer_core.group import (
     desired_replicas,
     group_models,
     next_change_at,
-    observed_phase,
     standalone_models,
 )
 from flexinfer_core.leases import (
@@ -54,10 +53,17 @@ from flexinfer_core.leases import (
     FinetuneLeasePlan,
     JobPhase,
     LeaseAction,
+    finetune_lease_name,
     finetune_lease_ttl,
     governing_lease,
     lease_is_active,
     plan_finetune_lease,
+)
+from flexinfer_core.phases import (
+    DeploymentObservation,
+    DeploymentPhase,
+    model_deployment_phase,
+    observed_phase,
 )
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
@@ -93,6 +99,8 @@ __all__ = [
     "AntiThrashing",
     "Condition",
     "DemandReport",
+    "DeploymentObservation",
+    "DeploymentPhase",
     "DurationError",
     "Election",
     "Event",
@@ -135,6 +143,7 @@ __all__ = [
     "desired_replicas",
     "elect_leader",
     "estimate_vram",
+    "finetune_lease_name",
     "finetune_lease_ttl",
     "format_demand",
     "format_duration",
@@ -145,6 +154,7 @@ __all__ = [
     "kv_cache_bytes",
     "lease_is_active",
     "mlc_mode_settings",
+    "model_deployment_phase",
     "next_change_at",
     "observed_phase",
     "parse_demand",

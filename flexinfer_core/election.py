@@ -62,12 +62,12 @@ def idle_for(model: ModelState, now: datetime) -> timedelta | None:
     return None if model.last_active is None else now - model.last_active
 
 
-def is_demanded(model: ModelState, now: datetime, policy: Policy = DEFAULT_POLICY) -> bool:
+def is_demanded(model: ModelState, now: datetime, *, policy: Policy = DEFAULT_POLICY) -> bool:
     age = idle_for(model, now)
     return age is not None and age < policy.demand_window
 
 
-def is_recent(model: ModelState, now: datetime, policy: Policy = DEFAULT_POLICY) -> bool:
+def is_recent(model: ModelState, now: datetime, *, policy: Policy = DEFAULT_POLICY) -> bool:
     age = idle_for(model, now)
     return age is not None and age < policy.recent_window
 
@@ -77,7 +77,7 @@ def loading_grace(model: ModelState, policy: Policy = DEFAULT_POLICY) -> timedel
     return max(policy.recent_window, model.serverless.cold_start_timeout)
 
 
-def in_cooldown(model: ModelState, now: datetime, cooldown: timedelta) -> bool:
+def in_cooldown(model: ModelState, now: datetime, *, cooldown: timedelta) -> bool:
     return model.preempted_at is not None and now - model.preempted_at < cooldown
 
 
@@ -191,7 +191,7 @@ def _elect(
     # (spec 1.3); counting it would hold the card now and release it on the next
     # reconcile with no news.
     recently_preempted = [
-        m for m in models if m.phase is not Phase.READY and in_cooldown(m, now, cooldown)
+        m for m in models if m.phase is not Phase.READY and in_cooldown(m, now, cooldown=cooldown)
     ]
     holder = next((m for m in models if m.shared_state is SharedState.ACTIVE), None)
     if recently_preempted and holder is not None:
@@ -217,7 +217,7 @@ def _elect(
         challenger = best(
             m
             for m in models
-            if m.runnable and m.priority > loading.priority and is_demanded(m, now, policy)
+            if m.runnable and m.priority > loading.priority and is_demanded(m, now, policy=policy)
         )
         if challenger is None:
             return Election(
@@ -230,8 +230,8 @@ def _elect(
     # 6. Classify the runnable members.
     runnable = [m for m in models if m.runnable]
     ready = next((m for m in runnable if m.phase is Phase.READY), None)
-    recent = next((m for m in runnable if is_recent(m, now, policy)), None)
-    demanded = next((m for m in runnable if is_demanded(m, now, policy)), None)
+    recent = next((m for m in runnable if is_recent(m, now, policy=policy)), None)
+    demanded = next((m for m in runnable if is_demanded(m, now, policy=policy)), None)
 
     # 7. Demand preemption.
     if demanded is not None and ready is not None and demanded.name != ready.name:
@@ -242,7 +242,7 @@ def _elect(
                 f"{demanded.name} (priority {demanded.priority}) is demanded and outranks the "
                 f"ready leader {ready.name} (priority {ready.priority})",
             )
-        if not is_demanded(ready, now, policy) and demanded.priority >= ready.priority:
+        if not is_demanded(ready, now, policy=policy) and demanded.priority >= ready.priority:
             return Election(
                 demanded,
                 reasons.DEMAND_PREEMPTION,

@@ -7,7 +7,9 @@ it reported); a report older than `DEMAND_STALE_AFTER` counts as no demand, and
 decision is level-based: a swap is recorded at once (`activeModel`,
 `lastSwapTime`, `swapCount`), and every later decision derives the drain from
 that record plus which members still have pods, so deciding again after applying
-changes nothing.
+changes nothing. The decision that records a swap also carries its Events (`Swap`
+or `Start` on the GPUGroup, `Preempted` on the member it displaces), to be recorded
+once its status is written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import attrs
 from flexinfer_core import reasons
 from flexinfer_core.annotations import DEMAND_STALE_AFTER, demand_is_stale
 from flexinfer_core.durations import format_duration
+from flexinfer_core.group import Event
 from flexinfer_core.snapshot import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
@@ -158,6 +161,10 @@ class GpuGroupDecision:
     swap_count: int
     member_statuses: tuple[GpuGroupMemberStatus, ...]
     next_change_at: datetime | None
+    # Recorded once the status is written: on the GPUGroup itself (`model` names the
+    # group), and on member ModelDeployments.
+    group_events: tuple[Event, ...] = ()
+    member_events: tuple[Event, ...] = ()
 
     def replicas_for(self, name: str) -> int:
         return dict(self.desired_replicas)[name]
@@ -175,7 +182,7 @@ def _last_activity(state: GpuGroupState, current: GpuGroupMember) -> datetime | 
     return max(times, default=None)
 
 
-def _is_in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> bool:
+def _is_in_use(state: GpuGroupState, current: GpuGroupMember, *, now: datetime) -> bool:
     if current.queued > 0:
         return True
     last = _last_activity(state, current)
@@ -183,7 +190,7 @@ def _is_in_use(state: GpuGroupState, current: GpuGroupMember, now: datetime) -> 
 
 
 def _blocking_gate(
-    state: GpuGroupState, current: GpuGroupMember, winner: GpuGroupMember, now: datetime
+    state: GpuGroupState, current: GpuGroupMember, *, winner: GpuGroupMember, now: datetime
 ) -> tuple[str, str] | None:
     """The anti-thrashing rule that keeps `current` against `winner`, if any (steps 3–4)."""
     anti = state.anti_thrashing
@@ -220,7 +227,7 @@ def _blocking_gate(
     return None
 
 
-def _without_stale_demand(state: GpuGroupState, now: datetime) -> GpuGroupState:
+def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupState:
     """The state with every stale demand report read as no demand."""
     if not any(m.queued and demand_is_stale(m.reported_at, now=now) for m in state.members):
         return state
@@ -237,102 +244,118 @@ def _without_stale_demand(state: GpuGroupState, now: datetime) -> GpuGroupState:
 
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
     """Decide which member holds the group's GPU (spec/election.md 3)."""
-    state = _without_stale_demand(state, now)
+    state = _without_stale_demand(state, now=now)
     existing = sorted((m for m in state.members if m.exists), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
     if current is not None and not current.exists:
         current = None
     queued = [m for m in existing if m.queued > 0]
 
-    action: GpuGroupAction
-    blocked: str | None = None
-    target: GpuGroupMember | None
     if not existing:
         missing = ", ".join(m.name for m in state.members) or "none listed"
         return _finish(
             state,
-            now,
-            None,
-            GpuGroupAction.IDLE,
-            reasons.NO_DEMAND,
-            f"no member ModelDeployment exists ({missing})",
-            None,
+            now=now,
+            target=None,
+            action=GpuGroupAction.IDLE,
+            reason=reasons.NO_DEMAND,
+            message=f"no member ModelDeployment exists ({missing})",
             failed=True,
         )
     if not queued:
-        if current is not None and _is_in_use(state, current, now):
+        if current is not None and _is_in_use(state, current, now=now):
             return _finish(
                 state,
-                now,
-                current,
-                GpuGroupAction.KEEP,
-                reasons.KEEP_CURRENT,
-                f"{current.name} keeps the GPU: its last request is younger than its "
+                now=now,
+                target=current,
+                action=GpuGroupAction.KEEP,
+                reason=reasons.KEEP_CURRENT,
+                message=f"{current.name} keeps the GPU: its last request is younger than its "
                 f"{format_duration(current.idle_timeout)} idle timeout",
-                None,
             )
         if current is not None:
             return _finish(
                 state,
-                now,
-                None,
-                GpuGroupAction.IDLE,
-                reasons.IDLE_TIMEOUT,
-                f"{current.name} idle for longer than {format_duration(current.idle_timeout)}"
-                "; scaling the group to zero",
-                None,
+                now=now,
+                target=None,
+                action=GpuGroupAction.IDLE,
+                reason=reasons.IDLE_TIMEOUT,
+                message=f"{current.name} idle for longer than "
+                f"{format_duration(current.idle_timeout)}; scaling the group to zero",
             )
         return _finish(
             state,
-            now,
-            None,
-            GpuGroupAction.IDLE,
-            reasons.NO_DEMAND,
-            "no queued requests; no model holds the GPU",
-            None,
+            now=now,
+            target=None,
+            action=GpuGroupAction.IDLE,
+            reason=reasons.NO_DEMAND,
+            message="no queued requests; no model holds the GPU",
         )
 
     winner = queued[0]
     if current is not None and winner.name == current.name:
-        target, action = current, GpuGroupAction.KEEP
-        reason, message = reasons.KEEP_CURRENT, f"{current.name} serves its own queue"
-    elif current is None:
-        target, action = winner, GpuGroupAction.SWAP
-        reason = reasons.START
-        message = f"starting {winner.name} for {winner.queued} queued request(s)"
-    elif not _is_in_use(state, current, now):
-        target, action = winner, GpuGroupAction.SWAP
-        reason = reasons.SWAP
-        message = (
-            f"swapping {current.name} (idle) for {winner.name} ({winner.queued} queued request(s))"
+        return _finish(
+            state,
+            now=now,
+            target=current,
+            action=GpuGroupAction.KEEP,
+            reason=reasons.KEEP_CURRENT,
+            message=f"{current.name} serves its own queue",
         )
-    else:
-        gate = _blocking_gate(state, current, winner, now)
-        if gate is not None:
-            blocked, why = gate
-            target, action = current, GpuGroupAction.KEEP
-            reason, message = blocked, f"{current.name} keeps the GPU: {why}"
-        else:
-            target, action = winner, GpuGroupAction.SWAP
-            reason = reasons.SWAP
-            message = (
-                f"swapping {current.name} for {winner.name} ({winner.queued} queued request(s), "
-                f"priority {winner.priority})"
-            )
-    return _finish(state, now, target, action, reason, message, blocked)
+    if current is None:
+        return _finish(
+            state,
+            now=now,
+            target=winner,
+            action=GpuGroupAction.SWAP,
+            reason=reasons.START,
+            message=f"starting {winner.name} for {winner.queued} queued request(s)",
+        )
+    if not _is_in_use(state, current, now=now):
+        return _finish(
+            state,
+            now=now,
+            target=winner,
+            action=GpuGroupAction.SWAP,
+            reason=reasons.SWAP,
+            message=f"swapping {current.name} (idle) for {winner.name} "
+            f"({winner.queued} queued request(s))",
+        )
+    gate = _blocking_gate(state, current, winner=winner, now=now)
+    if gate is not None:
+        blocked, why = gate
+        return _finish(
+            state,
+            now=now,
+            target=current,
+            action=GpuGroupAction.KEEP,
+            reason=blocked,
+            message=f"{current.name} keeps the GPU: {why}",
+            blocked=blocked,
+        )
+    return _finish(
+        state,
+        now=now,
+        target=winner,
+        action=GpuGroupAction.SWAP,
+        reason=reasons.SWAP,
+        message=f"swapping {current.name} for {winner.name} ({winner.queued} queued "
+        f"request(s), priority {winner.priority})",
+    )
 
 
 def _finish(
     state: GpuGroupState,
+    *,
     now: datetime,
     target: GpuGroupMember | None,
     action: GpuGroupAction,
     reason: str,
     message: str,
-    blocked: str | None,
-    *,
+    blocked: str | None = None,
     failed: bool = False,
 ) -> GpuGroupDecision:
+    """The full decision once the holder (`target`) and the rule that chose it are known."""
     swapping = action is GpuGroupAction.SWAP
     last_swap_time = now if swapping else state.last_swap_time
     last_swap_reason = message if swapping else state.last_swap_reason
@@ -377,12 +400,12 @@ def _finish(
             member_state = MemberState.IDLE
         statuses.append(
             GpuGroupMemberStatus(
-                m.name,
-                member_state,
-                m.queued,
-                m.oldest_waiting,
-                preempted_at,
-                preempted_by,
+                name=m.name,
+                state=member_state,
+                queued_requests=m.queued,
+                queued_since=m.oldest_waiting,
+                preempted_at=preempted_at,
+                preempted_by=preempted_by,
             )
         )
 
@@ -397,6 +420,20 @@ def _finish(
     else:
         phase = GpuGroupPhase.ACTIVE
 
+    group_events: tuple[Event, ...] = ()
+    member_events: tuple[Event, ...] = ()
+    if swapping and target is not None:
+        group_events = (Event(state.name, reason, message),)
+        if previous and previous != target.name:
+            member_events = (
+                Event(
+                    previous,
+                    reasons.PREEMPTED,
+                    f"{previous} was preempted by {target.name}: {message}",
+                    type="Warning",
+                ),
+            )
+
     return GpuGroupDecision(
         action=action,
         active_model=target.name if target is not None else None,
@@ -409,12 +446,17 @@ def _finish(
         last_swap_reason=last_swap_reason,
         swap_count=swap_count,
         member_statuses=tuple(statuses),
-        next_change_at=_gpu_group_next_change(state, now, last_swap_time, statuses),
+        next_change_at=_gpu_group_next_change(
+            state, now=now, last_swap_time=last_swap_time, statuses=statuses
+        ),
+        group_events=group_events,
+        member_events=member_events,
     )
 
 
 def _gpu_group_next_change(
     state: GpuGroupState,
+    *,
     now: datetime,
     last_swap_time: datetime | None,
     statuses: list[GpuGroupMemberStatus],

@@ -75,17 +75,33 @@ class MemberDecision:
 
 @attrs.frozen
 class MemberChanges:
-    """Which parts of one member differ from what was observed."""
+    """Which parts of one member differ from what was observed: what an adapter writes.
+
+    `status`: the member's status (phase, message, conditions, `sharedGroup`,
+    `observedGeneration`); `replicas`: its Deployment's scale, from `replicas_from`
+    (None: no Deployment, nothing to scale) to `replicas_to`; `active_services`: the
+    annotation on its Service; `events`: to record once the status is written.
+    """
 
     name: str
     status: bool
     replicas: bool
     active_services: bool
     events: tuple[Event, ...]
+    replicas_from: int | None = None
+    replicas_to: int = 0
 
     @property
     def any(self) -> bool:
         return self.status or self.replicas or self.active_services or bool(self.events)
+
+    @property
+    def scale_down(self) -> bool:
+        return self.replicas_from is not None and self.replicas_to < self.replicas_from
+
+    @property
+    def scale_up(self) -> bool:
+        return self.replicas_from is not None and self.replicas_to > self.replicas_from
 
 
 @attrs.frozen
@@ -130,16 +146,32 @@ class GroupDecision:
             replicas = model.replicas != target.desired_replicas
             services = model.active_services != target.active_services
             if status or replicas or services or target.events:
-                out.append(MemberChanges(target.name, status, replicas, services, target.events))
+                out.append(
+                    MemberChanges(
+                        name=target.name,
+                        status=status,
+                        replicas=replicas,
+                        active_services=services,
+                        events=target.events,
+                        replicas_from=model.replicas,
+                        replicas_to=target.desired_replicas,
+                    )
+                )
         return tuple(out)
 
 
 def status_differs(model: ModelState, target: MemberDecision) -> bool:
+    """Whether the member's status as written differs from the decision's."""
+    if model.generation is not None and model.observed_generation != model.generation:
+        return True
     return (
         model.shared_state,
         model.queue_position,
         model.preempted_by,
         model.phase,
+        model.recorded_phase,
+        model.recorded_message,
+        model.recorded_group or "",
         model.preempted_at,
         frozenset(model.conditions),
     ) != (
@@ -147,6 +179,9 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
         target.queue_position,
         target.preempted_by,
         target.phase,
+        target.phase,
+        target.message,
+        model.group,
         target.preempted_at,
         frozenset(target.conditions),
     )
@@ -379,7 +414,7 @@ def _leader_decision(
         message=message,
         conditions=(
             Condition(CONDITION_ACTIVE, True, reason, message),
-            _ready_condition(model.phase, model.name, reasons.PREEMPTED),
+            _ready_condition(model.phase, model.name, preempt_reason=reasons.PREEMPTED),
         ),
         events=events,
     )
@@ -435,7 +470,7 @@ def _parked_decision(
         message=message,
         conditions=(
             _parked_condition(reason, message),
-            _ready_condition(phase, model.name, evict_reason),
+            _ready_condition(phase, model.name, preempt_reason=evict_reason),
         ),
         events=events,
     )
@@ -447,7 +482,7 @@ def _parked_condition(reason: str, message: str) -> Condition:
 
 
 @functools.lru_cache(maxsize=16384)
-def _ready_condition(phase: Phase, name: str, preempt_reason: str) -> Condition:
+def _ready_condition(phase: Phase, name: str, *, preempt_reason: str) -> Condition:
     # Cached: the same few (phase, member) pairs recur at every reconcile, and the
     # condition is an immutable value.
     if phase is Phase.READY:
@@ -503,7 +538,8 @@ def next_change_at(
 
 
 def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tuple[ModelState, ...]:
-    """The models as they would be observed once the decision is written (status, replicas)."""
+    """The models as they would be observed once the decision is written (status, replicas,
+    annotation)."""
     out = []
     for model in models:
         target = decision.member(model.name)
@@ -518,6 +554,10 @@ def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tup
                 conditions=target.conditions,
                 replicas=target.desired_replicas,
                 active_services=target.active_services,
+                recorded_phase=target.phase,
+                recorded_message=target.message,
+                recorded_group=model.group,
+                observed_generation=model.generation,
             )
         )
     return tuple(out)
@@ -531,24 +571,3 @@ def leader_order(models: Iterable[ModelState]) -> list[str]:
 def running_from_pods(pod_counts: Mapping[str, int]) -> frozenset[str]:
     """Members with at least one pod, from a member → pod count map."""
     return frozenset(name for name, count in pod_counts.items() if count > 0)
-
-
-def observed_phase(
-    current: Phase, *, replicas: int, pods: int, ready_pods: int, failed: bool = False
-) -> Phase:
-    """A member's phase from its workload, as the adapter observes it.
-
-    A member scaled to zero keeps `Preempted` (its terminating pods may still be
-    Ready, and must not make it look Ready again, which would preempt it twice);
-    otherwise zero replicas is `Idle`. Scaled up: Ready once a pod is ready,
-    Loading while pods start, Pending before any exists.
-    """
-    if failed:
-        return Phase.FAILED
-    if replicas <= 0:
-        return Phase.PREEMPTED if current is Phase.PREEMPTED else Phase.IDLE
-    if ready_pods > 0:
-        return Phase.READY
-    if pods > 0:
-        return Phase.LOADING
-    return Phase.PENDING

@@ -54,6 +54,11 @@ def governing_lease(
     return min(active, key=rank)
 
 
+def finetune_lease_name(cache_name: str) -> str:
+    """The GPULease a finetuning ModelCache takes: `<modelcache>-gpu-lease`."""
+    return f"{cache_name}-gpu-lease"
+
+
 def lease_holder_label(lease: GpuLease) -> str:
     """What `sharedGroup.preemptedBy` says under a lease: ``gpu-lease/<owner>``."""
     return f"gpu-lease/{lease.owner or lease.name}"
@@ -130,7 +135,7 @@ class FinetuneLeaseInput:
 
     @property
     def lease_name(self) -> str:
-        return f"{self.cache_name}-gpu-lease"
+        return finetune_lease_name(self.cache_name)
 
 
 @attrs.frozen

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 import attrs
 
 from flexinfer_core.errors import InvalidFieldError
-from flexinfer_core.group import Event, GroupDecision, apply_decision, decide_group, observed_phase
+from flexinfer_core.group import Event, GroupDecision, apply_decision, decide_group
+from flexinfer_core.phases import observed_phase
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     GpuLease,
@@ -106,7 +107,7 @@ def simulate(
             ]
         for name in pods:
             pods[name] = [p for p in pods[name] if p.gone_at is None or p.gone_at > now]
-        state = [_observe(m, pods[m.name], now) for m in state]
+        state = [_observe(m, pods[m.name], now=now) for m in state]
         active_leases = [
             w.lease for w in windows if w.start <= now and (w.end is None or now < w.end)
         ]
@@ -116,7 +117,13 @@ def simulate(
         )
         state = list(apply_decision(state, decision))
         for target in decision.members:
-            _scale(pods[target.name], target.desired_replicas, now, load_time, termination_time)
+            _scale(
+                pods[target.name],
+                target.desired_replicas,
+                now=now,
+                load=load_time,
+                termination=termination_time,
+            )
         widest = max(widest, sum(1 for ps in pods.values() if ps))
         if (
             decision.leader != last_leader
@@ -124,7 +131,7 @@ def simulate(
             and (last_leader is not None)
         ):
             swaps += 1
-        step = _step(now, decision, pods)
+        step = _step(now, decision, pods=pods)
         if (
             not steps
             or step.events
@@ -136,7 +143,9 @@ def simulate(
         ):
             steps.append(step)
         last_leader = decision.leader
-        following = _next_instant(now, pending, pods, windows, decision.next_change_at)
+        following = _next_instant(
+            now, pending, pods=pods, windows=windows, next_change=decision.next_change_at
+        )
         if following is None or following > until:
             break
         now = following
@@ -148,7 +157,7 @@ def _check_duration(name: str, value: timedelta) -> None:
         raise InvalidFieldError(name, value, "is negative; durations must be zero or more")
 
 
-def _observe(model: ModelState, pods: list[Pod], now: datetime) -> ModelState:
+def _observe(model: ModelState, pods: list[Pod], *, now: datetime) -> ModelState:
     replicas = model.replicas or 0
     live = [p for p in pods if p.gone_at is None]
     ready = sum(1 for p in live if p.ready_at <= now)
@@ -157,7 +166,7 @@ def _observe(model: ModelState, pods: list[Pod], now: datetime) -> ModelState:
 
 
 def _scale(
-    pods: list[Pod], desired: int, now: datetime, load: timedelta, termination: timedelta
+    pods: list[Pod], desired: int, *, now: datetime, load: timedelta, termination: timedelta
 ) -> None:
     live = [i for i, p in enumerate(pods) if p.gone_at is None]
     for _ in range(desired - len(live)):
@@ -169,6 +178,7 @@ def _scale(
 def _next_instant(
     now: datetime,
     pending: list[Request],
+    *,
     pods: dict[str, list[Pod]],
     windows: Sequence[LeaseWindow],
     next_change: datetime | None,
@@ -184,7 +194,7 @@ def _next_instant(
     return min((c for c in candidates if c > now), default=None)
 
 
-def _step(now: datetime, decision: GroupDecision, pods: dict[str, list[Pod]]) -> Step:
+def _step(now: datetime, decision: GroupDecision, *, pods: dict[str, list[Pod]]) -> Step:
     counts = tuple(
         (
             name,

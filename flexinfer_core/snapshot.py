@@ -150,9 +150,12 @@ class Serverless:
 class ModelState:
     """One `Model` as observed: its spec, its status and its Deployment's replicas.
 
-    The observed status fields (`shared_state`, `queue_position`, `preempted_by`,
-    `conditions`, `replicas`, `active_services`) let the core say exactly
-    what would change, so that a reconcile that changes nothing writes nothing.
+    `phase` is the phase as observed from the workload; the `recorded_*` fields and
+    the other observed status fields (`shared_state`, `queue_position`,
+    `preempted_by`, `conditions`, `observed_generation`, `replicas`,
+    `active_services`) are what the cluster holds now. Together they let the core
+    say exactly what would change, so that a reconcile that changes nothing writes
+    nothing.
     """
 
     name: str = attrs.field(validator=non_empty_name)
@@ -178,6 +181,15 @@ class ModelState:
     conditions: tuple[Condition, ...] = attrs.field(default=(), converter=_conditions)
     replicas: int | None = None
     active_services: str | None = None
+    # The status as written last (`status.phase`, `.message`, `.sharedGroup.groupName`,
+    # `.observedGeneration`) and `metadata.generation`; None means absent.
+    recorded_phase: Phase | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Phase)
+    )
+    recorded_message: str | None = None
+    recorded_group: str | None = None
+    generation: int | None = None
+    observed_generation: int | None = None
 
     @property
     def runnable(self) -> bool:

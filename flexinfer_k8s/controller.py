@@ -39,9 +39,10 @@ from flexinfer_k8s.convert_leases import (
 from flexinfer_k8s.convert_model_deployments import model_deployment_group_ref
 from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.reconcile_cache import CacheReconciler
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
-from flexinfer_k8s.reconcile_shared import Outcome, SharedGroupReconciler
+from flexinfer_k8s.reconcile_shared import SharedGroupReconciler
 from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
 from flexinfer_k8s.reconcile_workload import WorkloadReconciler
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, RenderSettings
@@ -95,20 +96,15 @@ class Controller:
         self.cache = ClusterCache()
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.writer = Writer(api, self.cache.stores, identity=identity)
-        self.shared = SharedGroupReconciler(
-            self.cache, self.writer, api, metrics, self.clock, policy=policy
+        wiring = Wiring(
+            cache=self.cache, writer=self.writer, api=api, metrics=metrics, clock=self.clock
         )
-        self.gpugroups = GpuGroupReconciler(self.cache, self.writer, api, metrics, self.clock)
+        self.shared = SharedGroupReconciler(wiring, policy=policy)
+        self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
-        self.caches = CacheReconciler(
-            self.cache,
-            self.writer,
-            self.clock,
-            settings=settings,
-            finetune_image=finetune_image,
-        )
-        self.standalone = StandaloneReconciler(self.cache, self.writer, self.clock)
-        self.workloads = WorkloadReconciler(self.cache, self.writer, self.clock, settings=settings)
+        self.caches = CacheReconciler(wiring, settings=settings, finetune_image=finetune_image)
+        self.standalone = StandaloneReconciler(wiring)
+        self.workloads = WorkloadReconciler(wiring, settings=settings)
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}

@@ -11,7 +11,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from flexinfer_core import Condition, StandaloneDecision, StandaloneDeployment
+from flexinfer_core import (
+    Condition,
+    DeploymentPhase,
+    StandaloneDecision,
+    StandaloneDeployment,
+    model_deployment_phase,
+)
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
 from flexinfer_k8s.status_diff import merge_conditions
@@ -26,16 +32,14 @@ def model_deployment_group_ref(md: Mapping[str, Any]) -> str:
 def model_deployment_status(
     md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]
 ) -> JSON:
-    """A ModelDeployment's observed status: Running once a pod is ready, Pending while
-    its pods start, Idle at zero replicas (its `lastAccessTime` is the proxy's)."""
-    ready = serving_pod_count(pods)
-    if ready:
-        phase, message = "Running", f"{ready} pod(s) ready"
-    elif replicas:
-        phase, message = "Pending", "waiting for its pods to be ready"
-    else:
-        phase, message = "Idle", "scaled to zero"
-    status: JSON = {"phase": phase, "message": message, "readyReplicas": ready}
+    """A ModelDeployment's observed status, the phase as the core reads it from its pods
+    (its `lastAccessTime` is the proxy's)."""
+    observed = model_deployment_phase(replicas=replicas, ready_pods=serving_pod_count(pods))
+    status: JSON = {
+        "phase": observed.phase.value,
+        "message": observed.message,
+        "readyReplicas": observed.ready_replicas,
+    }
     generation = get_path(md, "metadata", "generation")
     if isinstance(generation, int):
         status["observedGeneration"] = generation
@@ -74,7 +78,14 @@ def standalone_status(
     status["message"] = decision.message
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
-        [Condition("Ready", status["phase"] == "Running", decision.reason, decision.message)],
+        [
+            Condition(
+                "Ready",
+                status["phase"] == DeploymentPhase.RUNNING.value,
+                decision.reason,
+                decision.message,
+            )
+        ],
         now=now,
         generation=generation if isinstance(generation, int) else None,
     )

@@ -70,14 +70,11 @@ def model_state_from_k8s(
     shared = status.get("sharedGroup") or {}
     name = name_of(model)
 
-    try:
-        recorded = Phase(status.get("phase") or Phase.IDLE.value)
-    except ValueError:
-        recorded = Phase.IDLE
+    recorded = _phase_or_none(status.get("phase"))
     live = live_pods(pods)
     failed = bool(pods) and all(get_path(p, "status", "phase") == "Failed" for p in pods)
     phase = observed_phase(
-        recorded,
+        recorded or Phase.IDLE,
         replicas=deployment_replicas(deployment) or 0,
         pods=len(live),
         ready_pods=sum(1 for p in live if pod_is_ready(p)),
@@ -127,7 +124,27 @@ def model_state_from_k8s(
             if service is not None and ACTIVE_SERVICES_ANNOTATION in annotations
             else None
         ),
+        recorded_phase=recorded,
+        recorded_message=_str_or_none(status.get("message")),
+        recorded_group=_str_or_none(shared.get("groupName")),
+        generation=generation_of(model),
+        observed_generation=_int_or_none(status.get("observedGeneration")),
     )
+
+
+def _phase_or_none(value: Any) -> Phase | None:
+    try:
+        return Phase(value) if value else None
+    except ValueError:
+        return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if isinstance(value, bool) or not isinstance(value, int) else value
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def model_cache_ref(model: Mapping[str, Any]) -> str:
@@ -168,15 +185,3 @@ def model_status(
     if generation is not None:
         status["observedGeneration"] = generation
     return status
-
-
-def model_status_stale(model: Mapping[str, Any], member: MemberDecision, *, group: str) -> bool:
-    """What `GroupDecision.changes` cannot see: the recorded phase, generation and group."""
-    status = get_path(model, "status") or {}
-    generation = get_path(model, "metadata", "generation")
-    return (
-        status.get("phase") != member.phase.value
-        or status.get("message") != member.message
-        or (isinstance(generation, int) and status.get("observedGeneration") != generation)
-        or (get_path(status, "sharedGroup", "groupName") or "") != group
-    )

@@ -34,14 +34,13 @@ from flexinfer_core import (
     InvalidFieldError,
     JobPhase,
     LeaseAction,
+    finetune_lease_name,
     finetune_lease_ttl,
     plan_finetune_lease,
     reasons,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
-from flexinfer_k8s.apply import Writer
-from flexinfer_k8s.cache import ClusterCache
-from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.render.cache import (
     CACHE_LABEL,
     CacheSpec,
@@ -53,7 +52,6 @@ from flexinfer_k8s.render.cache import (
 from flexinfer_k8s.render.finetune import finetune_job, job_name
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
-from flexinfer_kube.clock import Clock
 from flexinfer_kube.objects import JSON, get_path
 from flexinfer_kube.resources import (
     GPU_LEASES,
@@ -66,10 +64,6 @@ from flexinfer_kube.resources import (
 log = logging.getLogger("flexinfer.modelcache")
 
 SOURCE_ANNOTATION = "ai.flexinfer/source"
-
-
-def lease_name(cache_name: str) -> str:
-    return f"{cache_name}-gpu-lease"
 
 
 def job_phase(job: Mapping[str, Any] | None) -> JobPhase:
@@ -123,16 +117,14 @@ class CacheStatus:
 class CacheReconciler:
     def __init__(
         self,
-        cache: ClusterCache,
-        writer: Writer,
-        clock: Clock,
+        wiring: Wiring,
         *,
         settings: RenderSettings | None = None,
         finetune_image: str = "",
     ) -> None:
-        self.cache = cache
-        self.writer = writer
-        self.clock = clock
+        self.cache = wiring.cache
+        self.writer = wiring.writer
+        self.clock = wiring.clock
         self.settings = settings or RenderSettings()
         self.images = self.settings.cache_images
         self.finetune_image = finetune_image
@@ -140,12 +132,12 @@ class CacheReconciler:
     def reconcile(self, namespace: str, name: str) -> Outcome:
         now = self.clock.now()
         obj = self.cache.get(MODEL_CACHES, namespace, name)
-        lease = self.cache.get(GPU_LEASES, namespace, lease_name(name))
+        lease = self.cache.get(GPU_LEASES, namespace, finetune_lease_name(name))
         if obj is None:
             # Garbage collection removes an owned lease too; deleting it ourselves
             # releases the group without waiting for the collector.
             if lease is not None and _owned_by_cache(lease, name):
-                self.writer.delete(GPU_LEASES, namespace, lease_name(name))
+                self.writer.delete(GPU_LEASES, namespace, finetune_lease_name(name))
                 return Outcome(None, True, reasons.LEASE_RELEASE)
             return Outcome(None, False)
         try:
@@ -287,7 +279,7 @@ class CacheReconciler:
         if create_job:
             wrote = self.writer.create(JOBS, namespace, job_body) is not None or wrote
             phase = JobPhase.ACTIVE if phase is JobPhase.ABSENT else phase
-        held = f"; GPU lease {lease_name(name)} on group {group}" if group else ""
+        held = f"; GPU lease {finetune_lease_name(name)} on group {group}" if group else ""
         if phase is JobPhase.SUCCEEDED:
             status = CacheStatus(
                 "Ready",
@@ -342,13 +334,13 @@ class CacheReconciler:
                 self.writer.patch(
                     GPU_LEASES,
                     namespace,
-                    lease_name(name),
+                    finetune_lease_name(name),
                     {"spec": {"expiresAt": format_rfc3339(expires_at)}},
                 )
                 is not None
             )
         if action is LeaseAction.DELETE:
-            return self.writer.delete(GPU_LEASES, namespace, lease_name(name))
+            return self.writer.delete(GPU_LEASES, namespace, finetune_lease_name(name))
         return False
 
     def _lease_body(self, spec: CacheSpec, group: str, expires_at: datetime | None) -> JSON:
@@ -356,7 +348,7 @@ class CacheReconciler:
             "apiVersion": GPU_LEASES.api_version,
             "kind": GPU_LEASES.kind,
             "metadata": {
-                "name": lease_name(spec.name),
+                "name": finetune_lease_name(spec.name),
                 "namespace": spec.namespace,
                 "labels": {CACHE_LABEL: spec.name},
                 "ownerReferences": [owner_reference(spec)],

@@ -5,7 +5,8 @@ the same name. Demand is the `demand.ai.flexinfer/<member>` annotations the prox
 writes (docs/resources.md). The decision records a swap at once in the status
 (`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
 Graceful drain from that record and the members' pods, so the writes here are:
-the status (conditional on the observed resourceVersion) with a Swap/Start Event,
+the status (conditional on the observed resourceVersion) with the decision's Events
+(Swap/Start on the group, Preempted on the member it displaces),
 scale-downs, then scale-ups — the latter only when a live Pod list agrees with the
 cache about which other members still have pods — and each member
 ModelDeployment's observed `phase`/`readyReplicas`. Nothing else is written; a
@@ -15,55 +16,33 @@ reconcile that changes nothing writes nothing.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
 
-from flexinfer_core import GpuGroupAction, GpuGroupDecision, decide_gpu_group, reasons
-from flexinfer_k8s.apply import Writer
-from flexinfer_k8s.cache import ClusterCache, live_occupants
-from flexinfer_k8s.convert_gpugroups import (
-    gpu_group_state_from_k8s,
-    gpu_group_status,
-)
+from flexinfer_core import decide_gpu_group
+from flexinfer_k8s.cache import live_occupants
+from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, gpu_group_status
 from flexinfer_k8s.convert_model_deployments import model_deployment_status
-from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.outcome import Outcome, Wiring, recheck_soon, record_events
 from flexinfer_k8s.pods import deployment_replicas, live_pods
-from flexinfer_k8s.reconcile_shared import Outcome
 from flexinfer_k8s.status_diff import status_differs
-from flexinfer_kube.clock import Clock
-from flexinfer_kube.kubeapi import JSON, KubeApi
-from flexinfer_kube.objects import name_of
+from flexinfer_kube.kubeapi import JSON
+from flexinfer_kube.objects import gpu_group_member_names
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
 
-RECHECK_AFTER = timedelta(milliseconds=500)
-
 
 class GpuGroupReconciler:
-    def __init__(
-        self,
-        cache: ClusterCache,
-        writer: Writer,
-        api: KubeApi,
-        metrics: ControllerMetrics,
-        clock: Clock,
-    ) -> None:
-        self.cache = cache
-        self.writer = writer
-        self.api = api
-        self.metrics = metrics
-        self.clock = clock
+    def __init__(self, wiring: Wiring) -> None:
+        self.wiring = wiring
+        self.cache = wiring.cache
+        self.writer = wiring.writer
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         group = self.cache.get(GPU_GROUPS, namespace, name)
         if group is None:
             return Outcome(None, False)
-        now = self.clock.now()
-        members = [
-            str(entry.get("name") or "")
-            for entry in (group.get("spec") or {}).get("models") or []
-            if entry.get("name")
-        ]
+        now = self.wiring.clock.now()
+        members = list(gpu_group_member_names(group))
         model_deployments: dict[str, JSON] = {}
         member_pods: dict[str, list[JSON]] = {}
         replicas: dict[str, int | None] = {}
@@ -87,8 +66,22 @@ class GpuGroupReconciler:
             and self.writer.patch_status(GPU_GROUPS, group, wanted) is not None
         ):
             wrote = True
-            if decision.action is GpuGroupAction.SWAP:
-                self._record_swap(namespace, group, state.current_model, decision, now)
+            # The Events of a swap are the decision's; a retry after a conflict decides
+            # again, so they are recorded only once the status that holds them is written.
+            record_events(
+                self.wiring,
+                [
+                    *((group, event) for event in decision.group_events),
+                    *(
+                        (model_deployments.get(event.model), event)
+                        for event in decision.member_events
+                    ),
+                ],
+                namespace=namespace,
+                group=name,
+                kind="gpugroup",
+                now=now,
+            )
 
         for member in members:
             want = decision.replicas_for(member)
@@ -105,7 +98,9 @@ class GpuGroupReconciler:
         if ups:
             cached = {m for m in members if live_pods(member_pods[m])}
             # Label-selected: a former member's pods count too (the decision never saw them).
-            live = live_occupants(self.api, namespace, group=name, kind=MODEL_DEPLOYMENTS.kind)
+            live = live_occupants(
+                self.wiring.api, namespace, group=name, kind=MODEL_DEPLOYMENTS.kind
+            )
             for member in ups:
                 surprise = sorted((live - cached) - {member})
                 if surprise:
@@ -127,8 +122,7 @@ class GpuGroupReconciler:
 
         next_at = decision.next_change_at
         if deferred:
-            recheck = now + RECHECK_AFTER
-            next_at = recheck if next_at is None else min(next_at, recheck)
+            next_at = recheck_soon(next_at, now=now)
         if wrote:
             log.info(
                 "applied GPUGroup decision",
@@ -146,29 +140,3 @@ class GpuGroupReconciler:
                 },
             )
         return Outcome(next_at, wrote, decision.reason)
-
-    def _record_swap(
-        self,
-        namespace: str,
-        group: JSON,
-        previous: str | None,
-        decision: GpuGroupDecision,
-        now: datetime,
-    ) -> None:
-        name = name_of(group)
-        self.metrics.swaps.labels(namespace=namespace, group=name, kind="gpugroup").inc()
-        self.writer.event(group, reason=decision.reason, message=decision.message, now=now)
-        if previous and previous != decision.active_model:
-            self.metrics.preemptions.labels(
-                namespace=namespace, group=name, reason=reasons.PREEMPTED
-            ).inc()
-            md = self.cache.get(MODEL_DEPLOYMENTS, namespace, previous)
-            if md is not None:
-                self.writer.event(
-                    md,
-                    reason=reasons.PREEMPTED,
-                    message=f"{previous} was preempted by {decision.active_model}: "
-                    f"{decision.message}",
-                    type="Warning",
-                    now=now,
-                )

@@ -1,8 +1,8 @@
 """Reconcile one shared group (or one standalone Model): snapshot, decide, apply the diff.
 
 Observe from the cache (Models, their Deployments, Pods and Services, leases),
-call `flexinfer_core.decide_group` with `now` from the clock, then write only what
-`GroupDecision.changes` (plus the recorded phase/generation) says differs:
+call `flexinfer_core.decide_group` with `now` from the clock, then write exactly
+what `GroupDecision.changes` says differs, nothing it does not:
 
 1. Model status through the status subresource (a status write records a
    preemption, so it comes before the scale-down that makes the phase unreadable);
@@ -26,10 +26,9 @@ serving, this module logs and counts it. The caller arms a timer at the returned
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from datetime import datetime, timedelta
-
-import attrs
+from datetime import datetime
 
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
@@ -40,55 +39,39 @@ from flexinfer_core import (
     Policy,
     decide_group,
     lease_is_active,
-    reasons,
 )
-from flexinfer_k8s.apply import RetryNow, Writer
-from flexinfer_k8s.cache import ClusterCache, live_occupants
+from flexinfer_k8s.apply import RetryNow
+from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import (
     model_cache_ref,
     model_state_from_k8s,
     model_state_group,
     model_status,
-    model_status_stale,
 )
-from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.outcome import (
+    RECHECK_AFTER,
+    Applied,
+    Outcome,
+    Wiring,
+    recheck_soon,
+    record_events,
+)
 from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_k8s.status_diff import status_differs
-from flexinfer_kube.clock import Clock
-from flexinfer_kube.kubeapi import JSON, KubeApi
+from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_LEASES, MODELS, SERVICES
 
 log = logging.getLogger("flexinfer.shared")
 
-EVICTION_REASONS = frozenset({reasons.PREEMPTED, reasons.GPU_LEASE_HELD})
-RECHECK_AFTER = timedelta(milliseconds=500)
-
-
-@attrs.frozen
-class Outcome:
-    next_change_at: datetime | None
-    wrote: bool
-    reason: str = ""
-
 
 class SharedGroupReconciler:
-    def __init__(
-        self,
-        cache: ClusterCache,
-        writer: Writer,
-        api: KubeApi,
-        metrics: ControllerMetrics,
-        clock: Clock,
-        *,
-        policy: Policy = DEFAULT_POLICY,
-    ) -> None:
-        self.cache = cache
-        self.writer = writer
-        self.api = api
-        self.metrics = metrics
-        self.clock = clock
+    def __init__(self, wiring: Wiring, *, policy: Policy = DEFAULT_POLICY) -> None:
+        self.wiring = wiring
+        self.cache = wiring.cache
+        self.writer = wiring.writer
+        self.metrics = wiring.metrics
         self.policy = policy
         self._lease_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._governing: dict[tuple[str, str], str] = {}
@@ -102,16 +85,16 @@ class SharedGroupReconciler:
     def reconcile_group(self, namespace: str, group: str) -> Outcome:
         models = self.cache.shared_group_models(namespace, group)
         members = {name_of(m) for m in models}
-        released = self._release_former_members(namespace, group, members)
+        released = self._release_former_members(namespace, group, members=members)
         departed = self.cache.group_occupants(namespace, group=group, kind=MODELS.kind) - members
         if not models:
             if not departed:
                 self._forget_group(namespace, group)
             # Nothing to decide; look again until the former members' pods are gone.
-            return Outcome(None if not departed else self.clock.now() + RECHECK_AFTER, released)
+            return Outcome(self.wiring.clock.now() + RECHECK_AFTER if departed else None, released)
         return self._reconcile(namespace, group, models, departed=departed)
 
-    def _release_former_members(self, namespace: str, group: str, members: set[str]) -> bool:
+    def _release_former_members(self, namespace: str, group: str, *, members: set[str]) -> bool:
         """Scale to 0 the Deployments whose pods carry the group's label but whose Model
         is no longer a member (deleted, or moved to another group) and that still ask
         for pods: until their pods are gone they hold the card."""
@@ -132,7 +115,7 @@ class SharedGroupReconciler:
         *,
         departed: AbstractSet[str] = frozenset(),
     ) -> Outcome:
-        now = self.clock.now()
+        now = self.wiring.clock.now()
         states: list[ModelState] = []
         running: set[str] = set(departed)
         if group:
@@ -173,15 +156,25 @@ class SharedGroupReconciler:
                 extra={"fields": {"namespace": namespace, "group": group, "sources": failed_open}},
             )
         if group:
-            self._record_metrics(namespace, group, decision)
-        wrote = self._apply(namespace, group, objs, states, decision, now=now, departed=departed)
-        if group and self._write_lease_statuses(namespace, group, now=now) and not wrote:
-            wrote = "yes"
+            self._record_metrics(decision, namespace=namespace, group=group)
+        applied = self._apply(
+            decision,
+            observed=states,
+            objs={name_of(o): o for o in objs},
+            namespace=namespace,
+            group=group,
+            now=now,
+        )
+        if (
+            group
+            and self._write_lease_statuses(namespace, group, now=now)
+            and applied is Applied.NOTHING
+        ):
+            applied = Applied.WROTE
         next_at = decision.next_change_at
-        if wrote == "deferred":
-            recheck = now + RECHECK_AFTER
-            next_at = recheck if next_at is None else min(next_at, recheck)
-        if wrote:
+        if applied is Applied.DEFERRED:
+            next_at = recheck_soon(next_at, now=now)
+        if applied is not Applied.NOTHING:
             log.info(
                 "applied decision",
                 extra={
@@ -203,89 +196,76 @@ class SharedGroupReconciler:
                     }
                 },
             )
-        return Outcome(next_at, bool(wrote), decision.reason)
+        return Outcome(next_at, applied is not Applied.NOTHING, decision.reason)
 
     def _apply(
         self,
-        namespace: str,
-        group: str,
-        objs: list[JSON],
-        states: list[ModelState],
         decision: GroupDecision,
         *,
+        observed: Sequence[ModelState],
+        objs: Mapping[str, JSON],
+        namespace: str,
+        group: str,
         now: datetime,
-        departed: AbstractSet[str],
-    ) -> str:
-        by_name = {name_of(o): o for o in objs}
-        observed = {s.name: s for s in states}
-        changes = {c.name: c for c in decision.changes(states)}
-        wrote = ""
-        events: list[tuple[JSON, Event]] = []
+    ) -> Applied:
+        """Write exactly what `decision.changes(observed)` names, in the safe order."""
+        changes = decision.changes(observed)
+        applied = Applied.NOTHING
+        events: list[tuple[JSON | None, Event]] = []
+
+        def record() -> None:
+            record_events(
+                self.wiring, events, namespace=namespace, group=group, kind="shared", now=now
+            )
+            events.clear()
 
         # 1. status (conditional on the observed resourceVersion), then its Events.
-        for member in decision.members:
-            obj = by_name[member.name]
-            change = changes.get(member.name)
-            if not (
-                (change is not None and change.status)
-                or model_status_stale(obj, member, group=group)
-            ):
+        for change in changes:
+            if not change.status:
                 continue
-            status = model_status(obj, member, group=group, now=now)
+            obj = objs[change.name]
+            status = model_status(obj, decision.member(change.name), group=group, now=now)
             try:
                 written = self.writer.patch_status(MODELS, obj, status)
             except RetryNow:
-                self._emit(namespace, group, events, now=now)  # theirs are written
+                record()  # the statuses written so far keep their Events
                 raise
             if written is None:
                 continue
-            wrote = "yes"
-            events.extend((obj, event) for event in member.events)
+            applied = Applied.WROTE
+            events.extend((obj, event) for event in change.events)
 
         # 2. scale-downs.
-        for member in decision.members:
-            current = observed[member.name].replicas
-            if (
-                current is not None
-                and member.desired_replicas < current
-                and self.writer.scale(namespace, member.name, member.desired_replicas)
-            ):
-                wrote = "yes"
+        for change in changes:
+            if change.scale_down and self.writer.scale(namespace, change.name, change.replicas_to):
+                applied = Applied.WROTE
 
         # Events only once their status is written (a retry must not repeat them), and
         # after the scale-downs, which are what frees the card.
-        self._emit(namespace, group, events, now=now)
+        record()
 
         # 3. Service annotations.
-        for member in decision.members:
-            change = changes.get(member.name)
-            if change is None or not change.active_services:
+        for change in changes:
+            if not change.active_services:
                 continue
-            if self.cache.get(SERVICES, namespace, member.name) is None:
+            if self.cache.get(SERVICES, namespace, change.name) is None:
                 continue  # nothing to annotate until the Service exists
+            services = decision.member(change.name).active_services
             if self.writer.annotate(
-                SERVICES,
-                namespace,
-                member.name,
-                {ACTIVE_SERVICES_ANNOTATION: member.active_services},
+                SERVICES, namespace, change.name, {ACTIVE_SERVICES_ANNOTATION: services}
             ):
-                wrote = "yes"
+                applied = Applied.WROTE
 
         # 4. scale-ups, after a live check that no other member still has a pod.
-        ups = [
-            m
-            for m in decision.members
-            if observed[m.name].replicas is not None
-            and m.desired_replicas > (observed[m.name].replicas or 0)
-        ]
+        ups = [change for change in changes if change.scale_up]
         if ups:
             occupied = (
-                live_occupants(self.api, namespace, group=group, kind=MODELS.kind)
+                live_occupants(self.wiring.api, namespace, group=group, kind=MODELS.kind)
                 if group
                 else set()
             )
-            for member in ups:
-                others = sorted(occupied - {member.name})
+            for change in ups:
+                others = sorted(occupied - {change.name})
                 if others:
                     log.info(
                         "scale-up deferred: other members still have pods",
@@ -293,15 +273,15 @@ class SharedGroupReconciler:
                             "fields": {
                                 "namespace": namespace,
                                 "group": group,
-                                "model": member.name,
+                                "model": change.name,
                                 "occupied": others,
                             }
                         },
                     )
-                    return "deferred"
-                if self.writer.scale(namespace, member.name, member.desired_replicas):
-                    wrote = "yes"
-        return wrote
+                    return Applied.DEFERRED
+                if self.writer.scale(namespace, change.name, change.replicas_to):
+                    applied = Applied.WROTE
+        return applied
 
     def _write_lease_statuses(self, namespace: str, group: str, *, now: datetime) -> bool:
         """GPULease `status.active`/`acquiredAt` for people; decisions never read them.
@@ -324,24 +304,9 @@ class SharedGroupReconciler:
                 wrote = self.writer.patch_status(GPU_LEASES, obj, wanted) is not None or wrote
         return wrote
 
-    def _emit(
-        self, namespace: str, group: str, events: list[tuple[JSON, Event]], *, now: datetime
-    ) -> None:
-        for obj, event in events:
-            self.writer.event(
-                obj, reason=event.reason, message=event.message, type=event.type, now=now
-            )
-            if group and event.reason in EVICTION_REASONS:
-                self.metrics.preemptions.labels(
-                    namespace=namespace, group=group, reason=event.reason
-                ).inc()
-            if group and event.reason == reasons.PROMOTED:
-                self.metrics.swaps.labels(namespace=namespace, group=group, kind="shared").inc()
-        events.clear()
-
     # -- metrics ----------------------------------------------------------------------
 
-    def _record_metrics(self, namespace: str, group: str, decision: GroupDecision) -> None:
+    def _record_metrics(self, decision: GroupDecision, *, namespace: str, group: str) -> None:
         for member in decision.members:
             self.metrics.member_active.labels(
                 namespace=namespace, group=group, model=member.name

@@ -16,22 +16,19 @@ from __future__ import annotations
 import logging
 
 from flexinfer_core import decide_standalone
-from flexinfer_k8s.apply import Writer
-from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
-from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.status_diff import status_differs
-from flexinfer_kube.clock import Clock
 from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.standalone")
 
 
 class StandaloneReconciler:
-    def __init__(self, cache: ClusterCache, writer: Writer, clock: Clock) -> None:
-        self.cache = cache
-        self.writer = writer
-        self.clock = clock
+    def __init__(self, wiring: Wiring) -> None:
+        self.cache = wiring.cache
+        self.writer = wiring.writer
+        self.clock = wiring.clock
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         md = self.cache.standalone_model_deployment(namespace, name)

@@ -28,10 +28,9 @@ from typing import Any
 import attrs
 
 from flexinfer_core import Condition, InvalidFieldError, reasons
-from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER, Writer
-from flexinfer_k8s.cache import ClusterCache
+from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER
 from flexinfer_k8s.live_diff import holds
-from flexinfer_k8s.reconcile_shared import Outcome
+from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.render.cache import CacheSpec, cache_from_k8s
 from flexinfer_k8s.render.workload import (
     Workload,
@@ -40,7 +39,6 @@ from flexinfer_k8s.render.workload import (
 )
 from flexinfer_k8s.render.workloads import RenderedWorkload, RenderSettings, render_workload
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
-from flexinfer_kube.clock import Clock
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
@@ -91,17 +89,10 @@ def controller_of(obj: Mapping[str, Any] | None) -> JSON | None:
 
 
 class WorkloadReconciler:
-    def __init__(
-        self,
-        cache: ClusterCache,
-        writer: Writer,
-        clock: Clock,
-        *,
-        settings: RenderSettings | None = None,
-    ) -> None:
-        self.cache = cache
-        self.writer = writer
-        self.clock = clock
+    def __init__(self, wiring: Wiring, *, settings: RenderSettings | None = None) -> None:
+        self.cache = wiring.cache
+        self.writer = wiring.writer
+        self.clock = wiring.clock
         self.settings = settings or RenderSettings()
 
     def reconcile_model(self, namespace: str, name: str) -> Outcome:

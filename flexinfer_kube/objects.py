@@ -1,7 +1,10 @@
 """Small readers of Kubernetes JSON (plain dicts, as the API returns them).
 
 A path lookup that tolerates missing or mistyped levels, an object's name,
-namespace and key, and an integer field read with its default. No decisions, no I/O.
+namespace and key, an integer field read with its default, and the two fields
+GPUGroup membership is decided from (`spec.models[].name` of a GPUGroup,
+`spec.gpuGroupRef` of a ModelDeployment), read alike by the controller and the
+proxy. No decisions, no I/O.
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
 def object_key(obj: Mapping[str, Any]) -> Key:
     """(namespace, name)."""
     return (namespace_of(obj), name_of(obj))
+
+
+def gpu_group_member_names(group: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ModelDeployments a GPUGroup lists in `spec.models[].name`, in its order."""
+    entries = get_path(group, "spec", "models")
+    if not isinstance(entries, list):
+        return ()
+    names = (get_path(entry, "name") for entry in entries)
+    return tuple(str(name) for name in names if name)
+
+
+def gpu_group_ref(model_deployment: Mapping[str, Any]) -> str:
+    """A ModelDeployment's `spec.gpuGroupRef` ("" for none)."""
+    return str(get_path(model_deployment, "spec", "gpuGroupRef") or "")
 
 
 def int_or(value: Any, default: int) -> int:

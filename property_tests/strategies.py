@@ -219,7 +219,9 @@ def active_lease(leases_: Sequence[GpuLease], now: datetime) -> bool:
 
 
 _BOOLS = st.booleans()
-_UNREADABLE_SOURCES = st.sampled_from((("gpuleases",), ("configmaps",), ("configmaps", "gpuleases")))
+_UNREADABLE_SOURCES = st.sampled_from(
+    (("gpuleases",), ("configmaps",), ("configmaps", "gpuleases"))
+)
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ import attrs
 
 from flexinfer_core import (
     AntiThrashing,
+    Event,
     GpuGroupAction,
     GpuGroupMember,
     GpuGroupPhase,
@@ -110,6 +111,29 @@ def test_swap_when_no_gate_holds() -> None:
     assert "chat" in decision.last_swap_reason and "coder" in decision.last_swap_reason
     chat = next(s for s in decision.member_statuses if s.name == "chat")
     assert (chat.preempted_at, chat.preempted_by) == (T0, "coder")
+
+
+def test_a_swap_carries_its_events() -> None:
+    decision = decide_gpu_group(contested(), now=T0)
+    assert decision.group_events == (Event("gg", reasons.SWAP, decision.message),)
+    assert decision.member_events == (
+        Event(
+            "chat",
+            reasons.PREEMPTED,
+            f"chat was preempted by coder: {decision.message}",
+            type="Warning",
+        ),
+    )
+    start = decide_gpu_group(
+        group(GpuGroupMember("a", queued=1, oldest_waiting=ago(0))), now=T0
+    )
+    assert [e.reason for e in start.group_events] == [reasons.START]
+    assert start.member_events == ()  # nobody held the GPU
+
+
+def test_no_events_without_a_swap() -> None:
+    kept = decide_gpu_group(contested(queued=2), now=T0)
+    assert (kept.group_events, kept.member_events) == ((), ())
 
 
 def test_gate_queue_threshold() -> None:
@@ -244,6 +268,8 @@ def test_deciding_again_after_recording_the_swap_keeps_it() -> None:
     assert second.active_model == first.active_model
     assert second.swap_count == first.swap_count
     assert second.last_swap_time == first.last_swap_time
+    assert first.group_events and first.member_events
+    assert (second.group_events, second.member_events) == ((), ())  # recorded once
 
 
 def test_drain_without_a_recorded_swap_does_not_wait_forever() -> None:

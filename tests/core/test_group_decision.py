@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import attrs
+import pytest
+
 from flexinfer_core import (
     GpuLease,
     Phase,
@@ -187,9 +190,52 @@ def test_changes_name_only_what_differs() -> None:
     ]
 
 
-def _fields(m: object) -> dict:  # type: ignore[type-arg]
-    import attrs
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        {"recorded_phase": None},  # status.phase never written
+        {"recorded_phase": Phase.LOADING},
+        {"recorded_message": "an older message"},
+        {"recorded_group": "another-group"},
+        {"generation": 7},  # the spec changed since observedGeneration
+    ],
+)
+def test_changes_see_every_status_field_the_controller_writes(recorded: dict[str, object]) -> None:
+    models = swap_scenario()
+    applied = list(apply_decision(models, decide_group(models, now=T0)))
+    embed = next(m for m in applied if m.name == "embed")
+    tampered = [attrs.evolve(embed, **recorded) if m is embed else m for m in applied]
+    changes = decide_group(tampered, now=T0).changes(tampered)
+    assert [(c.name, c.status, c.replicas, c.active_services) for c in changes] == [
+        ("embed", True, False, False)
+    ]
 
+
+def test_changes_say_which_way_to_scale() -> None:
+    models = [attrs.evolve(m, replicas=1 if m.name == "chat" else 0) for m in swap_scenario()]
+    decision = decide_group(models, now=T0)
+    assert decision.leader == "coder"
+    by_name = {c.name: c for c in decision.changes(models)}
+    coder, chat = by_name["coder"], by_name["chat"]
+    assert (coder.replicas_from, coder.replicas_to, coder.scale_up, coder.scale_down) == (
+        0,
+        1,
+        True,
+        False,
+    )
+    assert (chat.replicas_from, chat.replicas_to, chat.scale_up, chat.scale_down) == (
+        1,
+        0,
+        False,
+        True,
+    )
+    assert sorted(n for n, c in by_name.items() if c.scale_up or c.scale_down) == ["chat", "coder"]
+    # Without a Deployment there is nothing to scale, whatever the decision wants.
+    alone = [attrs.evolve(m, replicas=None) for m in models]
+    assert not any(c.scale_up or c.scale_down for c in decide_group(alone, now=T0).changes(alone))
+
+
+def _fields(m: object) -> dict:  # type: ignore[type-arg]
     return attrs.asdict(m, recurse=False)  # type: ignore[arg-type]
 
 

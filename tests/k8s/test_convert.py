@@ -30,7 +30,7 @@ from flexinfer_k8s.convert_leases import (
     gpu_lease_from_k8s,
 )
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
-from flexinfer_k8s.convert_models import model_state_from_k8s, model_status, model_status_stale
+from flexinfer_k8s.convert_models import model_state_from_k8s, model_status
 from flexinfer_k8s.pods import selector_matches
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
 from flexinfer_kube.objects import name_of
@@ -216,10 +216,20 @@ def test_writing_the_status_then_deciding_again_writes_nothing() -> None:
     assert not any(c.events for c in changes.values())
     for o in written:
         member = again.member(name_of(o))
-        assert not model_status_stale(o, member, group="g")
         status = model_status(o, member, group="g", now=NOW + timedelta(seconds=5))
         # Transition times are kept when a condition's status does not change.
         assert status["conditions"] == o["status"]["conditions"]
+    # The recorded phase, message, group and generation are part of the one diff.
+    for tamper in (
+        lambda o: o["metadata"].update(generation=2),
+        lambda o: o["status"].update(message="written by an older controller"),
+        lambda o: o["status"].update(phase="Loading"),
+        lambda o: o["status"]["sharedGroup"].update(groupName="elsewhere"),
+    ):
+        stale = copy.deepcopy(written)
+        tamper(stale[0])
+        changed = [c.name for c in again.changes(states(stale)) if c.status]
+        assert changed == ["a"]
 
 
 def test_gpu_lease_and_config_map() -> None:

@@ -1,0 +1,71 @@
+"""The phases the controller reports for Models and ModelDeployments, from their workloads.
+
+- A Model's phase (spec/election.md 1): from its Deployment's replicas and pods.
+- A ModelDeployment's phase (docs/resources.md): Running once a pod is ready,
+  Pending while its pods start, Idle at zero replicas.
+
+Observations in, phase values out: no clock, no I/O, no Kubernetes JSON (the
+adapter counts the pods).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from flexinfer_core.snapshot import Phase
+
+
+def observed_phase(
+    current: Phase, *, replicas: int, pods: int, ready_pods: int, failed: bool = False
+) -> Phase:
+    """A member's phase from its workload, as the adapter observes it.
+
+    A member scaled to zero keeps `Preempted` (its terminating pods may still be
+    Ready, and must not make it look Ready again, which would preempt it twice);
+    otherwise zero replicas is `Idle`. Scaled up: Ready once a pod is ready,
+    Loading while pods start, Pending before any exists.
+    """
+    if failed:
+        return Phase.FAILED
+    if replicas <= 0:
+        return Phase.PREEMPTED if current is Phase.PREEMPTED else Phase.IDLE
+    if ready_pods > 0:
+        return Phase.READY
+    if pods > 0:
+        return Phase.LOADING
+    return Phase.PENDING
+
+
+class DeploymentPhase(enum.StrEnum):
+    """`ModelDeployment.status.phase`."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    IDLE = "Idle"
+    FAILED = "Failed"
+
+
+@attrs.frozen
+class DeploymentObservation:
+    """A ModelDeployment's observed phase, with the message and ready count to report."""
+
+    phase: DeploymentPhase
+    message: str
+    ready_replicas: int
+
+
+def model_deployment_phase(*, replicas: int | None, ready_pods: int) -> DeploymentObservation:
+    """Running once a pod is ready, Pending while its pods start, Idle at zero replicas.
+
+    `ready_pods` counts ready pods that are not terminating; `replicas` is the
+    Deployment's (None: there is none).
+    """
+    if ready_pods:
+        phase, message = DeploymentPhase.RUNNING, f"{ready_pods} pod(s) ready"
+    elif replicas:
+        phase, message = DeploymentPhase.PENDING, "waiting for its pods to be ready"
+    else:
+        phase, message = DeploymentPhase.IDLE, "scaled to zero"
+    return DeploymentObservation(phase=phase, message=message, ready_replicas=ready_pods)

@@ -59,6 +59,12 @@ from flexinfer_core.leases import (
     lease_is_active,
     plan_finetune_lease,
 )
+from flexinfer_core.membership import (
+    Membership,
+    MembershipKind,
+    member_ready_condition,
+    membership_of,
+)
 from flexinfer_core.phases import (
     DeploymentObservation,
     DeploymentPhase,
@@ -123,6 +129,8 @@ __all__ = [
     "MemberChanges",
     "MemberDecision",
     "MemberState",
+    "Membership",
+    "MembershipKind",
     "MlcMode",
     "MlcSettings",
     "ModelState",
@@ -153,6 +161,8 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "lease_is_active",
+    "member_ready_condition",
+    "membership_of",
     "mlc_mode_settings",
     "model_deployment_phase",
     "next_change_at",

@@ -101,8 +101,16 @@ class GpuGroupMember:
     preempted_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     preempted_by: str = ""
     exists: bool = True
+    # The membership reason when this ModelDeployment may not run in this group (it
+    # is listed by another group too, or its gpuGroupRef names another): it is left
+    # out of the decision, but its pods still hold the card.
+    conflict: str = ""
     has_pods: bool = False
     ready: bool = False
+
+    @property
+    def eligible(self) -> bool:
+        return self.exists and not self.conflict
 
 
 _TICK = timedelta(microseconds=1)
@@ -245,21 +253,20 @@ def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupSta
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
     """Decide which member holds the group's GPU (spec/election.md 3)."""
     state = _without_stale_demand(state, now=now)
-    existing = sorted((m for m in state.members if m.exists), key=member_order)
+    existing = sorted((m for m in state.members if m.eligible), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
-    if current is not None and not current.exists:
+    if current is not None and not current.eligible:
         current = None
     queued = [m for m in existing if m.queued > 0]
 
     if not existing:
-        missing = ", ".join(m.name for m in state.members) or "none listed"
         return _finish(
             state,
             now=now,
             target=None,
             action=GpuGroupAction.IDLE,
             reason=reasons.NO_DEMAND,
-            message=f"no member ModelDeployment exists ({missing})",
+            message=_no_member_can_run(state),
             failed=True,
         )
     if not queued:
@@ -342,6 +349,14 @@ def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision
         message=f"swapping {current.name} for {winner.name} ({winner.queued} queued "
         f"request(s), priority {winner.priority})",
     )
+
+
+def _no_member_can_run(state: GpuGroupState) -> str:
+    if not any(m.conflict for m in state.members):
+        missing = ", ".join(m.name for m in state.members) or "none listed"
+        return f"no member ModelDeployment exists ({missing})"
+    why = ", ".join(f"{m.name}: {m.conflict if m.conflict else 'missing'}" for m in state.members)
+    return f"no member ModelDeployment can run ({why})"
 
 
 def _finish(

@@ -63,6 +63,11 @@ LEASE_CURRENT: Final = "LeaseCurrent"
 LEASE_RELEASE: Final = "LeaseRelease"
 LEASE_NOT_NEEDED: Final = "LeaseNotNeeded"
 
+# GPUGroup membership of a ModelDeployment (flexinfer_core.membership).
+GPU_GROUP_MEMBER: Final = "GPUGroupMember"
+GPU_GROUP_REF_NOT_LISTED: Final = "GPUGroupRefNotListed"
+LISTED_BY_MULTIPLE_GPU_GROUPS: Final = "ListedByMultipleGPUGroups"
+
 # Standalone ModelDeployments (spec/election.md section 4).
 IN_USE: Final = "InUse"
 COLD_START: Final = "ColdStart"

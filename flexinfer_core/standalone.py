@@ -1,4 +1,4 @@
-"""A standalone ModelDeployment's replicas: in use, idle, or scaled to zero.
+"""A ModelDeployment no GPUGroup governs: in use, idle, scaled to zero, or held at zero.
 
 Spec: spec/election.md section 4. A ModelDeployment outside any GPUGroup runs
 `replicas` pods (at least 1) while its last request (`status.lastAccessTime`,
@@ -14,6 +14,10 @@ same reason and no scale: the condition is not rewritten without news (ColdStart
 ends when a pod is ready, which changes the status anyway). The scale itself is
 reported as `scale_to` and an `Event`. No I/O, no clock: `now` is a parameter and
 `next_change_at` is the idle-timeout (or cold-start) lapse.
+
+A ModelDeployment whose GPUGroup membership is in conflict (flexinfer_core.membership)
+is decided here too: it is held at zero whatever its demand, may not serve, and its
+reason and message are the conflict's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from flexinfer_core import reasons
 from flexinfer_core.durations import format_duration
 from flexinfer_core.errors import InvalidFieldError
 from flexinfer_core.group import Event
+from flexinfer_core.membership import Membership
 from flexinfer_core.snapshot import (
     MAX_REPLICAS,
     aware_or_none,
@@ -63,6 +68,8 @@ class StandaloneDeployment:
     # The Deployment's spec.replicas; None when there is no Deployment to scale.
     current_replicas: int | None = attrs.field(default=None, validator=_optional_count)
     ready_replicas: int = attrs.field(default=0, validator=int_between(0, None))
+    # Set when it may not run at all: its GPUGroup membership is in conflict.
+    conflict: Membership | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.min_replicas > self.replicas:
@@ -87,10 +94,14 @@ class StandaloneDecision:
     scale_to: int | None
     event: Event | None
     next_change_at: datetime | None
+    # False when it must not report Ready even with a ready pod (held at zero).
+    may_serve: bool = True
 
 
 def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> StandaloneDecision:
     """How many pods a standalone ModelDeployment should run now (spec/election.md 4)."""
+    if state.conflict is not None:
+        return _held_at_zero(state, state.conflict)
     last = state.last_access_time
     idle_timeout = format_duration(state.idle_timeout)
     next_change_at: datetime | None = None
@@ -131,6 +142,30 @@ def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> Standalo
         next_change_at=next_change_at
         if next_change_at is not None and next_change_at > now
         else None,
+    )
+
+
+def _held_at_zero(state: StandaloneDeployment, conflict: Membership) -> StandaloneDecision:
+    current = state.current_replicas
+    scale_to = 0 if current else None
+    event = (
+        Event(
+            state.name,
+            conflict.reason,
+            f"scaled from {current} to 0: {conflict.message}",
+            type="Warning",
+        )
+        if current
+        else None
+    )
+    return StandaloneDecision(
+        desired_replicas=0,
+        reason=conflict.reason,
+        message=conflict.message,
+        scale_to=scale_to,
+        event=event,
+        next_change_at=None,
+        may_serve=False,
     )
 
 

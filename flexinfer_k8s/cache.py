@@ -5,7 +5,8 @@ Reconcilers read only from here, plus one live Pod list before a scale-up
 break-before-make must not trust it). The lookups encode the naming conventions the controller
 relies on until the rendering issue lands: a Model's or ModelDeployment's
 Deployment and Service share its name; a Deployment's pods are those its
-selector matches. Reads only; no writes, no decisions.
+selector matches. A ModelDeployment's GPUGroup is the core's to decide
+(`membership`). Reads only; no writes, no decisions of its own.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flexinfer_core import GpuLease
+from flexinfer_core import GpuLease, Membership, MembershipKind, membership_of
 from flexinfer_k8s.convert_leases import gpu_lease_from_config_map, gpu_lease_from_k8s
-from flexinfer_k8s.convert_model_deployments import model_deployment_group_ref
 from flexinfer_k8s.convert_models import model_cache_is_ready
 from flexinfer_k8s.pods import live_pods, pods_of, selector_matches
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi
-from flexinfer_kube.objects import name_of, namespace_of
+from flexinfer_kube.objects import gpu_group_listings, gpu_group_ref, name_of, namespace_of
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -142,21 +142,33 @@ class ClusterCache:
     # -- GPUGroups ------------------------------------------------------------------
 
     def gpu_groups_with_member(self, namespace: str, member: str) -> list[str]:
-        names = []
-        for group in self.objects(GPU_GROUPS, namespace):
-            models = (group.get("spec") or {}).get("models") or []
-            if any(entry.get("name") == member for entry in models):
-                names.append(name_of(group))
-        return names
+        """The GPUGroups whose `spec.models` name `member`."""
+        return [
+            group
+            for group, members in gpu_group_listings(self.objects(GPU_GROUPS, namespace)).items()
+            if member in members
+        ]
 
-    def standalone_model_deployment(self, namespace: str, name: str) -> JSON | None:
-        """The ModelDeployment `name` if it is standalone: no `gpuGroupRef`, in no GPUGroup."""
+    def membership(self, md: Mapping[str, Any]) -> Membership:
+        """Where a ModelDeployment belongs, by the core's one rule (flexinfer_core.membership)."""
+        return membership_of(
+            name_of(md),
+            group_ref=gpu_group_ref(md),
+            groups=gpu_group_listings(self.objects(GPU_GROUPS, namespace_of(md))),
+        )
+
+    def model_deployment_on_its_own(
+        self, namespace: str, name: str
+    ) -> tuple[JSON, Membership] | None:
+        """The ModelDeployment `name` when no GPUGroup governs it (standalone, or in a
+        membership conflict that holds it at zero), with its membership."""
         md = self.get(MODEL_DEPLOYMENTS, namespace, name)
-        if md is None or model_deployment_group_ref(md):
+        if md is None:
             return None
-        if self.gpu_groups_with_member(namespace, name):
+        membership = self.membership(md)
+        if membership.kind is MembershipKind.MEMBER:
             return None
-        return md
+        return md, membership
 
     def model_cache_ready(self, namespace: str, name: str) -> bool:
         if not name:

@@ -7,8 +7,9 @@ the reconciler's `next_change_at` arms that key's timer. Keys:
 - ("shared", namespace, group): a Model shared group;
 - ("model", namespace, name): a Model without a shared group (a group of one);
 - ("gpugroup", namespace, name): a GPUGroup;
-- ("modeldeployment", namespace, name): a standalone ModelDeployment (no
-  `gpuGroupRef`, in no GPUGroup), scaled to zero when idle;
+- ("modeldeployment", namespace, name): a ModelDeployment no GPUGroup governs
+  (flexinfer_core.membership): standalone, scaled to zero when idle, or held at
+  zero by a membership conflict;
 - ("modelcache", namespace, name): a ModelCache (storage, download, finetune and its
   GPU lease);
 - ("model-workload" | "md-workload", namespace, name): what a Model or ModelDeployment
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from flexinfer_core import DEFAULT_POLICY, FlexinferError, Policy
+from flexinfer_core import DEFAULT_POLICY, FlexinferError, MembershipKind, Policy
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_k8s.cache import WATCHED, ClusterCache
 from flexinfer_k8s.convert_leases import (
@@ -36,7 +37,6 @@ from flexinfer_k8s.convert_leases import (
     gpu_lease_from_config_map,
     gpu_lease_from_k8s,
 )
-from flexinfer_k8s.convert_model_deployments import model_deployment_group_ref
 from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.outcome import Outcome, Wiring
@@ -50,7 +50,7 @@ from flexinfer_k8s.workqueue import WorkQueue
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_kube.informers import Informer, wait_all
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError
-from flexinfer_kube.objects import name_of, namespace_of
+from flexinfer_kube.objects import gpu_group_member_names, gpu_group_ref, name_of, namespace_of
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -206,13 +206,17 @@ class Controller:
         }
 
     def _model_deployment_keys(self, md: JSON) -> set[WorkKey]:
-        """The standalone key of a ModelDeployment, from the object itself (so that
-        setting or clearing `gpuGroupRef` queues the key either way); the
-        reconciler checks the cache again and leaves group members alone."""
+        """The keys whose decision reads a ModelDeployment, by its membership as this
+        object states it (so that setting or clearing `gpuGroupRef` queues the keys
+        either way): every GPUGroup that lists it, and its own key when no single
+        group governs it (standalone, or held at zero by a membership conflict). The
+        reconcilers check the cache again."""
         namespace, name = namespace_of(md), name_of(md)
-        if model_deployment_group_ref(md) or self.cache.gpu_groups_with_member(namespace, name):
-            return set()
-        return {("modeldeployment", namespace, name)}
+        membership = self.cache.membership(md)
+        keys: set[WorkKey] = {("gpugroup", namespace, group) for group in membership.listed_by}
+        if membership.kind is not MembershipKind.MEMBER:
+            keys.add(("modeldeployment", namespace, name))
+        return keys
 
     def _workload_keys(self, namespace: str, name: str) -> set[WorkKey]:
         """Keys whose decision reads the Deployment/Service/pods named `name`."""
@@ -224,8 +228,9 @@ class Controller:
             keys |= self._model_keys(model)
         for group in self.cache.gpu_groups_with_member(namespace, name):
             keys.add(("gpugroup", namespace, group))
-        if self.cache.standalone_model_deployment(namespace, name) is not None:
-            keys.add(("modeldeployment", namespace, name))
+        md = self.cache.get(MODEL_DEPLOYMENTS, namespace, name)
+        if md is not None:
+            keys |= self._model_deployment_keys(md)
         return keys
 
     def keys_for(self, resource: Resource, obj: JSON) -> set[WorkKey]:
@@ -262,23 +267,18 @@ class Controller:
             lease = gpu_lease_from_config_map(obj)
             return {("shared", namespace, lease.group)} if lease is not None else set()
         if resource is GPU_GROUPS:
-            # A ModelDeployment that leaves (or joins) the group changes hands.
+            # A ModelDeployment that leaves or joins the group changes hands, and so
+            # may every other group that lists it (a conflict starts or ends); one whose
+            # gpuGroupRef names the group is told whether it now exists.
             keys = {("gpugroup", namespace, name)}
-            for entry in (obj.get("spec") or {}).get("models") or []:
-                md = self.cache.get(MODEL_DEPLOYMENTS, namespace, str(entry.get("name") or ""))
-                if md is not None:
+            listed = gpu_group_member_names(obj)
+            for md in self.cache.objects(MODEL_DEPLOYMENTS, namespace):
+                if name_of(md) in listed or gpu_group_ref(md) == name:
                     keys |= self._model_deployment_keys(md)
                     keys.add(("md-workload", namespace, name_of(md)))  # its group label
             return keys
         if resource is MODEL_DEPLOYMENTS:
-            return (
-                {
-                    ("gpugroup", namespace, g)
-                    for g in self.cache.gpu_groups_with_member(namespace, name)
-                }
-                | self._model_deployment_keys(obj)
-                | {("md-workload", namespace, name)}
-            )
+            return self._model_deployment_keys(obj) | {("md-workload", namespace, name)}
         if resource is MODEL_CACHES:
             keys = {("modelcache", namespace, name)}
             for model in self.cache.objects(MODELS, namespace):

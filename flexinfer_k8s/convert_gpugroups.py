@@ -35,8 +35,13 @@ def gpu_group_state_from_k8s(
     *,
     model_deployments: Mapping[str, Mapping[str, Any]],
     member_pods: Mapping[str, Sequence[JSON]],
+    conflicts: Mapping[str, str] | None = None,
 ) -> GpuGroupState:
-    """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand."""
+    """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand.
+
+    `conflicts` maps a listed member whose GPUGroup membership is in conflict to the
+    reason (flexinfer_core.membership): the decision leaves it out.
+    """
     spec = get_path(group, "spec") or {}
     status = get_path(group, "status") or {}
     annotations = get_path(group, "metadata", "annotations") or {}
@@ -68,6 +73,7 @@ def gpu_group_state_from_k8s(
                 preempted_at=parse_rfc3339(row.get("preemptedAt")),
                 preempted_by=str(row.get("preemptedBy") or ""),
                 exists=md is not None,
+                conflict=(conflicts or {}).get(name, ""),
                 has_pods=bool(pods),
                 ready=any(pod_is_ready(p) for p in pods),
             )

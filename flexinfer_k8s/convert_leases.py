@@ -21,17 +21,7 @@ def gpu_lease_from_k8s(obj: Mapping[str, Any]) -> GpuLease | None:
     """A `GPULease`; None when it names no group."""
     spec = get_path(obj, "spec") or {}
     group = str(spec.get("group") or "")
-    if not group:
-        return None
-    return GpuLease(
-        name=name_of(obj),
-        group=group,
-        namespace=namespace_of(obj) or "default",
-        owner=str(spec.get("owner") or ""),
-        node=str(spec.get("node") or ""),
-        expires_at=parse_rfc3339(spec.get("expiresAt")),
-        source=LeaseSource.GPU_LEASE,
-    )
+    return _lease(obj, spec, group=group, source=LeaseSource.GPU_LEASE) if group else None
 
 
 def gpu_lease_from_config_map(obj: Mapping[str, Any]) -> GpuLease | None:
@@ -39,14 +29,19 @@ def gpu_lease_from_config_map(obj: Mapping[str, Any]) -> GpuLease | None:
     data = get_path(obj, "data") or {}
     labels = get_path(obj, "metadata", "labels") or {}
     group = str(data.get("group") or labels.get(GPU_LEASE_LABEL) or "")
-    if not group:
-        return None
+    return _lease(obj, data, group=group, source=LeaseSource.CONFIG_MAP) if group else None
+
+
+def _lease(
+    obj: Mapping[str, Any], fields: Mapping[str, Any], *, group: str, source: LeaseSource
+) -> GpuLease:
+    """Both carriers name the same fields (`owner`, `node`, `expiresAt`)."""
     return GpuLease(
         name=name_of(obj),
         group=group,
         namespace=namespace_of(obj) or "default",
-        owner=str(data.get("owner") or ""),
-        node=str(data.get("node") or ""),
-        expires_at=parse_rfc3339(data.get("expiresAt")),
-        source=LeaseSource.CONFIG_MAP,
+        owner=str(fields.get("owner") or ""),
+        node=str(fields.get("node") or ""),
+        expires_at=parse_rfc3339(fields.get("expiresAt")),
+        source=source,
     )

@@ -1,8 +1,9 @@
 """ModelDeployments (v1alpha1) from Kubernetes JSON, and the status the controller writes.
 
-`standalone_from_k8s` reads a ModelDeployment with its Deployment and pods into the
-core's `StandaloneDeployment`; `model_deployment_status` and `standalone_status`
-build the status merge patches. Pure: no client, no clock (callers pass `now`).
+`standalone_from_k8s` reads a ModelDeployment no GPUGroup governs, with its
+Deployment and pods, into the core's `StandaloneDeployment`; `standalone_status`
+and `member_status` (a GPUGroup member's) build the status merge patches. Pure: no
+client, no clock (callers pass `now`).
 """
 
 from __future__ import annotations
@@ -14,24 +15,19 @@ from typing import Any
 from flexinfer_core import (
     Condition,
     DeploymentPhase,
+    Membership,
     StandaloneDecision,
     StandaloneDeployment,
+    member_ready_condition,
     model_deployment_phase,
 )
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
-from flexinfer_k8s.status_diff import merge_conditions
+from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
 
-def model_deployment_group_ref(md: Mapping[str, Any]) -> str:
-    """`spec.gpuGroupRef` ("" for a standalone ModelDeployment)."""
-    return str(get_path(md, "spec", "gpuGroupRef") or "")
-
-
-def model_deployment_status(
-    md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]
-) -> JSON:
+def _observed_status(md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]) -> JSON:
     """A ModelDeployment's observed status, the phase as the core reads it from its pods
     (its `lastAccessTime` is the proxy's)."""
     observed = model_deployment_phase(replicas=replicas, ready_pods=serving_pod_count(pods))
@@ -40,16 +36,21 @@ def model_deployment_status(
         "message": observed.message,
         "readyReplicas": observed.ready_replicas,
     }
-    generation = get_path(md, "metadata", "generation")
-    if isinstance(generation, int):
+    generation = generation_of(md)
+    if generation is not None:
         status["observedGeneration"] = generation
     return status
 
 
 def standalone_from_k8s(
-    md: Mapping[str, Any], *, deployment: Mapping[str, Any] | None, pods: Sequence[JSON]
+    md: Mapping[str, Any],
+    *,
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[JSON],
+    conflict: Membership | None = None,
 ) -> StandaloneDeployment:
-    """A standalone ModelDeployment with its Deployment's replicas and ready pods."""
+    """A ModelDeployment no GPUGroup governs, with its Deployment's replicas and ready
+    pods (`conflict`: the membership conflict that holds it at zero, if any)."""
     spec = get_path(md, "spec") or {}
     return StandaloneDeployment(
         name=name_of(md),
@@ -61,6 +62,7 @@ def standalone_from_k8s(
         last_access_time=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
         current_replicas=deployment_replicas(deployment),
         ready_replicas=serving_pod_count(pods),
+        conflict=conflict,
     )
 
 
@@ -73,20 +75,34 @@ def standalone_status(
     now: datetime,
 ) -> JSON:
     """The observed phase and readyReplicas, with the decision's message and Ready condition."""
-    status = model_deployment_status(md, replicas=replicas, pods=pods)
-    generation = status.get("observedGeneration")
+    status = _observed_status(md, replicas=replicas, pods=pods)
+    serving = status["phase"] == DeploymentPhase.RUNNING.value and decision.may_serve
     status["message"] = decision.message
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
-        [
-            Condition(
-                "Ready",
-                status["phase"] == DeploymentPhase.RUNNING.value,
-                decision.reason,
-                decision.message,
-            )
-        ],
+        [Condition("Ready", serving, decision.reason, decision.message)],
         now=now,
-        generation=generation if isinstance(generation, int) else None,
+        generation=generation_of(md),
+    )
+    return status
+
+
+def member_status(
+    md: Mapping[str, Any],
+    membership: Membership,
+    *,
+    replicas: int | None,
+    pods: Sequence[JSON],
+    now: datetime,
+) -> JSON:
+    """A GPUGroup member's observed phase and readyReplicas, with a Ready condition naming
+    its group (which replaces one left by a standalone or conflicting past)."""
+    status = _observed_status(md, replicas=replicas, pods=pods)
+    serving = status["phase"] == DeploymentPhase.RUNNING.value
+    status["conditions"] = merge_conditions(
+        get_path(md, "status", "conditions"),
+        [member_ready_condition(membership, serving=serving)],
+        now=now,
+        generation=generation_of(md),
     )
     return status

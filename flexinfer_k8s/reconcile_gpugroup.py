@@ -1,26 +1,29 @@
 """Reconcile one GPUGroup: members' demand and pods -> `decide_gpu_group` -> apply the diff.
 
 Members are ModelDeployments named in `spec.models`; each runs as the Deployment of
-the same name. Demand is the `demand.ai.flexinfer/<member>` annotations the proxy
-writes (docs/resources.md). The decision records a swap at once in the status
+the same name. A listed ModelDeployment whose membership is in conflict (another
+group lists it too, or its `gpuGroupRef` names another group) is left out of the
+decision (its pods still hold the card), and its status is its own key's to write.
+Demand is the `demand.ai.flexinfer/<member>` annotations the proxy writes
+(docs/resources.md). The decision records a swap at once in the status
 (`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
-Graceful drain from that record and the members' pods, so the writes here are:
-the status (conditional on the observed resourceVersion) with the decision's Events
-(Swap/Start on the group, Preempted on the member it displaces),
-scale-downs, then scale-ups — the latter only when a live Pod list agrees with the
-cache about which other members still have pods — and each member
-ModelDeployment's observed `phase`/`readyReplicas`. Nothing else is written; a
-reconcile that changes nothing writes nothing.
+Graceful drain from that record and the members' pods, so the writes here are: the
+status (conditional on the observed resourceVersion) with the decision's Events
+(Swap/Start on the group, Preempted on the member it displaces), scale-downs, then
+scale-ups — the latter only when a live Pod list agrees with the cache about which
+other members still have pods — and each member ModelDeployment's observed
+`phase`/`readyReplicas` with a Ready condition naming the group. Nothing else is
+written; a reconcile that changes nothing writes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 
-from flexinfer_core import decide_gpu_group
+from flexinfer_core import Membership, decide_gpu_group
 from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, gpu_group_status
-from flexinfer_k8s.convert_model_deployments import model_deployment_status
+from flexinfer_k8s.convert_model_deployments import member_status
 from flexinfer_k8s.outcome import Outcome, Wiring, recheck_soon, record_events
 from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_k8s.status_diff import status_differs
@@ -44,18 +47,23 @@ class GpuGroupReconciler:
         now = self.wiring.clock.now()
         members = list(gpu_group_member_names(group))
         model_deployments: dict[str, JSON] = {}
+        memberships: dict[str, Membership] = {}
         member_pods: dict[str, list[JSON]] = {}
         replicas: dict[str, int | None] = {}
         for member in members:
             md = self.cache.get(MODEL_DEPLOYMENTS, namespace, member)
             if md is not None:
                 model_deployments[member] = md
+                memberships[member] = self.cache.membership(md)
             deployment = self.cache.get(DEPLOYMENTS, namespace, member)
             member_pods[member] = self.cache.pods_of(deployment)
             replicas[member] = deployment_replicas(deployment)
 
         state = gpu_group_state_from_k8s(
-            group, model_deployments=model_deployments, member_pods=member_pods
+            group,
+            model_deployments=model_deployments,
+            member_pods=member_pods,
+            conflicts={m: ms.reason for m, ms in memberships.items() if ms.in_conflict},
         )
         decision = decide_gpu_group(state, now=now)
         wrote = False
@@ -114,8 +122,14 @@ class GpuGroupReconciler:
                 wrote = self.writer.scale(namespace, member, decision.replicas_for(member)) or wrote
 
         for member, md in model_deployments.items():
-            wanted = model_deployment_status(
-                md, replicas=replicas[member], pods=member_pods[member]
+            if memberships[member].in_conflict:
+                continue  # held at zero by its own key, which writes why
+            wanted = member_status(
+                md,
+                memberships[member],
+                replicas=replicas[member],
+                pods=member_pods[member],
+                now=now,
             )
             if status_differs(md.get("status"), wanted):
                 wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote

@@ -1,7 +1,10 @@
-"""Reconcile one standalone ModelDeployment: snapshot -> `decide_standalone` -> apply the diff.
+"""Reconcile one ModelDeployment no GPUGroup governs: snapshot -> `decide_standalone` -> apply.
 
-A ModelDeployment without `spec.gpuGroupRef` and listed in no GPUGroup runs as the
-Deployment of the same name (docs/controller.md). The proxy records requests in
+A ModelDeployment that no GPUGroup lists and whose `spec.gpuGroupRef` is empty runs
+as the Deployment of the same name (docs/controller.md); one whose membership is in
+conflict (listed by two groups, or a `gpuGroupRef` naming a group that does not list
+it; flexinfer_core.membership) is held at zero here and its Ready condition says
+why. The proxy records requests in
 `status.lastAccessTime`; the core turns that into desired replicas. The writes
 are: the Deployment's replicas through the scale subresource when they differ
 (with an Event saying why), then the ModelDeployment's status (observed `phase`,
@@ -31,13 +34,19 @@ class StandaloneReconciler:
         self.clock = wiring.clock
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
-        md = self.cache.standalone_model_deployment(namespace, name)
-        if md is None:
+        found = self.cache.model_deployment_on_its_own(namespace, name)
+        if found is None:
             return Outcome(None, False)  # gone, or its GPUGroup decides for it
+        md, membership = found
         now = self.clock.now()
         deployment = self.cache.get(DEPLOYMENTS, namespace, name)
         pods = self.cache.pods_of(deployment)
-        state = standalone_from_k8s(md, deployment=deployment, pods=pods)
+        state = standalone_from_k8s(
+            md,
+            deployment=deployment,
+            pods=pods,
+            conflict=membership if membership.in_conflict else None,
+        )
         decision = decide_standalone(state, now=now)
         wrote = False
 

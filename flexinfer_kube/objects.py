@@ -9,7 +9,7 @@ proxy. No decisions, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 JSON = dict[str, Any]
@@ -46,6 +46,11 @@ def gpu_group_member_names(group: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     names = (get_path(entry, "name") for entry in entries)
     return tuple(str(name) for name in names if name)
+
+
+def gpu_group_listings(groups: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """GPUGroup name -> the names it lists, for the groups of one namespace."""
+    return {name_of(group): gpu_group_member_names(group) for group in groups}
 
 
 def gpu_group_ref(model_deployment: Mapping[str, Any]) -> str:

@@ -47,7 +47,9 @@ class ModelEntry:
     """One routable model: enough to forward a request and to signal demand for it.
 
     `endpoint` is the base URL of the backend's OpenAI API, ending in `/v1`.
-    `gpu_group` is the GPUGroup a ModelDeployment belongs to (None otherwise).
+    `gpu_group` is the GPUGroup that governs a ModelDeployment, by the core's rule
+    (flexinfer_core.membership: the group that lists it); None for a Model, a
+    standalone ModelDeployment, or one whose membership is in conflict.
     `served_name` is what the backend calls the model when that is not `name`
     (`status.servedModelName`). `active_services` are the service labels its
     Service advertises (the controller writes them on the holder of a group).

@@ -1,9 +1,15 @@
-"""The cluster-backed `ModelDirectory`: Models, ModelDeployments and their Services, watched.
+"""The cluster-backed `ModelDirectory`: Models, ModelDeployments, their Services, GPUGroups.
 
 One `flexinfer_kube` informer per (resource, namespace) keeps a `Store`; an entry
 (`namespace/name`) is recomputed whenever its Model, ModelDeployment or rendered
-Service changes, and listeners are called on the event loop (never on an informer
-thread) when the entry changed.
+Service changes, or a GPUGroup that lists it (before or after the change) does, and
+listeners are called on the event loop (never on an informer thread) when the entry
+changed.
+
+A ModelDeployment's GPUGroup is decided by the core's membership rule, the one the
+controller uses: the group that lists it in `spec.models`, whether or not it sets
+`gpuGroupRef` (flexinfer_core.membership). Its queue is reported to that group; one
+in a membership conflict reports to none (the controller holds it at zero).
 
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,
@@ -27,17 +33,26 @@ import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
 from flexinfer_core import ACTIVE_SERVICES_ANNOTATION
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
+from flexinfer_core.membership import membership_of
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import KubeApi
-from flexinfer_kube.objects import JSON, Key, get_path, object_key
-from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
+from flexinfer_kube.objects import (
+    JSON,
+    Key,
+    get_path,
+    gpu_group_listings,
+    gpu_group_member_names,
+    gpu_group_ref,
+    object_key,
+)
+from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
     DEFAULT_PRIORITY,
@@ -58,7 +73,7 @@ KIND_LABEL = "ai.flexinfer/kind"
 MODEL_LABEL = "ai.flexinfer/model"
 RENDERED_SERVICES = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
-WATCHED = (MODELS, MODEL_DEPLOYMENTS, SERVICES)
+WATCHED = (MODELS, MODEL_DEPLOYMENTS, GPU_GROUPS, SERVICES)
 # A Model shadows a ModelDeployment of the same name in the same namespace.
 _RESOLUTION_ORDER = ((MODELS, ModelKind.MODEL), (MODEL_DEPLOYMENTS, ModelKind.MODEL_DEPLOYMENT))
 _KINDS = {kind.value: kind for _, kind in _RESOLUTION_ORDER}
@@ -139,9 +154,18 @@ def _active_services(service: JSON | None) -> tuple[str, ...]:
 
 
 def entry_from_object(
-    kind: ModelKind, obj: JSON, *, service: JSON | None, override: str | None = None
+    kind: ModelKind,
+    obj: JSON,
+    *,
+    service: JSON | None,
+    override: str | None = None,
+    gpu_groups: Mapping[str, Collection[str]] | None = None,
 ) -> ModelEntry:
-    """A Model or ModelDeployment (as the API returns it) as a routable entry."""
+    """A Model or ModelDeployment (as the API returns it) as a routable entry.
+
+    `gpu_groups` maps the GPUGroups of its namespace to the names they list; it
+    decides a ModelDeployment's group.
+    """
     namespace, name = object_key(obj)
     endpoint = (
         override or service_endpoint(service) or f"http://{name}.{namespace}.svc:{BACKEND_PORT}/v1"
@@ -158,7 +182,7 @@ def entry_from_object(
         cold_start = (
             timedelta(seconds=seconds) if isinstance(seconds, int) else DEFAULT_COLD_START_TIMEOUT
         )
-        gpu_group = str(_get(obj, "spec", "gpuGroupRef") or "") or None
+        gpu_group = membership_of(name, group_ref=gpu_group_ref(obj), groups=gpu_groups or {}).group
         priority = _get(obj, "spec", "priority")
     served = _get(obj, "status", "servedModelName")
     return ModelEntry(
@@ -259,6 +283,14 @@ class KubeDirectory:
         with self._lock:
             if resource is SERVICES:
                 keys = self._service_changed(old, new)
+            elif resource is GPU_GROUPS:
+                # Its members, as listed before and after, may have changed hands.
+                keys = {
+                    (object_key(group)[0], member)
+                    for group in (old, new)
+                    if group is not None
+                    for member in gpu_group_member_names(group)
+                }
             else:
                 keys = {object_key(obj) for obj in (old, new) if obj is not None}
             changed = self._recompute(keys)
@@ -312,7 +344,13 @@ class KubeDirectory:
             service = self._services.get((namespace, kind, name))
             if service is not None and not owned_by(service, obj, kind):
                 service = None
-            return entry_from_object(kind, obj, service=service, override=override)
+            return entry_from_object(
+                kind,
+                obj,
+                service=service,
+                override=override,
+                gpu_groups=gpu_group_listings(self._stores[GPU_GROUPS].objects(namespace)),
+            )
         return None
 
     def _notify(self, keys: list[str]) -> None:

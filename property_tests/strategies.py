@@ -32,6 +32,7 @@ from flexinfer_core import (
     SharedState,
     apply_decision,
     decide_group,
+    reasons,
 )
 from property_tests import oracle
 
@@ -498,6 +499,8 @@ _GG_IDLE = st.sampled_from((timedelta(seconds=300), timedelta(seconds=20)))
 _GG_PREEMPTED_AGE = st.one_of(st.none(), st.sampled_from(_GG_MARKS), durations(180))
 _GG_PREEMPTED_BY = st.sampled_from(("", "alpha"))
 _EXISTS = st.sampled_from((True, True, True, True, False))
+# A member whose GPUGroup membership is in conflict (listed twice, or a wrong ref).
+_CONFLICT = st.sampled_from(("", "", "", "", "", reasons.LISTED_BY_MULTIPLE_GPU_GROUPS))
 # The proxy's report: undated, fresh, or at either side of the 5-minute staleness mark.
 _REPORT_AGE = st.one_of(
     st.none(),
@@ -529,6 +532,7 @@ def gpu_group_members(draw: st.DrawFn, name: str, *, now: datetime) -> GpuGroupM
         preempted_at=ago(now, draw(_GG_PREEMPTED_AGE)),
         preempted_by=draw(_GG_PREEMPTED_BY),
         exists=draw(_EXISTS),
+        conflict=draw(_CONFLICT),
         has_pods=draw(_BOOLS),
         ready=draw(_BOOLS),
     )

@@ -185,12 +185,17 @@ def contested_states(draw: st.DrawFn) -> Case:
     )
     members = tuple(
         attrs.evolve(
-            m, exists=True, last_request=now - draw(_RECENT), priority=min(m.priority, 999)
+            m,
+            exists=True,
+            conflict="",
+            last_request=now - draw(_RECENT),
+            priority=min(m.priority, 999),
         )
         if m.name == current
         else attrs.evolve(
             m,
             exists=True,
+            conflict="",
             priority=1000,
             queued=queued,
             oldest_waiting=now - waited,
@@ -219,7 +224,8 @@ def test_anti_thrashing_never_swaps_while_a_gate_holds(case: Case) -> None:
     state, now = case
     decision = decide_gpu_group(state, now=now)
     state = with_live_demand(state, now)
-    existing = sorted((m for m in state.members if m.exists), key=member_order)
+    # A member in conflict runs in no group (flexinfer_core.membership).
+    existing = sorted((m for m in state.members if m.exists and not m.conflict), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
     assert current is not None and current.exists  # contested_states builds them so
     winner = existing[0]

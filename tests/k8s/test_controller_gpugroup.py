@@ -23,6 +23,7 @@ from .harness import (  # noqa: F401  (fixtures)
     controller,
     crds,
     kubectl,
+    now_text,
     on_kwok,
 )
 
@@ -206,3 +207,59 @@ def test_drain_timeout_and_immediate_policy_do_not_wait(
         # The old pod outlives the 5 s drain timeout: m2 starts anyway.
         wait_until(lambda: c.replicas("m2") == 1, what="m2 scaled after the drain timeout")
         assert c.pods("m1")
+
+
+def md_ready_condition(c: Cluster, name: str) -> dict[str, Any]:
+    md = c.api.get(MODEL_DEPLOYMENTS, c.namespace, name)
+    conditions = (md.get("status") or {}).get("conditions") or []
+    return next((x for x in conditions if x["type"] == "Ready"), {})
+
+
+def test_membership_conflicts_hold_at_zero_and_say_why(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c)
+    c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": "stray"},
+        "spec": {"backend": "vllm", "model": "test/stray", **on_kwok()},
+    })
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        # Standalone, a request wakes it.
+        c.api.patch(MODEL_DEPLOYMENTS, c.namespace, "stray",
+                    {"status": {"lastAccessTime": now_text()}}, subresource="status")
+        wait_until(lambda: c.ready_pods("stray"), what="stray running on its own")
+        # Its gpuGroupRef now names gg, which does not list it: held at zero, and it says so.
+        c.api.patch(MODEL_DEPLOYMENTS, c.namespace, "stray", {"spec": {"gpuGroupRef": "gg"}})
+        wait_until(lambda: md_ready_condition(c, "stray").get("reason") == "GPUGroupRefNotListed",
+                   what="stray's condition")
+        ready = md_ready_condition(c, "stray")
+        assert ready["status"] == "False" and "GPUGroup gg does not list it" in ready["message"]
+        wait_until(lambda: c.replicas("stray") == 0 and not c.pods("stray"),
+                   what="stray held at zero")
+        assert "GPUGroupRefNotListed" in {e["reason"] for e in c.events("stray")}
+
+        start_with_m1(c)
+        wait_until(lambda: md_ready_condition(c, "m1").get("reason") == "GPUGroupMember",
+                   what="m1's condition naming its group")
+        # A second group lists m1 too: neither runs it, and it says which groups.
+        c.api.create(GPU_GROUPS, c.namespace, {
+            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
+            "metadata": {"name": "g2"}, "spec": {"models": [{"name": "m1"}]},
+        })
+        wait_until(
+            lambda: md_ready_condition(c, "m1").get("reason") == "ListedByMultipleGPUGroups",
+            what="m1's conflict condition",
+        )
+        assert "GPUGroups g2, gg" in md_ready_condition(c, "m1")["message"]
+        wait_until(lambda: c.replicas("m1") == 0 and not c.pods("m1"), what="m1 held at zero")
+        queue(c, "m1", 1)
+        wait_until(lambda: group_status(c).get("phase") == "Idle", what="gg idle without m1")
+        assert c.replicas("m1") == 0
+        # g2 lets go: m1 is gg's again, and its queue starts it.
+        c.api.delete(GPU_GROUPS, c.namespace, "g2")
+        wait_until(lambda: active(c, "m1"), what="m1 active in gg again")
+        assert md_ready_condition(c, "m1")["reason"] == "GPUGroupMember"

@@ -85,9 +85,11 @@ def test_standalone_model_deployments_get_their_own_key() -> None:
     ctl = controller()
     put = ctl.cache.store
     solo = {"metadata": meta("solo-md"), "spec": {}}
-    member = {"metadata": meta("m2"), "spec": {"gpuGroupRef": "gg"}}
+    # gpuGroupRef names gg, which does not list m2: a membership conflict, held at zero
+    # by m2's own key (not run by gg, and not standalone either).
+    unlisted = {"metadata": meta("m2"), "spec": {"gpuGroupRef": "gg"}}
     listed = {"metadata": meta("m1"), "spec": {}}  # in gg's spec.models, no gpuGroupRef
-    for md in (solo, member, listed):
+    for md in (solo, unlisted, listed):
         put(MODEL_DEPLOYMENTS).write_through(md)
     put(DEPLOYMENTS).write_through(
         {"metadata": meta("solo-md"), "spec": {"selector": {"matchLabels": {"app": "solo-md"}}}}
@@ -95,10 +97,15 @@ def test_standalone_model_deployments_get_their_own_key() -> None:
     assert ctl.keys_for(MODEL_DEPLOYMENTS, solo) == {
         ("modeldeployment", "ns", "solo-md"), ("md-workload", "ns", "solo-md"),
     }
-    assert ctl.keys_for(MODEL_DEPLOYMENTS, member) == {("md-workload", "ns", "m2")}
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, unlisted) == {
+        ("modeldeployment", "ns", "m2"), ("md-workload", "ns", "m2"),
+    }
     assert ctl.keys_for(MODEL_DEPLOYMENTS, listed) == {
         ("gpugroup", "ns", "gg"), ("md-workload", "ns", "m1"),
     }
+    assert ctl.cache.model_deployment_on_its_own("ns", "m1") is None
+    on_its_own = ctl.cache.model_deployment_on_its_own("ns", "m2")
+    assert on_its_own is not None and on_its_own[1].in_conflict
     pod = {"metadata": meta("solo-md-1", labels={"app": "solo-md"})}
     assert ctl.keys_for(PODS, pod) == {("modeldeployment", "ns", "solo-md")}
     assert ("modeldeployment", "ns", "solo-md") in ctl.all_keys()
@@ -109,3 +116,35 @@ def test_standalone_model_deployments_get_their_own_key() -> None:
     put(GPU_GROUPS).write_through({"metadata": meta("gg", resourceVersion="2"),
                                    "spec": {"models": [{"name": "m2"}]}})
     assert ("modeldeployment", "ns", "m1") in ctl.keys_for(GPU_GROUPS, old_group)
+
+
+def test_a_model_deployment_listed_by_two_groups_queues_both_and_its_own_key() -> None:
+    ctl = controller()
+    put = ctl.cache.store
+    put(MODEL_DEPLOYMENTS).write_through({"metadata": meta("m1"), "spec": {}})
+    second = {"metadata": meta("g2"), "spec": {"models": [{"name": "m1"}]}}
+    # g2 starts listing m1 (the informer has stored it when the handler runs): gg,
+    # which listed it first, must let it go, and m1's own key holds it at zero.
+    put(GPU_GROUPS).write_through(second)
+    assert ctl.keys_for(MODEL_DEPLOYMENTS, {"metadata": meta("m1"), "spec": {}}) == {
+        ("gpugroup", "ns", "gg"),
+        ("gpugroup", "ns", "g2"),
+        ("modeldeployment", "ns", "m1"),
+        ("md-workload", "ns", "m1"),
+    }
+    assert ctl.keys_for(GPU_GROUPS, second) == {
+        ("gpugroup", "ns", "gg"),
+        ("gpugroup", "ns", "g2"),
+        ("modeldeployment", "ns", "m1"),
+        ("md-workload", "ns", "m1"),  # its pods' group label changes
+    }
+
+
+def test_a_group_change_queues_the_model_deployments_that_name_it() -> None:
+    ctl = controller()
+    named = {"metadata": meta("m3"), "spec": {"gpuGroupRef": "gg"}}
+    ctl.cache.store(MODEL_DEPLOYMENTS).write_through(named)
+    group = ctl.cache.get(GPU_GROUPS, "ns", "gg")
+    assert group is not None
+    # gg lists only m1; m3's conflict message says whether gg exists.
+    assert ("modeldeployment", "ns", "m3") in ctl.keys_for(GPU_GROUPS, group)

@@ -17,6 +17,7 @@ from flexinfer_core import (
     decide_gpu_group,
     decide_group,
     decide_standalone,
+    membership_of,
     reasons,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
@@ -29,7 +30,11 @@ from flexinfer_k8s.convert_leases import (
     gpu_lease_from_config_map,
     gpu_lease_from_k8s,
 )
-from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
+from flexinfer_k8s.convert_model_deployments import (
+    member_status,
+    standalone_from_k8s,
+    standalone_status,
+)
 from flexinfer_k8s.convert_models import model_state_from_k8s, model_status
 from flexinfer_k8s.pods import selector_matches
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
@@ -366,3 +371,54 @@ def test_merging_conditions_keeps_their_order_so_two_writers_agree() -> None:
         existing, [Condition("VRAMFits", True, "KVCacheFits", "")], now=now, generation=None
     )
     assert [c["type"] for c in added] == ["Rendered", "Ready", "VRAMFits"]
+
+
+def test_a_model_deployment_in_conflict_is_never_ready_and_says_why() -> None:
+    md: dict[str, Any] = {
+        "metadata": {"name": "chat", "namespace": "ns", "generation": 1},
+        "spec": {"gpuGroupRef": "other"},
+        "status": {"lastAccessTime": format_rfc3339(NOW)},
+    }
+    conflict = membership_of("chat", group_ref="other", groups={"gg": ("chat",)})
+    deployment = {"metadata": {"name": "chat", "namespace": "ns"}, "spec": {"replicas": 1}}
+    ready_pod = pod("chat", ready=True)
+    state = standalone_from_k8s(md, deployment=deployment, pods=[ready_pod], conflict=conflict)
+    decision = decide_standalone(state, now=NOW)
+    assert (decision.scale_to, decision.reason) == (0, reasons.GPU_GROUP_REF_NOT_LISTED)
+    # Its pod is still ready while it goes: Running, but not Ready.
+    status = standalone_status(md, decision, replicas=0, pods=[ready_pod], now=NOW)
+    ready = status["conditions"][0]
+    assert status["phase"] == "Running"
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "GPUGroupRefNotListed",
+        conflict.message,
+    )
+
+
+def test_a_members_status_names_its_group_and_replaces_a_conflict() -> None:
+    md: dict[str, Any] = {
+        "metadata": {"name": "chat", "namespace": "ns", "generation": 3},
+        "spec": {},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "ListedByMultipleGPUGroups",
+                    "message": "listed twice",
+                    "lastTransitionTime": "2026-11-29T16:00:00Z",
+                }
+            ]
+        },
+    }
+    member = membership_of("chat", group_ref="", groups={"gg": ("chat",)})
+    status = member_status(md, member, replicas=1, pods=[pod("chat", ready=True)], now=NOW)
+    assert (status["phase"], status["readyReplicas"], status["observedGeneration"]) == (
+        "Running",
+        1,
+        3,
+    )
+    [ready] = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("True", "GPUGroupMember")
+    assert "member of GPUGroup gg" in ready["message"]

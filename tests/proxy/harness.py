@@ -1,6 +1,7 @@
 """Running the proxy in-process on a loopback port, and the backends as processes.
 
-`BackendProcess` starts `tests.proxy.fake_backend` and reads the port it printed.
+`BackendProcess` starts `tests.proxy.fake_backend` and reads the port it printed;
+`proxy_process` runs `python -m flexinfer_proxy` against a cluster.
 `running_proxy` serves a `Proxy` over an `InMemoryDirectory` and a `RecordingSink`
 on 127.0.0.1 inside the test's event loop, so a test can flip readiness and look
 at the recorded demand between real HTTP calls. Waits are bounded loops on events
@@ -14,10 +15,11 @@ import functools
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -289,3 +291,49 @@ class StaticProxy:
             self.process.kill()
             self.process.wait(timeout=10)
         self._log.close()
+
+
+@contextmanager
+def proxy_process(
+    kubeconfig: Path,
+    namespace: str,
+    *,
+    endpoints: Mapping[str, str],
+    min_queue_wait: str = "5m",
+) -> Iterator[str]:
+    """`python -m flexinfer_proxy` on a loopback port, watching `namespace`; yields its URL.
+
+    `endpoints` sends each named model to a backend process instead of its Service
+    (the cluster's pods are kwok's and serve nothing). Stopped with SIGTERM, which must
+    end it cleanly.
+    """
+    overrides = [arg for name, url in endpoints.items() for arg in ("--endpoint", f"{name}={url}")]
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy",
+            "--host", "127.0.0.1", "--port", "0",
+            "--kubeconfig", str(kubeconfig),
+            "--namespace", namespace,
+            *overrides,
+            "--min-queue-wait", min_queue_wait,
+            "--log-level", "DEBUG",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        assert line.startswith("listening on 127.0.0.1:"), f"proxy did not start: {line!r}"
+        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(timeout=60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)

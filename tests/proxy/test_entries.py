@@ -75,17 +75,46 @@ def test_model_cold_start_and_a_bad_duration_falls_back_to_the_default() -> None
 
 
 def test_a_deployment_in_a_gpugroup_reports_its_queue() -> None:
+    groups = {"g": ("m",), "other": ("x",)}
     member = entry_from_object(
-        DEPLOYMENT, obj(spec={"gpuGroupRef": "g", "coldStartTimeoutSeconds": 90}), service=None
+        DEPLOYMENT,
+        obj(spec={"gpuGroupRef": "g", "coldStartTimeoutSeconds": 90}),
+        service=None,
+        gpu_groups=groups,
     )
     assert (member.gpu_group, member.cold_start_timeout, member.reports_queue) == (
         "g",
         timedelta(seconds=90),
         True,
     )
-    alone = entry_from_object(DEPLOYMENT, obj(), service=None)
+    alone = entry_from_object(DEPLOYMENT, obj("solo"), service=None, gpu_groups=groups)
     assert (alone.gpu_group, alone.reports_queue) == (None, False)
     assert entry_from_object(MODEL, obj(), service=None).created == 1767225600
+
+
+def test_listed_in_a_gpugroup_without_a_ref_is_a_member() -> None:
+    # The group that lists it governs it (flexinfer_core.membership), as in the
+    # controller; before, the proxy looked only at gpuGroupRef and never queued for it.
+    listed = entry_from_object(DEPLOYMENT, obj(), service=None, gpu_groups={"g": ("m",)})
+    assert (listed.gpu_group, listed.reports_queue) == ("g", True)
+
+
+@pytest.mark.parametrize(
+    ("ref", "groups"),
+    [
+        ("g", {}),  # names a group that does not exist
+        ("g", {"g": ("x",)}),  # names a group that does not list it
+        ("other", {"g": ("m",), "other": ()}),  # listed by g, names another
+        ("", {"g": ("m",), "other": ("m",)}),  # listed by two
+    ],
+)
+def test_a_deployment_in_a_membership_conflict_reports_to_no_group(
+    ref: str, groups: dict[str, tuple[str, ...]]
+) -> None:
+    made = entry_from_object(
+        DEPLOYMENT, obj(spec={"gpuGroupRef": ref}), service=None, gpu_groups=groups
+    )
+    assert (made.gpu_group, made.reports_queue) == (None, False)
 
 
 def test_a_service_without_ports_gives_no_endpoint() -> None:

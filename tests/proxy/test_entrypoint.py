@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +18,7 @@ import pytest
 from flexinfer_devcluster.localcluster import LocalCluster
 
 from ..k8s.kubectl import Kubectl
-from .harness import ROOT, BackendProcess, async_test, eventually
+from .harness import BackendProcess, async_test, eventually, proxy_process
 from .test_kube import apply, model, model_deployment
 
 pytestmark = pytest.mark.k8s
@@ -33,36 +29,12 @@ def proxy(
     local_cluster: LocalCluster, namespace: str, backends: dict[str, BackendProcess]
 ) -> Iterator[str]:
     endpoint = backends["alpha"].endpoint
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "flexinfer_proxy",
-            "--host", "127.0.0.1", "--port", "0",
-            "--kubeconfig", str(local_cluster.kubeconfig),
-            "--namespace", namespace,
-            "--endpoint", f"e2e-model={endpoint}",
-            "--endpoint", f"e2e-member={endpoint}",
-            "--min-queue-wait", "5m",
-            "--log-level", "DEBUG",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    try:
-        assert line.startswith("listening on 127.0.0.1:"), f"proxy did not start: {line!r}"
-        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            assert process.wait(timeout=60) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+    with proxy_process(
+        local_cluster.kubeconfig,
+        namespace,
+        endpoints={"e2e-model": endpoint, "e2e-member": endpoint},
+    ) as url:
+        yield url
 
 
 async def _until(probe: Any, *, what: str) -> Any:

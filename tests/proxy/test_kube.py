@@ -321,12 +321,37 @@ async def test_the_directory_follows_models_deployments_and_services(
             model_deployment("member", gpuGroupRef="grp2", coldStartTimeoutSeconds=120),
         )
         member = await _until(lambda: _found(directory, "member"), what="the ModelDeployment")
+        # grp2 does not exist yet: a gpuGroupRef alone makes no member.
         assert (member.kind, member.gpu_group, member.ready) == (
             ModelKind.MODEL_DEPLOYMENT,
-            "grp2",
+            None,
             False,
         )
         assert member.cold_start_timeout == timedelta(seconds=120)
+        group = {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {"name": "grp2"},
+            "spec": {"models": [{"name": "member"}, {"name": "listed"}]},
+        }
+        await asyncio.to_thread(apply, kubectl, namespace, group)
+        await _until(
+            lambda: (e := _found(directory, "member")) is not None and e.gpu_group == "grp2",
+            what="the GPUGroup that lists it to make it a member",
+        )
+        # Listed, no gpuGroupRef: a member all the same, as the controller sees it.
+        await asyncio.to_thread(apply, kubectl, namespace, model_deployment("listed"))
+        listed = await _until(
+            lambda: (e := _found(directory, "listed")) is not None and e.gpu_group == "grp2" and e,
+            what="the listed ModelDeployment to be a member",
+        )
+        assert listed.reports_queue
+        group["spec"] = {"models": [{"name": "member"}]}
+        await asyncio.to_thread(apply, kubectl, namespace, group)
+        await _until(
+            lambda: (e := _found(directory, "listed")) is not None and e.gpu_group is None,
+            what="a ModelDeployment the group drops to be standalone again",
+        )
 
         await asyncio.to_thread(kubectl.ok, "delete", "-n", namespace, "model/watched")
         await _until(lambda: _found(directory, "watched") is None, what="the Model to go")

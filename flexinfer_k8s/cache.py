@@ -1,11 +1,10 @@
 """The controller's view of the cluster: one `Store` per watched resource, and lookups.
 
-Reconcilers read only from here, plus one live Pod list before a scale-up
-(`members_with_live_pods`: the cache may not have seen a pod yet, and
-break-before-make must not trust it). The lookups encode the naming conventions the controller
-relies on until the rendering issue lands: a Model's or ModelDeployment's
-Deployment and Service share its name; a Deployment's pods are those its
-selector matches. A ModelDeployment's GPUGroup is the core's to decide
+Reconcilers read only from here, plus one live, label-selected Pod list before a
+scale-up (`live_occupants`: the cache may not have seen a pod yet, and
+break-before-make must not trust it). A Model's or ModelDeployment's Deployment and
+Service share its name; a Deployment's pods are those its selector matches; a
+group's pods carry its label. A ModelDeployment's GPUGroup is the core's to decide
 (`membership`). Reads only; no writes, no decisions of its own.
 """
 

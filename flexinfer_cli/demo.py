@@ -1,41 +1,47 @@
-"""`flexinfer demo`: a local control plane, the controller, and two models sharing a GPU.
+"""`flexinfer demo`: a local control plane, the controller, the proxy, and two models
+that answer for real while they take turns on one GPU.
 
 The story, told with real components on loopback (etcd, kube-apiserver, controller
-manager, scheduler, kwok nodes with one `amd.com/gpu` each; the controller in this
-process):
+manager, scheduler; the dev cluster's process node, which runs every llama.cpp pod
+it is given as a real `llama-server` process; the controller in this process; the
+proxy as `python -m flexinfer_proxy`):
 
-1. `chat` is asked for and comes up on the card.
+1. `chat` is asked for through the proxy: it is swapped in (a cold start), answers,
+   and answers again warm. The answers are nonsense words: the models are tiny and
+   their weights random (written here, never downloaded).
 2. `coder`, more important, is asked for: `chat` is preempted, its pod is gone
-   before `coder`'s pod is created (break-before-make).
+   before `coder`'s pod is created (break-before-make, watched from before the
+   request), and `coder` answers after its own cold start.
 3. A fine-tuning job takes a GPU lease: every model is parked.
 4. The lease is released and `chat` is asked for again: serving returns.
 
-Requests are signalled the way the proxy does it (`status.lastActiveTime`). The
-windows are shortened (demand 20s, cooldown 5s) so the story takes a minute.
+The windows are shortened (demand 20s, cooldown 5s) so the story takes a minute or two.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
-from flexinfer_core.timestamps import format_rfc3339
-from flexinfer_devcluster.localcluster import (
-    KWOK_NODE_LABEL,
-    KWOK_NODE_LABEL_VALUE,
-    READY_DELAY_ANNOTATION,
-    KwokNode,
-    LocalCluster,
-)
+from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
+from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
@@ -49,7 +55,6 @@ DEMO_POLICY = Policy(
     recent_window=timedelta(seconds=30),
     default_swap_cooldown=timedelta(seconds=5),
 )
-LOAD_TIME = "3s"
 
 
 class DemoError(RuntimeError):
@@ -62,11 +67,12 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
         raise DemoError(f"the CRDs are not at {CRD_DIR}; run the demo from a source checkout")
     say(
         "Starting a local control plane (etcd, kube-apiserver, controller-manager, "
-        "scheduler, kwok) ..."
+        "scheduler) and a process node that runs llama.cpp pods as real llama-server ..."
     )
-    cluster = LocalCluster(nodes=(KwokNode(name="gpu-node-1", gpus=1),), name="flexinfer-demo")
+    cluster = LocalCluster(nodes=(), name="flexinfer-demo", process_node=True)
     cluster.start()
     controller: Controller | None = None
+    models = Path(tempfile.mkdtemp(prefix="flexinfer-demo-models-"))
     try:
         say(f"  API server {cluster.server}, kubeconfig {cluster.kubeconfig}")
         cluster.install_crds(CRD_DIR)
@@ -80,47 +86,96 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
             policy=DEMO_POLICY,
             identity="flexinfer-demo",
         ).start(sync_timeout=30)
-        say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).\n")
-        _story(cluster, api, say)
-        if keep:
-            say(f"\nThe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}")
-            say("Press Ctrl-C to stop it.")
-            while True:
-                time.sleep(3600)
+        say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).")
+        with _proxy(cluster) as proxy:
+            say(f"The flexinfer proxy listens on {proxy} (OpenAI API).\n")
+            _story(cluster, api, proxy, models, say)
+            if keep:
+                say(f"\nThe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}")
+                say(
+                    f"  curl {proxy}/v1/chat/completions -H 'Content-Type: application/json' "
+                    '-d \'{"model": "chat", "messages": '
+                    '[{"role": "user", "content": "hi"}]}\''
+                )
+                say("Press Ctrl-C to stop it.")
+                while True:
+                    time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
         if controller is not None:
             controller.stop()
         cluster.stop()
+        for file in models.glob("*"):
+            file.unlink()
+        models.rmdir()
     say("\nDone: the control plane is stopped and its files removed.")
     return 0
 
 
-def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:
-    for name, priority in (("chat", 100), ("coder", 200)):
-        api.create(MODELS, NAMESPACE, _model(name, priority))
+@contextlib.contextmanager
+def _proxy(cluster: LocalCluster) -> Iterator[str]:
+    """`python -m flexinfer_proxy` on a free loopback port (not 8000: that is the models'
+    port on their own loopback addresses), resolving Services through the hosts file
+    the process node keeps (this machine has no cluster DNS)."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy",
+            "--host", "127.0.0.1", "--port", "0",
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--namespace", NAMESPACE,
+            "--resolve-file", str(cluster.hosts_file),
+            "--min-queue-wait", "2m",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        if not line.startswith("listening on 127.0.0.1:"):
+            raise DemoError(f"the proxy did not start: {line!r}")
+        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _story(
+    cluster: LocalCluster, api: KubeApi, proxy: str, models: Path, say: Callable[[str], None]
+) -> None:
+    for seed, (name, priority) in enumerate((("chat", 100), ("coder", 200))):
+        model_file = write_tiny_model(models / f"{name}.gguf", seed=seed, name=name)
+        api.create(MODELS, NAMESPACE, _model(name, priority, model_file))
     _wait(lambda: _rendered(api), "the controller to render both Models")
     say(f"Two Models share the GPU group {GROUP!r}: chat (priority 100), coder (priority 200).")
-    say("The controller rendered each into a llama.cpp Deployment and Service (0 replicas):")
+    say("Each is a tiny random-weight GGUF; the controller rendered each into a llama.cpp")
+    say("Deployment and Service (0 replicas until the election says otherwise):")
     table = cluster.kubectl("get", "deployments,services", "-n", NAMESPACE).stdout.rstrip()
     say("   " + table.replace("\n", "\n   "))
-    say(f"Each pod takes {LOAD_TIME} to load on the simulated GPU node.\n")
+    say("")
 
-    say("1. A request for chat arrives.")
-    _ask(api, "chat")
-    _wait(lambda: _serving(api, "chat"), "chat to be Ready")
+    say("1. A request for chat arrives at the proxy (chat is not running: a cold start).")
+    cold = _ask(proxy, "chat")
+    say(f"   chat answered after {cold.first_token:.2f}s (cold: swapped in, loaded, first token):")
+    say(f"     {cold.text!r}   (nonsense words: random weights)")
+    warm = _ask(proxy, "chat")
+    say(f"   asked again, the first token came after {warm.first_token:.3f}s (warm)")
     _show(cluster, api, say)
 
     say("2. A request for coder (more important) arrives while chat is busy.")
     watch = PodWatch(api, NAMESPACE)  # from before the request: it sees every pod event
     try:
-        _ask(api, "chat")
-        _ask(api, "coder")
-        _wait(lambda: _serving(api, "coder") and watch.created("coder"), "coder to take the GPU")
+        coder = _ask(proxy, "coder")
+        _wait(lambda: watch.created("coder"), "coder's pod")
     finally:
         watch.stop()
     say(f"   break-before-make: {watch.summary()}")
+    say(f"   coder answered after {coder.first_token:.2f}s (cold): {coder.text!r}")
     _show(cluster, api, say)
 
     say("3. A fine-tuning job takes a GPU lease on the group.")
@@ -131,7 +186,7 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
             "apiVersion": "ai.flexinfer/v1alpha2",
             "kind": "GPULease",
             "metadata": {"name": "finetune-gpu-lease"},
-            "spec": {"group": GROUP, "owner": "qwen-finetune", "node": "gpu-node-1"},
+            "spec": {"group": GROUP, "owner": "qwen-finetune", "node": "process-node"},
         },
     )
     _wait(lambda: not _pods(api), "every model to be parked")
@@ -139,26 +194,67 @@ def _story(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> N
 
     say("4. The training job ends (lease deleted) and chat is asked for again.")
     api.delete(GPU_LEASES, NAMESPACE, "finetune-gpu-lease")
-    time.sleep(1)
-    _ask(api, "chat")
-    _wait(lambda: _serving(api, "chat") or _serving(api, "coder"), "serving to return")
+    back = _ask(proxy, "chat")
+    say(f"   chat answered after {back.first_token:.2f}s: {back.text!r}")
     _show(cluster, api, say)
 
 
-def _model(name: str, priority: int) -> JSON:
+class Answer:
+    def __init__(self, text: str, first_token: float) -> None:
+        self.text = text
+        self.first_token = first_token
+
+
+def _ask(proxy: str, model: str, *, timeout: float = 180.0) -> Answer:
+    """One streamed chat completion through the proxy: its text and the seconds from
+    sending the request to the first token."""
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "tell me about GPUs"}],
+            "max_tokens": 12,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{proxy}/v1/chat/completions", data=body,
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    began = time.monotonic()
+    first: float | None = None
+    parts: list[str] = []
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line.endswith("[DONE]"):
+                    continue
+                delta = json.loads(line.removeprefix("data:"))["choices"][0].get("delta") or {}
+                if delta.get("content"):
+                    first = first if first is not None else time.monotonic() - began
+                    parts.append(str(delta["content"]))
+    except urllib.error.HTTPError as error:
+        raise DemoError(f"the proxy answered {error.code} for {model}: {error.read()!r}") from None
+    if first is None:
+        raise DemoError(f"{model} sent no tokens")
+    return Answer("".join(parts).strip(), first)
+
+
+def _model(name: str, priority: int, model_file: Path) -> JSON:
     return {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
         "metadata": {"name": name},
         "spec": {
             "backend": "llama-cpp",
-            "source": f"file:///var/lib/flexinfer/demo/{name}.gguf",
+            "source": f"file://{model_file}",
             "gpu": {"shared": GROUP, "priority": priority, "swapCooldown": "5s"},
-            "serverless": {"idleTimeout": "5m", "coldStartTimeout": "30s"},
+            "serverless": {"idleTimeout": "5m", "coldStartTimeout": "60s"},
             "serviceLabels": [name],
-            # kwok runs the pods: on its node, Ready after the simulated load time.
-            "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
-            "podAnnotations": {READY_DELAY_ANNOTATION: LOAD_TIME},
+            "llamacpp": {"ctxSize": 256},
+            # The process node runs it as a real llama-server on its own loopback address.
+            "nodeSelector": dict(PROCESS_NODE_SELECTOR),
+            "tolerations": [dict(PROCESS_NODE_TOLERATION)],
         },
     }
 
@@ -166,12 +262,6 @@ def _model(name: str, priority: int) -> JSON:
 def _rendered(api: KubeApi) -> bool:
     statuses = [_status(api, name) for name in ("chat", "coder")]
     return all(s.get("endpoint") for s in statuses)
-
-
-def _ask(api: KubeApi, name: str) -> None:
-    """What the proxy does for a request: stamp the Model's lastActiveTime."""
-    now = format_rfc3339(datetime.now(UTC))
-    api.patch(MODELS, NAMESPACE, name, {"status": {"lastActiveTime": now}}, subresource="status")
 
 
 def _status(api: KubeApi, name: str) -> JSON:

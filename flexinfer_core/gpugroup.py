@@ -105,15 +105,25 @@ class GpuGroupMember:
     # is listed by another group too, or its gpuGroupRef names another): it is left
     # out of the decision, but its pods still hold the card.
     conflict: str = ""
+    # False while the ModelCache it mounts is not complete: it may not run yet.
+    cache_ready: bool = True
     has_pods: bool = False
     ready: bool = False
 
     @property
     def eligible(self) -> bool:
-        return self.exists and not self.conflict
+        return self.exists and not self.conflict and self.cache_ready
 
 
 _TICK = timedelta(microseconds=1)
+
+
+def _why_not(member: GpuGroupMember) -> str:
+    if member.conflict:
+        return member.conflict
+    if not member.exists:
+        return "missing"
+    return "its ModelCache is not ready" if not member.cache_ready else "eligible"
 
 
 def _members(value: Iterable[GpuGroupMember]) -> tuple[GpuGroupMember, ...]:
@@ -352,10 +362,10 @@ def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision
 
 
 def _no_member_can_run(state: GpuGroupState) -> str:
-    if not any(m.conflict for m in state.members):
+    if all(not m.exists for m in state.members):
         missing = ", ".join(m.name for m in state.members) or "none listed"
         return f"no member ModelDeployment exists ({missing})"
-    why = ", ".join(f"{m.name}: {m.conflict if m.conflict else 'missing'}" for m in state.members)
+    why = ", ".join(f"{m.name}: {_why_not(m)}" for m in state.members)
     return f"no member ModelDeployment can run ({why})"
 
 

@@ -70,6 +70,8 @@ class StandaloneDeployment:
     ready_replicas: int = attrs.field(default=0, validator=int_between(0, None))
     # Set when it may not run at all: its GPUGroup membership is in conflict.
     conflict: Membership | None = None
+    # False while the ModelCache it mounts is not complete: it may not run yet.
+    cache_ready: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.min_replicas > self.replicas:
@@ -101,7 +103,16 @@ class StandaloneDecision:
 def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> StandaloneDecision:
     """How many pods a standalone ModelDeployment should run now (spec/election.md 4)."""
     if state.conflict is not None:
-        return _held_at_zero(state, state.conflict)
+        return _held_at_zero(
+            state, reason=state.conflict.reason, message=state.conflict.message, warning=True
+        )
+    if not state.cache_ready:
+        return _held_at_zero(
+            state,
+            reason=reasons.CACHE_NOT_READY,
+            message="its ModelCache is not ready; it starts once the copy is complete",
+            warning=False,
+        )
     last = state.last_access_time
     idle_timeout = format_duration(state.idle_timeout)
     next_change_at: datetime | None = None
@@ -145,23 +156,25 @@ def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> Standalo
     )
 
 
-def _held_at_zero(state: StandaloneDeployment, conflict: Membership) -> StandaloneDecision:
+def _held_at_zero(
+    state: StandaloneDeployment, *, reason: str, message: str, warning: bool
+) -> StandaloneDecision:
     current = state.current_replicas
     scale_to = 0 if current else None
     event = (
         Event(
             state.name,
-            conflict.reason,
-            f"scaled from {current} to 0: {conflict.message}",
-            type="Warning",
+            reason,
+            f"scaled from {current} to 0: {message}",
+            type="Warning" if warning else "Normal",
         )
         if current
         else None
     )
     return StandaloneDecision(
         desired_replicas=0,
-        reason=conflict.reason,
-        message=conflict.message,
+        reason=reason,
+        message=message,
         scale_to=scale_to,
         event=event,
         next_change_at=None,

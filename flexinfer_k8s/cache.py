@@ -91,6 +91,20 @@ class ClusterCache:
             if selector_matches((d.get("spec") or {}).get("selector"), labels)
         ]
 
+    def workload_of(self, owner: Resource, namespace: str, name: str) -> JSON | None:
+        """The Deployment rendered for the `owner` kind named `name` (its controller
+        reference says so), never another resource's of the same name: a Model and a
+        ModelDeployment called alike must not scale each other's pods."""
+        deployment = self.get(DEPLOYMENTS, namespace, name)
+        for ref in ((deployment or {}).get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == owner.kind and ref.get("name") == name:
+                return deployment
+        return None
+
+    def model_deployment_cache_ready(self, md: Mapping[str, Any] | None) -> bool:
+        ref = str(((md or {}).get("spec") or {}).get("modelCacheRef") or "")
+        return self.model_cache_ready(namespace_of(md or {}), ref)
+
     def group_occupants(self, namespace: str, *, group: str, kind: str) -> set[str]:
         """`occupants` from the cache (what the decision is made on)."""
         return occupants(self.objects(PODS, namespace), group=group, kind=kind)

@@ -9,7 +9,7 @@ Pure: no client, no clock (callers pass `now`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,11 +36,14 @@ def gpu_group_state_from_k8s(
     model_deployments: Mapping[str, Mapping[str, Any]],
     member_pods: Mapping[str, Sequence[JSON]],
     conflicts: Mapping[str, str] | None = None,
+    caches_not_ready: Collection[str] = (),
 ) -> GpuGroupState:
     """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand.
 
     `conflicts` maps a listed member whose GPUGroup membership is in conflict to the
-    reason (flexinfer_core.membership): the decision leaves it out.
+    reason (flexinfer_core.membership): the decision leaves it out, as it does a member
+    in `caches_not_ready` (its ModelCache is not complete: a pod would mount a partial
+    copy).
     """
     spec = get_path(group, "spec") or {}
     status = get_path(group, "status") or {}
@@ -74,6 +77,7 @@ def gpu_group_state_from_k8s(
                 preempted_by=str(row.get("preemptedBy") or ""),
                 exists=md is not None,
                 conflict=(conflicts or {}).get(name, ""),
+                cache_ready=name not in caches_not_ready,
                 has_pods=bool(pods),
                 ready=any(pod_is_ready(p) for p in pods),
             )

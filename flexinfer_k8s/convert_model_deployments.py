@@ -48,6 +48,7 @@ def standalone_from_k8s(
     deployment: Mapping[str, Any] | None,
     pods: Sequence[JSON],
     conflict: Membership | None = None,
+    cache_ready: bool = True,
 ) -> StandaloneDeployment:
     """A ModelDeployment no GPUGroup governs, with its Deployment's replicas and ready
     pods (`conflict`: the membership conflict that holds it at zero, if any)."""
@@ -63,6 +64,7 @@ def standalone_from_k8s(
         current_replicas=deployment_replicas(deployment),
         ready_replicas=serving_pod_count(pods),
         conflict=conflict,
+        cache_ready=cache_ready,
     )
 
 

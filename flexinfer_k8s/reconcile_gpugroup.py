@@ -29,7 +29,7 @@ from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import gpu_group_member_names
-from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, MODEL_DEPLOYMENTS
+from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
 
@@ -55,7 +55,7 @@ class GpuGroupReconciler:
             if md is not None:
                 model_deployments[member] = md
                 memberships[member] = self.cache.membership(md)
-            deployment = self.cache.get(DEPLOYMENTS, namespace, member)
+            deployment = self.cache.workload_of(MODEL_DEPLOYMENTS, namespace, member)
             member_pods[member] = self.cache.pods_of(deployment)
             replicas[member] = deployment_replicas(deployment)
 
@@ -64,6 +64,11 @@ class GpuGroupReconciler:
             model_deployments=model_deployments,
             member_pods=member_pods,
             conflicts={m: ms.reason for m, ms in memberships.items() if ms.in_conflict},
+            caches_not_ready={
+                m
+                for m, md in model_deployments.items()
+                if not self.cache.model_deployment_cache_ready(md)
+            },
         )
         decision = decide_gpu_group(state, now=now)
         wrote = False

@@ -61,7 +61,7 @@ from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import name_of
-from flexinfer_kube.resources import DEPLOYMENTS, GPU_LEASES, MODELS, SERVICES
+from flexinfer_kube.resources import GPU_LEASES, MODELS, SERVICES
 
 log = logging.getLogger("flexinfer.shared")
 
@@ -122,7 +122,7 @@ class SharedGroupReconciler:
             running |= self.cache.group_occupants(namespace, group=group, kind=MODELS.kind)
         for obj in objs:
             name = name_of(obj)
-            deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+            deployment = self.cache.workload_of(MODELS, namespace, name)
             pods = self.cache.pods_of(deployment)
             if live_pods(pods):
                 running.add(name)

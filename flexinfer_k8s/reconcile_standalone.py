@@ -22,7 +22,7 @@ from flexinfer_core import decide_standalone
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.status_diff import status_differs
-from flexinfer_kube.resources import DEPLOYMENTS, MODEL_DEPLOYMENTS
+from flexinfer_kube.resources import MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.standalone")
 
@@ -39,13 +39,14 @@ class StandaloneReconciler:
             return Outcome(None, False)  # gone, or its GPUGroup decides for it
         md, membership = found
         now = self.clock.now()
-        deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+        deployment = self.cache.workload_of(MODEL_DEPLOYMENTS, namespace, name)
         pods = self.cache.pods_of(deployment)
         state = standalone_from_k8s(
             md,
             deployment=deployment,
             pods=pods,
             conflict=membership if membership.in_conflict else None,
+            cache_ready=self.cache.model_deployment_cache_ready(md),
         )
         decision = decide_standalone(state, now=now)
         wrote = False

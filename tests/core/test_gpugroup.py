@@ -283,3 +283,17 @@ def test_drain_without_a_recorded_swap_does_not_wait_forever() -> None:
     decision = decide_gpu_group(state, now=T0)
     assert decision.replicas_for("coder") == 1
     assert decision.phase is GpuGroupPhase.SWAPPING
+
+
+def test_a_member_whose_cache_is_not_ready_never_runs_and_the_next_one_does() -> None:
+    """Issue 9: GPUGroup members follow the Models' rule: runnable only while the
+    ModelCache they mount is complete (a pod would mount a partial copy)."""
+    waiting = GpuGroupMember("big", priority=900, queued=3, oldest_waiting=ago(30),
+                             cache_ready=False)
+    other = GpuGroupMember("small", priority=100, queued=1, oldest_waiting=ago(30))
+    decision = decide_gpu_group(group(waiting, other), now=T0)
+    assert decision.active_model == "small"
+    assert dict(decision.desired_replicas).get("big", 0) == 0
+    alone = decide_gpu_group(group(waiting), now=T0)
+    assert alone.active_model is None
+    assert "big: its ModelCache is not ready" in alone.message

@@ -186,3 +186,15 @@ def test_values_that_would_overflow_a_decision_name_the_field() -> None:
         StandaloneDeployment(name="d", idle_timeout=timedelta(seconds=10**12))
     with pytest.raises(InvalidFieldError, match=r"replicas: 3000000000 must be between 0 and"):
         StandaloneDeployment(name="d", replicas=3_000_000_000)
+
+
+def test_a_model_deployment_whose_cache_is_not_ready_is_held_at_zero() -> None:
+    state = StandaloneDeployment(name="d", last_access_time=ago(1), current_replicas=1,
+                                 cache_ready=False)
+    decision = decide_standalone(state, now=T0)
+    assert (decision.desired_replicas, decision.scale_to) == (0, 0)
+    assert decision.reason == reasons.CACHE_NOT_READY
+    assert not decision.may_serve
+    assert decision.event is not None and decision.event.type == "Normal"
+    ready = decide_standalone(attrs.evolve(state, cache_ready=True), now=T0)
+    assert ready.desired_replicas == 1

@@ -8,6 +8,7 @@ the real scheduler places and kwok runs; the election owns only replicas."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from flexinfer_kube.resources import (
     SERVICES,
     Resource,
 )
-from tests.polling import wait_until
+from tests.polling import hold_while, wait_until
 
 from .harness import (  # noqa: F401  (fixtures)
     Cluster,
@@ -54,6 +55,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "scenarios" not in p.parts)
 EXAMPLE_NODES = ("gpu-workstation", "gpu-node-1", "5930k")
 MANAGED = "app.kubernetes.io/managed-by=flexinfer"
+
+
+def hold_while_seconds(seconds: float, check: Any, *, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    hold_while(lambda: time.monotonic() < deadline, check, what=what, interval=0.25)
 
 
 def get_or_none(c: Cluster, resource: Resource, name: str) -> dict[str, Any] | None:
@@ -350,6 +356,40 @@ def test_a_failing_download_fails_the_cache_and_says_why_on_the_model(
         assert [e["reason"] for e in warnings] == ["DownloadFailed"]
 
 
+def test_a_model_deployment_waits_for_its_cache_too(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    """Standalone ModelDeployments (and GPUGroup members) follow the Models' rule: no
+    pod while the cache is incomplete, even when asked for."""
+    c = cluster
+    c.api.create(MODEL_CACHES, c.namespace, cache_body(
+        "slow", podAnnotations={COMPLETE_DELAY_ANNOTATION: "8s"}))
+    c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+        "metadata": {"name": "md"},
+        "spec": {"backend": "vllm", "model": "test/md", "modelCacheRef": "slow", **on_kwok()},
+    })
+    with controller(local_cluster, c.namespace):
+        wait_until(lambda: get_or_none(c, DEPLOYMENTS, "md"), what="md rendered")
+        c.api.patch(MODEL_DEPLOYMENTS, c.namespace, "md",
+                    {"status": {"lastAccessTime": now_text()}}, subresource="status")
+
+        def downloading() -> bool:
+            cache = c.api.get(MODEL_CACHES, c.namespace, "slow")
+            return not (cache.get("status") or {}).get("ready")
+
+        wait_until(
+            lambda: condition(c.api.get(MODEL_DEPLOYMENTS, c.namespace, "md"), "Ready")
+            .get("reason") == "CacheNotReady",
+            what="md to say it waits for its cache",
+        )
+        hold_while(downloading, lambda: c.replicas("md") == 0 and not c.pods("md"),
+                   what="md held at zero while its cache downloads")
+        c.api.patch(MODEL_DEPLOYMENTS, c.namespace, "md",
+                    {"status": {"lastAccessTime": now_text()}}, subresource="status")
+        wait_until(lambda: c.ready_pods("md"), what="md running once the cache is ready")
+
+
 def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
     local_cluster: Any, cluster: Cluster
 ) -> None:
@@ -461,3 +501,10 @@ def test_a_model_and_a_model_deployment_of_one_name_never_share_a_deployment(
         assert after["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
         assert after["spec"]["template"] == first["spec"]["template"]
         assert not [p for p in c.api.list(PODS, c.namespace).get("items") or []]
+        # Traffic on both: the loser's election never scales the winner's Deployment.
+        c.demand("twin")
+        c.wait_serving("twin")
+        c.api.patch(MODEL_DEPLOYMENTS, c.namespace, "twin",
+                    {"status": {"lastAccessTime": now_text()}}, subresource="status")
+        hold_while_seconds(5, lambda: c.replicas("twin") == 1, what="the Model's replicas")
+        assert not [e for e in c.events("twin") if e["reason"] == "IdleScaleToZero"]

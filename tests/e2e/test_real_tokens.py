@@ -1,0 +1,209 @@
+"""Real tokens end to end: the rendered llama.cpp command runs as a real llama-server on
+the dev cluster's process node, and the proxy streams its completions across swaps.
+
+A Model with backend `llama-cpp` and a tiny random-weight GGUF is rendered by the
+controller; the scheduler binds its pod to the process node, which runs the cached
+`llama-server` with the rendered flags (only `--host` mapped: a flag the server
+rejected would crash-loop the pod and fail these tests); the proxy finds the
+rendered Service by cluster DNS, resolved through the runner's hosts file.
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from flexinfer_core import Policy
+from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
+from flexinfer_kube.resources import MODELS
+from tests.k8s.harness import Cluster, PodTimeline, controller
+from tests.k8s.kubectl import create_namespace, delete_namespace, install_crds, kubectl_for
+
+pytestmark = pytest.mark.k8s
+DEADLINE_SECONDS = 300.0  # real servers on 2 shared cores: a generous bound, not a timing
+
+
+def async_test(coro_fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    @functools.wraps(coro_fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(asyncio.wait_for(coro_fn(*args, **kwargs), DEADLINE_SECONDS))
+
+    return wrapper
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = Policy(
+    demand_window=timedelta(seconds=3),
+    recent_window=timedelta(seconds=4),
+    default_swap_cooldown=timedelta(0),
+)
+
+
+def tiny_model_body(name: str, model_file: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": "llama-cpp",
+            "source": f"file://{model_file}",
+            "gpu": {"shared": "tiny", "swapCooldown": "0s"},
+            "serverless": {"idleTimeout": "5m", "coldStartTimeout": "60s"},
+            "llamacpp": {"ctxSize": 256},
+            "nodeSelector": dict(PROCESS_NODE_SELECTOR),
+            "tolerations": [dict(PROCESS_NODE_TOLERATION)],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def process_node(local_cluster: LocalCluster, llama_server: Path) -> Iterator[None]:
+    local_cluster.add_process_node()
+    yield
+    local_cluster.remove_process_node()
+
+
+@pytest.fixture()
+def cluster(local_cluster: LocalCluster, process_node: None) -> Iterator[Cluster]:
+    install_crds(local_cluster)
+    kubectl = kubectl_for(local_cluster)
+    namespace = create_namespace(kubectl, "tokens")
+    try:
+        yield Cluster(local_cluster, namespace)
+    finally:
+        delete_namespace(kubectl, namespace)
+
+
+@pytest.fixture()
+def proxy(local_cluster: LocalCluster, cluster: Cluster) -> Iterator[str]:
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy",
+            "--host", "127.0.0.1", "--port", "0",
+            "--kubeconfig", str(local_cluster.kubeconfig),
+            "--namespace", cluster.namespace,
+            "--resolve-file", str(local_cluster.hosts_file),
+            "--min-queue-wait", "90s",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        assert line.startswith("listening on 127.0.0.1:"), f"proxy did not start: {line!r}"
+        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def chat(model: str, *, stream: bool, max_tokens: int = 12) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "say something"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+async def complete(session: aiohttp.ClientSession, base: str, model: str,
+                   *, stream: bool) -> tuple[int, str, dict[str, str]]:
+    """(status, generated text, headers) of one chat completion through the proxy."""
+    async with session.post(f"{base}/v1/chat/completions",
+                            json=chat(model, stream=stream)) as response:
+        headers = dict(response.headers)
+        if response.status != 200:
+            return response.status, await response.text(), headers
+        if not stream:
+            body = await response.json()
+            return 200, str(body["choices"][0]["message"]["content"]), headers
+        text, done = [], False
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line.removeprefix("data:").strip()
+            if data == "[DONE]":
+                done = True
+                break
+            delta = json.loads(data)["choices"][0].get("delta") or {}
+            text.append(str(delta.get("content") or ""))
+        assert done, "the stream ended without [DONE]"
+        return 200, "".join(text), headers
+
+
+@async_test
+async def test_a_rendered_llama_cpp_model_answers_through_the_proxy(
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+) -> None:
+    c = cluster
+    await asyncio.to_thread(c.api.create, MODELS, c.namespace,
+                            tiny_model_body("tiny-a", tiny_model))
+    with controller(local_cluster, c.namespace, policy=POLICY):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=150)) as session:
+            # Cold: the request waits while the model is swapped in, then gets tokens.
+            status, text, _ = await complete(session, proxy, "tiny-a", stream=False)
+            assert status == 200, text
+            assert text.strip(), "no tokens came back"
+            status, streamed, _ = await complete(session, proxy, "tiny-a", stream=True)
+            assert status == 200, streamed
+            assert streamed.strip()
+        pod = c.ready_pods("tiny-a")[0]
+        assert pod["spec"]["nodeName"] == local_cluster.process_node.name
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--alias") + 1] == "tiny-a"
+
+
+@async_test
+async def test_a_swap_under_load_loses_no_request_and_never_overlaps(
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+) -> None:
+    c = cluster
+    for name in ("tiny-a", "tiny-b"):
+        await asyncio.to_thread(c.api.create, MODELS, c.namespace,
+                                tiny_model_body(name, tiny_model))
+    timeline = PodTimeline(c)
+    outcomes: list[tuple[str, int, str, dict[str, str]]] = []
+    with controller(local_cluster, c.namespace, policy=POLICY):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+
+            async def ask(model: str, *, stream: bool) -> None:
+                status, text, headers = await complete(session, proxy, model, stream=stream)
+                outcomes.append((model, status, text, headers))
+
+            # Demand alternates: a burst for one model, then (once its demand window has
+            # passed) a burst for the other, while streams of the first may still run.
+            for model in ("tiny-a", "tiny-b", "tiny-a", "tiny-b"):
+                burst = [ask(model, stream=i % 2 == 0) for i in range(4)]
+                await asyncio.gather(*burst)
+                await asyncio.sleep(POLICY.demand_window.total_seconds() + 0.5)
+    timeline.stop()
+    assert len(outcomes) == 16  # none lost
+    for model, status, text, headers in outcomes:
+        if status == 200:
+            assert text.strip(), f"{model}: an empty completion"
+        else:
+            assert status == 503 and "Retry-After" in headers, (model, status, text)
+    served = {m for m, status, _, _ in outcomes if status == 200}
+    assert served == {"tiny-a", "tiny-b"}
+    assert timeline.violations == []
+    assert timeline.created_apps()[:2] == ["tiny-a", "tiny-b"]

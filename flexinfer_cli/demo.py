@@ -13,7 +13,8 @@ proxy as `python -m flexinfer_proxy`):
    before `coder`'s pod is created (break-before-make, watched from before the
    request), and `coder` answers after its own cold start.
 3. A fine-tuning job takes a GPU lease: every model is parked.
-4. The lease is released and `chat` is asked for again: serving returns.
+4. The lease is released: `coder`, asked for recently and more important, comes back
+   by itself and answers.
 
 The windows are shortened (demand 20s, cooldown 5s) so the story takes a minute or two.
 """
@@ -192,10 +193,11 @@ def _story(
     _wait(lambda: not _pods(api), "every model to be parked")
     _show(cluster, api, say)
 
-    say("4. The training job ends (lease deleted) and chat is asked for again.")
+    say("4. The training job ends (lease deleted): coder, the last to serve, comes back")
+    say("   by itself (it was asked for recently and outranks chat), and answers.")
     api.delete(GPU_LEASES, NAMESPACE, "finetune-gpu-lease")
-    back = _ask(proxy, "chat")
-    say(f"   chat answered after {back.first_token:.2f}s: {back.text!r}")
+    back = _ask(proxy, "coder")
+    say(f"   coder answered after {back.first_token:.2f}s: {back.text!r}")
     _show(cluster, api, say)
 
 

@@ -47,5 +47,5 @@ def test_demo_tells_the_whole_story(llama_server: object) -> None:
     assert act3.count("GPULeaseHeld: parked") == 2
     assert "{'chat': '', 'coder': ''}" in act3
     act4 = text.split("4. The training job ends")[1]
-    assert re.search(r"chat answered after [0-9.]+s: '[^']+'", act4), act4
+    assert re.search(r"coder answered after [0-9.]+s: '[^']+'", act4), act4
     assert text.rstrip().endswith("the control plane is stopped and its files removed.")

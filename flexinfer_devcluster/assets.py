@@ -468,17 +468,39 @@ def _extract_llama_cpp(sdist: Path, destination: Path) -> Path:
 
 
 def find_cmake() -> Path:
-    found = shutil.which("cmake")
+    """cmake from PATH, else the one the `dev` extra installs beside this interpreter
+    (the `cmake` package on PyPI), so a machine with only Python and gcc can build."""
+    found = shutil.which("cmake") or shutil.which("cmake", path=str(Path(sys.executable).parent))
     if not found:
         raise AssetsError(
             "cmake is needed to build llama-server but is not on PATH; install it "
-            f"(apt-get install cmake) or set ${ENV_LLAMA_SERVER} to a llama-server binary"
+            f"(pip install cmake, apt-get install cmake) or set ${ENV_LLAMA_SERVER} to a "
+            "llama-server binary"
         )
     return Path(found)
 
 
+def ensure_cxx_compiler() -> None:
+    """llama.cpp is C++: a machine with gcc alone gets g++ from its package manager when
+    this runs as root (as CI does), else the error says what to install."""
+    if shutil.which("c++") or shutil.which("g++"):
+        return
+    apt = shutil.which("apt-get")
+    if apt and os.geteuid() == 0:
+        print("flexinfer assets: installing g++ (apt-get) to build llama-server", file=sys.stderr)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run([apt, "update", "-qq"], check=False, env=env, timeout=600)
+        subprocess.run([apt, "install", "-y", "-qq", "g++"], check=False, env=env, timeout=1200)
+    if not (shutil.which("c++") or shutil.which("g++")):
+        raise AssetsError(
+            "a C++ compiler is needed to build llama-server (apt-get install g++), or set "
+            f"${ENV_LLAMA_SERVER} to a llama-server binary"
+        )
+
+
 def _build_llama_server_into(final: Path, *, log: bool) -> None:
     cmake = find_cmake()
+    ensure_cxx_compiler()
     work = cache_root() / "build" / final.name
     if work.exists():
         shutil.rmtree(work)  # the sources and objects of an interrupted build

@@ -20,7 +20,13 @@ from flexinfer_k8s.pods import live_pods, pods_of, selector_matches
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi
-from flexinfer_kube.objects import gpu_group_listings, gpu_group_ref, name_of, namespace_of
+from flexinfer_kube.objects import (
+    gpu_group_listings,
+    gpu_group_member_names,
+    gpu_group_ref,
+    name_of,
+    namespace_of,
+)
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -52,9 +58,58 @@ WATCHED: tuple[Resource, ...] = (
 LEASE_SOURCES: tuple[Resource, ...] = (GPU_LEASES, CONFIG_MAPS)
 
 
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _template_labels(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
+    template = ((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    return template.get("labels") or {}
+
+
+def _group_key(namespace: str, group: str, kind: str) -> str:
+    return f"{namespace}/{kind}/{group}"
+
+
+def _by_group(labels_of: Any) -> Any:
+    """Index an object by the group its (pod) labels name, with the member kind."""
+
+    def values(obj: JSON) -> list[str]:
+        labels = labels_of(obj)
+        group, kind = labels.get(GROUP_LABEL), labels.get(KIND_LABEL)
+        return [_group_key(namespace_of(obj), str(group), str(kind))] if group and kind else []
+
+    return values
+
+
+def _by_model(pod: JSON) -> list[str]:
+    labels = _labels(pod)
+    model, kind = labels.get(MODEL_LABEL), labels.get(KIND_LABEL)
+    return [f"{namespace_of(pod)}/{kind}/{model}"] if model and kind else []
+
+
+def _by_shared_group(model: JSON) -> list[str]:
+    group = ((model.get("spec") or {}).get("gpu") or {}).get("shared")
+    return [f"{namespace_of(model)}/{group}"] if group else []
+
+
+def _by_listed_member(group: JSON) -> list[str]:
+    return [f"{namespace_of(group)}/{m}" for m in gpu_group_member_names(group)]
+
+
+INDEXERS: dict[Resource, dict[str, Any]] = {
+    MODELS: {"shared-group": _by_shared_group},
+    PODS: {"group": _by_group(_labels), "model": _by_model},
+    DEPLOYMENTS: {"group": _by_group(_template_labels)},
+    GPU_GROUPS: {"member": _by_listed_member},
+}
+
+
 class ClusterCache:
     def __init__(self) -> None:
-        self.stores: dict[Resource, Store] = {r: Store(r) for r in WATCHED}
+        self.stores: dict[Resource, Store] = {
+            r: Store(r, indexers=INDEXERS.get(r)) for r in WATCHED
+        }
         self.informers: list[Informer] = []
 
     def store(self, resource: Resource) -> Store:
@@ -69,26 +124,31 @@ class ClusterCache:
     # -- shared groups ------------------------------------------------------------
 
     def shared_group_models(self, namespace: str, group: str) -> list[JSON]:
-        return sorted(
-            (
-                m
-                for m in self.objects(MODELS, namespace)
-                if str(((m.get("spec") or {}).get("gpu") or {}).get("shared") or "") == group
-            ),
-            key=name_of,
-        )
+        models = self.stores[MODELS].by_index("shared-group", f"{namespace}/{group}")
+        return sorted(models, key=name_of)
 
     def pods_of(self, deployment: Mapping[str, Any] | None) -> list[JSON]:
         if deployment is None:
             return []
-        return pods_of(deployment, self.objects(PODS, namespace_of(deployment)))
+        namespace = namespace_of(deployment)
+        match = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if match.get(MODEL_LABEL) and match.get(KIND_LABEL):
+            # A rendered Deployment: its pods are indexed by its selector's labels.
+            key = f"{namespace}/{match[KIND_LABEL]}/{match[MODEL_LABEL]}"
+            return pods_of(deployment, self.stores[PODS].by_index("model", key))
+        return pods_of(deployment, self.objects(PODS, namespace))
 
     def deployments_selecting(self, pod: Mapping[str, Any]) -> list[JSON]:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+        labels = _labels(pod)
+        namespace = namespace_of(pod)
+        model = labels.get(MODEL_LABEL)
+        candidates = (
+            [d for d in (self.get(DEPLOYMENTS, namespace, str(model)),) if d is not None]
+            if model and labels.get(KIND_LABEL)
+            else self.objects(DEPLOYMENTS, namespace)
+        )
         return [
-            d
-            for d in self.objects(DEPLOYMENTS, namespace_of(pod))
-            if selector_matches((d.get("spec") or {}).get("selector"), labels)
+            d for d in candidates if selector_matches((d.get("spec") or {}).get("selector"), labels)
         ]
 
     def workload_of(self, owner: Resource, namespace: str, name: str) -> JSON | None:
@@ -107,23 +167,13 @@ class ClusterCache:
 
     def group_occupants(self, namespace: str, *, group: str, kind: str) -> set[str]:
         """`occupants` from the cache (what the decision is made on)."""
-        return occupants(self.objects(PODS, namespace), group=group, kind=kind)
+        pods = self.stores[PODS].by_index("group", _group_key(namespace, group, kind))
+        return occupants(pods, group=group, kind=kind)
 
     def group_deployments(self, namespace: str, *, group: str, kind: str) -> list[JSON]:
         """Deployments whose pods carry `group`'s label, members or not (a deleted
         member's Deployment that was orphaned still runs pods)."""
-        return [
-            d
-            for d in self.objects(DEPLOYMENTS, namespace)
-            if (
-                labels := ((d.get("spec") or {}).get("template") or {})
-                .get("metadata", {})
-                .get("labels")
-                or {}
-            )
-            and labels.get(GROUP_LABEL) == group
-            and labels.get(KIND_LABEL) == kind
-        ]
+        return self.stores[DEPLOYMENTS].by_index("group", _group_key(namespace, group, kind))
 
     def leases(self, namespace: str) -> list[GpuLease]:
         out: list[GpuLease] = []
@@ -156,19 +206,20 @@ class ClusterCache:
 
     def gpu_groups_with_member(self, namespace: str, member: str) -> list[str]:
         """The GPUGroups whose `spec.models` name `member`."""
-        return [
-            group
-            for group, members in gpu_group_listings(self.objects(GPU_GROUPS, namespace)).items()
-            if member in members
-        ]
+        listing = self.stores[GPU_GROUPS].by_index("member", f"{namespace}/{member}")
+        return sorted(name_of(g) for g in listing)
 
     def membership(self, md: Mapping[str, Any]) -> Membership:
-        """Where a ModelDeployment belongs, by the core's one rule (flexinfer_core.membership)."""
-        return membership_of(
-            name_of(md),
-            group_ref=gpu_group_ref(md),
-            groups=gpu_group_listings(self.objects(GPU_GROUPS, namespace_of(md))),
-        )
+        """Where a ModelDeployment belongs, by the core's one rule (flexinfer_core.membership).
+
+        The rule reads the groups that list it and the one its `gpuGroupRef` names; only
+        those are looked up (by index), not every GPUGroup of the namespace."""
+        namespace, name, ref = namespace_of(md), name_of(md), gpu_group_ref(md)
+        relevant = self.stores[GPU_GROUPS].by_index("member", f"{namespace}/{name}")
+        named = self.get(GPU_GROUPS, namespace, ref) if ref else None
+        if named is not None:
+            relevant = [*relevant, named]
+        return membership_of(name, group_ref=ref, groups=gpu_group_listings(relevant))
 
     def model_deployment_on_its_own(
         self, namespace: str, name: str

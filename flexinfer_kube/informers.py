@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flexinfer_kube.kubeapi import JSON, Gone, KubeApi, KubeError, Transient
@@ -42,12 +42,28 @@ def resource_version(obj: JSON | None) -> int:
         return 0
 
 
-class Store:
-    """Thread-safe cache of one resource's objects, keyed by (namespace, name)."""
+Indexer = Callable[[JSON], Iterable[str]]
+"""The index values of an object (e.g. its group); an object may have none or several."""
 
-    def __init__(self, resource: Resource) -> None:
+
+class Store:
+    """Thread-safe cache of one resource's objects, keyed by (namespace, name).
+
+    Objects are also indexed by namespace and by any `indexers` given (client-go's
+    Indexer), so a lookup by group, owner or label reads a few objects, not every
+    object of the namespace: what keeps a reconcile cheap with a thousand Models.
+    """
+
+    def __init__(
+        self, resource: Resource, *, indexers: Mapping[str, Indexer] | None = None
+    ) -> None:
         self.resource = resource
         self._items: dict[Key, JSON] = {}
+        self._indexers: dict[str, Indexer] = {
+            "namespace": lambda obj: (object_key(obj)[0],),
+            **(indexers or {}),
+        }
+        self._index: dict[str, dict[str, set[Key]]] = {name: {} for name in self._indexers}
         self._lock = threading.Lock()
 
     def get(self, namespace: str, name: str) -> JSON | None:
@@ -55,12 +71,46 @@ class Store:
             return self._items.get((namespace, name))
 
     def objects(self, namespace: str | None = None) -> list[JSON]:
+        if namespace is not None:
+            return self.by_index("namespace", namespace)
         with self._lock:
-            return [v for (ns, _), v in self._items.items() if namespace is None or ns == namespace]
+            return list(self._items.values())
+
+    def by_index(self, index: str, value: str) -> list[JSON]:
+        """The objects whose `index` values include `value`."""
+        with self._lock:
+            keys = self._index[index].get(value, ())
+            return [self._items[key] for key in keys]
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+    # -- keeping the items and the indexes together (callers hold the lock) ------------
+
+    def _put(self, key: Key, obj: JSON) -> None:
+        old = self._items.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._items[key] = obj
+        for name, indexer in self._indexers.items():
+            for value in indexer(obj):
+                self._index[name].setdefault(value, set()).add(key)
+
+    def _pop(self, key: Key) -> JSON | None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _unindex(self, key: Key, obj: JSON) -> None:
+        for name, indexer in self._indexers.items():
+            for value in indexer(obj):
+                keys = self._index[name].get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._index[name][value]
 
     def replace(
         self, items: Iterable[JSON], *, namespace: str | None
@@ -72,12 +122,12 @@ class Store:
             scope = [k for k in self._items if namespace is None or k[0] == namespace]
             for key in scope:
                 if key not in fresh:
-                    changes.append((self._items.pop(key), None))
+                    changes.append((self._pop(key), None))
             for key, obj in fresh.items():
                 old = self._items.get(key)
                 if old is not None and resource_version(old) > resource_version(obj):
                     continue  # a write-through newer than the list
-                self._items[key] = obj
+                self._put(key, obj)
                 if old is None or resource_version(old) != resource_version(obj):
                     changes.append((old, obj))
         return changes
@@ -89,11 +139,11 @@ class Store:
             if kind == "DELETED":
                 if old is None:
                     return None
-                del self._items[key]
+                self._pop(key)
                 return (old, None)
             if old is not None and resource_version(old) > resource_version(obj):
                 return None
-            self._items[key] = obj
+            self._put(key, obj)
             return (old, obj)
 
     def write_through(self, obj: JSON) -> None:
@@ -102,7 +152,7 @@ class Store:
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
-            self._items.pop((namespace, name), None)
+            self._pop((namespace, name))
 
 
 class Informer:

@@ -367,40 +367,6 @@ def pod_manifest() -> dict[str, Any]:
 # --- the real processes on their ServiceAccounts' tokens ---------------------------------
 
 
-def workload(name: str) -> list[dict[str, Any]]:
-    """A Model's Deployment and Service as the controller expects them (kwok runs the pod)."""
-    labels = {"app": name}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {READY_DELAY_ANNOTATION: "1s"}},
-                "spec": {
-                    "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "flexinfer/fake-server:test",
-                            "resources": {"limits": {"amd.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"selector": labels, "ports": [{"port": 8000}]},
-    }
-    return [deployment, service]
-
-
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAMESPACE": SYSTEM_NAMESPACE}
     with log.open("ab") as sink:
@@ -437,11 +403,13 @@ def test_controller_process_works_on_its_service_account(
             "source": "HF://test/sa-model",
             "gpu": {"shared": "sa-group"},
             "serviceLabels": ["sa"],
+            # The controller renders its Deployment and Service (with only the deploy
+            # base's rights); kwok runs the pod.
+            "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
+            "podAnnotations": {READY_DELAY_ANNOTATION: "1s"},
         },
     }
     apply(kubectl, namespace, shared)
-    for manifest in workload("sa-model"):
-        apply(kubectl, namespace, manifest)
     log = tmp_path / "controller.log"
     identity = "sa-controller-0"
     election = "flexinfer-controller-rbac-test"  # not the real lease other suites may use

@@ -9,12 +9,17 @@ Leases fail open here too (spec section 2): the adapter passes the leases it cou
 read and the names of the sources it could not. A readable active lease parks the
 group whatever else is unreadable; with none, an unreadable source means the
 election proceeds as unleased and its message says which sources and why.
+
+`explain_election` runs the very same rules and also records, for each one, whether
+it decided and why (or why not): what `flexinfer explain` prints. The notes are
+written only when asked for, so the controller's election pays nothing for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import Final
 
 import attrs
 
@@ -32,6 +37,21 @@ from flexinfer_core.snapshot import (
 )
 
 _OLDEST = float("-inf")
+
+# The rules of spec/election.md 1.2, numbered as there.
+RULES: Final = (
+    (1, "empty group"),
+    (2, "GPU lease"),
+    (3, "forcePromotion"),
+    (4, "swap cooldown"),
+    (5, "loading holder"),
+    (6, "classify"),
+    (7, "demand preemption"),
+    (8, "ready member"),
+    (9, "recent demand"),
+    (10, "fallback"),
+)
+_RULE_NAMES: Final = dict(RULES)
 
 
 def candidate_rank(model: ModelState) -> tuple[int, float, str]:
@@ -103,6 +123,32 @@ class Election:
         return bool(self.unreadable_lease_sources)
 
 
+@attrs.frozen
+class RuleCheck:
+    """One rule of the election as evaluated: did it decide, and why (or why not).
+
+    Rule 6 (classify) never decides; its note says how the members were classified.
+    Rules after the deciding one are not evaluated and say so.
+    """
+
+    number: int
+    name: str
+    applied: bool
+    why: str
+
+
+@attrs.frozen
+class ElectionTrace:
+    """The election and every rule's outcome, in spec order (all ten)."""
+
+    election: Election
+    rules: tuple[RuleCheck, ...]
+
+    @property
+    def deciding_rule(self) -> RuleCheck:
+        return next(rule for rule in self.rules if rule.applied)
+
+
 def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
     """Raise unless the models form one group; return its (namespace, group) key."""
     if not models:
@@ -140,6 +186,42 @@ def elect_leader(
     """
     key = check_one_group(models)
     election = _elect(models, key, now=now, leases=leases, policy=policy)
+    return _failed_open(election, key, unreadable_lease_sources)
+
+
+def explain_election(
+    models: Sequence[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease] = (),
+    unreadable_lease_sources: Collection[str] = (),
+    policy: Policy = DEFAULT_POLICY,
+) -> ElectionTrace:
+    """`elect_leader`, plus each rule's outcome in order (for `flexinfer explain`)."""
+    key = check_one_group(models)
+    notes: list[RuleCheck] = []
+    election = _elect(
+        models,
+        key,
+        now=now,
+        leases=leases,
+        policy=policy,
+        notes=notes,
+        unreadable=tuple(sorted(set(unreadable_lease_sources))),
+    )
+    election = _failed_open(election, key, unreadable_lease_sources)
+    decided = next(rule.number for rule in notes if rule.applied)
+    skipped = tuple(
+        RuleCheck(number, name, False, f"not reached: rule {decided} decided")
+        for number, name in RULES
+        if number > decided
+    )
+    return ElectionTrace(election, (*notes, *skipped))
+
+
+def _failed_open(
+    election: Election, key: tuple[str, str] | None, unreadable_lease_sources: Collection[str]
+) -> Election:
     if election.lease is None and key is not None and key[1] and unreadable_lease_sources:
         sources = tuple(sorted(set(unreadable_lease_sources)))
         return attrs.evolve(
@@ -151,6 +233,11 @@ def elect_leader(
     return election
 
 
+def _note(notes: list[RuleCheck] | None, number: int, applied: bool, why: str) -> None:
+    if notes is not None:
+        notes.append(RuleCheck(number, _RULE_NAMES[number], applied, why))
+
+
 def _elect(
     models: Sequence[ModelState],
     key: tuple[str, str] | None,
@@ -158,10 +245,14 @@ def _elect(
     now: datetime,
     leases: Iterable[GpuLease],
     policy: Policy,
+    notes: list[RuleCheck] | None = None,
+    unreadable: tuple[str, ...] = (),
 ) -> Election:
+    # Each rule either decides (`_decided`) or, when notes are asked for, says why not.
     # 1. Empty group.
     if key is None:
-        return Election(None, reasons.EMPTY_GROUP, "the group has no members")
+        return _decided(notes, 1, Election(None, reasons.EMPTY_GROUP, "the group has no members"))
+    _note(notes, 1, False, f"{len(models)} member(s)")
     namespace, group = key
     # One sort by the total order; "the best member such that ..." is then the first
     # one that qualifies (the same as `best` over the filtered members, cheaper).
@@ -172,18 +263,29 @@ def _elect(
         lease = governing_lease(leases, namespace=namespace, group=group, now=now)
         if lease is not None:
             # No expiry in the text: a refreshed lease must not rewrite every status.
-            return Election(
-                None,
-                reasons.GPU_LEASE_HELD,
-                f"GPU lease {lease.name} held by {lease_holder_label(lease)}; "
-                "every member is parked",
-                lease=lease,
+            return _decided(
+                notes,
+                2,
+                Election(
+                    None,
+                    reasons.GPU_LEASE_HELD,
+                    f"GPU lease {lease.name} held by {lease_holder_label(lease)}; "
+                    "every member is parked",
+                    lease=lease,
+                ),
             )
+    if notes is not None:
+        _note(notes, 2, False, _why_no_lease(leases, key, now=now, unreadable=unreadable))
 
     # 3. forcePromotion.
     forced = next((m for m in models if m.force_promotion), None)
     if forced is not None:
-        return Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set")
+        return _decided(
+            notes,
+            3,
+            Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set"),
+        )
+    _note(notes, 3, False, "no member has forcePromotion set")
 
     # 4. Anti-thrashing cooldown.
     cooldown = group_cooldown(models, policy)
@@ -197,12 +299,18 @@ def _elect(
     if recently_preempted and holder is not None:
         victim = min(recently_preempted, key=lambda m: (-_ts(m.preempted_at), m.name))
         assert victim.preempted_at is not None
-        return Election(
-            holder,
-            reasons.SWAP_COOLDOWN,
-            f"{holder.name} keeps the card: {victim.name} was preempted at "
-            f"{victim.preempted_at.isoformat()}, inside the {_fmt(cooldown)} swap cooldown",
+        return _decided(
+            notes,
+            4,
+            Election(
+                holder,
+                reasons.SWAP_COOLDOWN,
+                f"{holder.name} keeps the card: {victim.name} was preempted at "
+                f"{victim.preempted_at.isoformat()}, inside the {_fmt(cooldown)} swap cooldown",
+            ),
         )
+    if notes is not None:
+        _note(notes, 4, False, _why_no_cooldown(models, cooldown, recently_preempted, now=now))
 
     # 5. A holder in the middle of its load is not torn down for anything less.
     loading = best(
@@ -220,44 +328,86 @@ def _elect(
             if m.runnable and m.priority > loading.priority and is_demanded(m, now, policy=policy)
         )
         if challenger is None:
-            return Election(
-                loading,
-                reasons.LOADING_HOLDER,
-                f"{loading.name} is {loading.phase.value.lower()} and keeps the card until "
-                "its load finishes; no higher-priority model is demanded",
+            return _decided(
+                notes,
+                5,
+                Election(
+                    loading,
+                    reasons.LOADING_HOLDER,
+                    f"{loading.name} is {loading.phase.value.lower()} and keeps the card until "
+                    "its load finishes; no higher-priority model is demanded",
+                ),
             )
+        _note(
+            notes,
+            5,
+            False,
+            f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
+            f"(priority {challenger.priority}) is demanded and outranks it "
+            f"(priority {loading.priority})",
+        )
+    else:
+        _note(notes, 5, False, "no holder is pending or loading within its load grace")
 
     # 6. Classify the runnable members.
     runnable = [m for m in models if m.runnable]
     ready = next((m for m in runnable if m.phase is Phase.READY), None)
     recent = next((m for m in runnable if is_recent(m, now, policy=policy)), None)
     demanded = next((m for m in runnable if is_demanded(m, now, policy=policy)), None)
+    if notes is not None:
+        _note(notes, 6, False, _classification(models, ready, recent, demanded, policy))
 
     # 7. Demand preemption.
     if demanded is not None and ready is not None and demanded.name != ready.name:
         if demanded.priority > ready.priority:
-            return Election(
-                demanded,
-                reasons.DEMAND_PREEMPTION,
-                f"{demanded.name} (priority {demanded.priority}) is demanded and outranks the "
-                f"ready leader {ready.name} (priority {ready.priority})",
+            return _decided(
+                notes,
+                7,
+                Election(
+                    demanded,
+                    reasons.DEMAND_PREEMPTION,
+                    f"{demanded.name} (priority {demanded.priority}) is demanded and outranks "
+                    f"the ready leader {ready.name} (priority {ready.priority})",
+                ),
             )
         if not is_demanded(ready, now, policy=policy) and demanded.priority >= ready.priority:
-            return Election(
-                demanded,
-                reasons.DEMAND_PREEMPTION,
-                f"{demanded.name} is demanded and the ready leader {ready.name} is idle at equal "
-                f"priority ({ready.priority})",
+            return _decided(
+                notes,
+                7,
+                Election(
+                    demanded,
+                    reasons.DEMAND_PREEMPTION,
+                    f"{demanded.name} is demanded and the ready leader {ready.name} is idle at "
+                    f"equal priority ({ready.priority})",
+                ),
             )
+    if notes is not None:
+        _note(notes, 7, False, _why_no_preemption(ready, demanded, now=now, policy=policy))
 
     # 8–9. The ready member, else the most recently wanted one.
     if ready is not None:
-        return Election(ready, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card")
+        return _decided(
+            notes,
+            8,
+            Election(ready, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card"),
+        )
+    _note(notes, 8, False, "no runnable member is Ready")
     if recent is not None:
-        return Election(
-            recent,
-            reasons.RECENT_DEMAND,
-            f"{recent.name} was wanted within the last {_fmt(policy.recent_window)}",
+        return _decided(
+            notes,
+            9,
+            Election(
+                recent,
+                reasons.RECENT_DEMAND,
+                f"{recent.name} was wanted within the last {_fmt(policy.recent_window)}",
+            ),
+        )
+    if notes is not None:
+        _note(
+            notes,
+            9,
+            False,
+            f"no runnable member was wanted within the last {_fmt(policy.recent_window)}",
         )
 
     # 10. Fallback.
@@ -272,7 +422,117 @@ def _elect(
         why = "the best runnable member; nobody is demanded"
     else:
         why = "the best member; no member is runnable"
-    return Election(chosen, reasons.FALLBACK, f"{chosen.name} is {why}")
+    return _decided(notes, 10, Election(chosen, reasons.FALLBACK, f"{chosen.name} is {why}"))
+
+
+def _decided(notes: list[RuleCheck] | None, number: int, election: Election) -> Election:
+    _note(notes, number, True, election.message)
+    return election
+
+
+# --- why a rule did not decide (only computed for `explain_election`) ------------------
+
+
+def _why_no_lease(
+    leases: Iterable[GpuLease],
+    key: tuple[str, str],
+    *,
+    now: datetime,
+    unreadable: tuple[str, ...],
+) -> str:
+    namespace, group = key
+    if not group:
+        return "not a shared group: GPU leases park shared groups only"
+    if unreadable:
+        return (
+            f"no readable lease parks the group, and {', '.join(unreadable)} could not be "
+            "read: proceeding as unleased (fail open)"
+        )
+    ours = sorted(
+        (lease for lease in leases if lease.namespace == namespace and lease.group == group),
+        key=lambda lease: lease.name,
+    )
+    if not ours:
+        return f"no GPU lease names group {group}"
+    expired = ", ".join(
+        f"{lease.name} expired at {lease.expires_at.isoformat()}"
+        for lease in ours
+        if lease.expires_at is not None and lease.expires_at <= now
+    )
+    return f"no active GPU lease on group {group} ({expired})"
+
+
+def _why_no_cooldown(
+    models: Sequence[ModelState],
+    cooldown: timedelta,
+    recently_preempted: Sequence[ModelState],
+    *,
+    now: datetime,
+) -> str:
+    if recently_preempted:
+        names = ", ".join(m.name for m in recently_preempted)
+        return (
+            f"{names} preempted inside the {_fmt(cooldown)} swap cooldown, but no member "
+            "holds the card to keep it"
+        )
+    stamped = [m for m in models if m.preempted_at is not None]
+    if not stamped:
+        return f"no member was preempted within the {_fmt(cooldown)} swap cooldown"
+    last = max(stamped, key=lambda m: (_ts(m.preempted_at), m.name))
+    assert last.preempted_at is not None
+    if last.phase is Phase.READY:
+        return f"{last.name} is Ready again, so its preemption no longer holds the group"
+    return (
+        f"the {_fmt(cooldown)} swap cooldown after {last.name}'s preemption ended at "
+        f"{(last.preempted_at + cooldown).isoformat()}"
+    )
+
+
+def _classification(
+    models: Sequence[ModelState],
+    ready: ModelState | None,
+    recent: ModelState | None,
+    demanded: ModelState | None,
+    policy: Policy,
+) -> str:
+    parts = [
+        f"ready: {_name(ready)}",
+        f"wanted within {_fmt(policy.recent_window)}: {_name(recent)}",
+        f"demanded within {_fmt(policy.demand_window)}: {_name(demanded)}",
+    ]
+    blocked = [
+        f"{m.name} ({'failed' if m.phase is Phase.FAILED else 'cache not ready'})"
+        for m in models
+        if not m.runnable
+    ]
+    if blocked:
+        parts.append(f"not runnable: {', '.join(blocked)}")
+    return "; ".join(parts)
+
+
+def _why_no_preemption(
+    ready: ModelState | None, demanded: ModelState | None, *, now: datetime, policy: Policy
+) -> str:
+    window = _fmt(policy.demand_window)
+    if demanded is None:
+        return f"no runnable member was demanded within the last {window}"
+    if ready is None:
+        return f"{demanded.name} is demanded, but no member is Ready to be preempted"
+    if demanded.name == ready.name:
+        return f"the best demanded member, {demanded.name}, is the ready one"
+    if is_demanded(ready, now, policy=policy):
+        return (
+            f"{demanded.name} (priority {demanded.priority}) does not outrank the ready "
+            f"{ready.name} (priority {ready.priority}), which is busy (demanded within {window})"
+        )
+    return (
+        f"{demanded.name} (priority {demanded.priority}) ranks below the idle ready "
+        f"{ready.name} (priority {ready.priority})"
+    )
+
+
+def _name(model: ModelState | None) -> str:
+    return "-" if model is None else model.name
 
 
 def _ts(value: datetime | None) -> float:

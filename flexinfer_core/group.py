@@ -11,6 +11,7 @@ decision then deciding again at the same `now` yields no writes.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -493,6 +494,17 @@ def _ready_condition(phase: Phase, name: str, *, preempt_reason: str) -> Conditi
     return Condition(CONDITION_READY, False, phase.value, f"{name} is {phase.value.lower()}")
 
 
+class Threshold(enum.StrEnum):
+    """What crosses a boundary at a `next_change_at` instant (for `flexinfer explain`)."""
+
+    LEASE_EXPIRY = "lease expiry"
+    DEMAND_WINDOW = "demand window"
+    RECENT_WINDOW = "recent window"
+    LOAD_GRACE = "load grace"
+    IDLE_TIMEOUT = "idle timeout"
+    SWAP_COOLDOWN = "swap cooldown"
+
+
 def next_change_at(
     models: Iterable[ModelState],
     *,
@@ -502,39 +514,62 @@ def next_change_at(
 ) -> datetime | None:
     """The earliest instant after `now` at which the decision could change unaided.
 
-    Every threshold the decision reads is listed: demand and recent windows, the
-    loading grace and idle timeout (both inclusive, so they lapse one tick later),
-    the cooldown and lease expiry. The decision is constant between consecutive
-    thresholds, so nothing changes before the earliest future one. Unreadable lease
-    sources add no threshold: only the leases that were read can expire.
+    Every threshold the decision reads is listed (`thresholds`): demand and recent
+    windows, the loading grace and idle timeout (both inclusive, so they lapse one
+    tick later), the cooldown and lease expiry. The decision is constant between
+    consecutive thresholds, so nothing changes before the earliest future one.
+    Unreadable lease sources add no threshold: only the leases that were read can
+    expire.
     """
+    future = [
+        at for at, _, _ in thresholds(models, now=now, leases=leases, policy=policy) if at > now
+    ]
+    return min(future, default=None)
+
+
+def thresholds(
+    models: Iterable[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease] = (),
+    policy: Policy = DEFAULT_POLICY,
+) -> list[tuple[datetime, Threshold, str]]:
+    """Every instant the decision reads a boundary at, with what crosses it and whose
+    (a member's or a lease's name); past ones included, unordered."""
     members = list(models)
     leases = tuple(leases)
     if not members:
-        return None
+        return []
     namespace, group = members[0].namespace, members[0].group
     lease_ends = [
-        lease.expires_at
+        (lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
         for lease in leases
         if lease.expires_at is not None and lease.group == group and lease.namespace == namespace
     ]
     if group and governing_lease(leases, namespace=namespace, group=group, now=now):
         # Under a lease only the leases themselves can change the decision.
-        return min((end for end in lease_ends if end > now), default=None)
-    candidates: list[datetime] = list(lease_ends)
+        return lease_ends
+    candidates = lease_ends
     cooldown = group_cooldown(members, policy)
     for model in members:
         if model.last_active is not None:
             candidates += [
-                model.last_active + policy.demand_window,
-                model.last_active + policy.recent_window,
-                model.last_active + loading_grace(model, policy) + _TICK,
-                model.last_active + model.serverless.idle_timeout + _TICK,
+                (model.last_active + policy.demand_window, Threshold.DEMAND_WINDOW, model.name),
+                (model.last_active + policy.recent_window, Threshold.RECENT_WINDOW, model.name),
+                (
+                    model.last_active + loading_grace(model, policy) + _TICK,
+                    Threshold.LOAD_GRACE,
+                    model.name,
+                ),
+                (
+                    model.last_active + model.serverless.idle_timeout + _TICK,
+                    Threshold.IDLE_TIMEOUT,
+                    model.name,
+                ),
             ]
         if model.preempted_at is not None:
-            candidates.append(model.preempted_at + cooldown)
-    future = [c for c in candidates if c > now]
-    return min(future, default=None)
+            candidates.append((model.preempted_at + cooldown, Threshold.SWAP_COOLDOWN, model.name))
+    return candidates
 
 
 def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tuple[ModelState, ...]:

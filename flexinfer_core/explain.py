@@ -1,0 +1,251 @@
+"""What `flexinfer explain` says about a shared group: the rules, the decision, what next.
+
+Built only from the functions the controller itself calls (`decide_group`,
+`explain_election`, `apply_decision`, `next_change_at`), on the snapshot it is
+given, so what it prints is what the controller decides on that snapshot. The
+next change is found by applying the decision (as the controller would), then
+deciding again at each threshold ahead until the leader, its reason or some
+member's replicas differ; the thresholds crossing at that instant say why. Members
+demanded now are assumed to stay demanded (the question is "when does my model get
+the card?"), and the answer says so. Pure:
+`now` is a parameter, nothing is read or written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+
+import attrs
+
+from flexinfer_core.durations import format_duration
+from flexinfer_core.election import (
+    RuleCheck,
+    explain_election,
+    group_cooldown,
+    is_demanded,
+    loading_grace,
+)
+from flexinfer_core.group import (
+    GroupDecision,
+    Threshold,
+    apply_decision,
+    decide_group,
+    next_change_at,
+    thresholds,
+)
+from flexinfer_core.snapshot import (
+    DEFAULT_POLICY,
+    GpuLease,
+    ModelState,
+    Phase,
+    Policy,
+    SharedState,
+)
+
+# How many thresholds to look past for the changes ahead (each is one decision).
+MAX_LOOKAHEAD = 64
+
+
+@attrs.frozen
+class NextChange:
+    """The first instant ahead at which the decision changes with no new event.
+
+    `what` says what happens ("coder takes the card"), `when` what crosses a
+    boundary then ("the 5m swap cooldown after chat's preemption ends").
+    """
+
+    at: datetime
+    what: str
+    when: str
+    leader: str | None
+    reason: str
+    message: str
+    # Members demanded now, assumed to stay demanded (their requests keep coming).
+    assumes_demand: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class GroupExplanation:
+    decision: GroupDecision
+    rules: tuple[RuleCheck, ...]
+    # The changes ahead, earliest first: up to `limit`, ending at the first new holder.
+    upcoming: tuple[NextChange, ...]
+
+    @property
+    def next_change(self) -> NextChange | None:
+        return self.upcoming[0] if self.upcoming else None
+
+
+def explain_group(
+    models: Sequence[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease] = (),
+    unreadable_lease_sources: Collection[str] = (),
+    policy: Policy = DEFAULT_POLICY,
+    running: Collection[str] = (),
+    limit: int = 3,
+) -> GroupExplanation:
+    """The controller's decision for one group, each election rule, and the next change."""
+    leases = tuple(leases)
+    decision = decide_group(
+        models,
+        now=now,
+        leases=leases,
+        unreadable_lease_sources=unreadable_lease_sources,
+        policy=policy,
+        running=running,
+    )
+    trace = explain_election(
+        models,
+        now=now,
+        leases=leases,
+        unreadable_lease_sources=unreadable_lease_sources,
+        policy=policy,
+    )
+    return GroupExplanation(
+        decision=decision,
+        rules=trace.rules,
+        upcoming=_upcoming(
+            models,
+            decision,
+            now=now,
+            leases=leases,
+            unreadable_lease_sources=tuple(unreadable_lease_sources),
+            policy=policy,
+            limit=limit,
+        ),
+    )
+
+
+def _upcoming(
+    models: Sequence[ModelState],
+    decision: GroupDecision,
+    *,
+    now: datetime,
+    leases: tuple[GpuLease, ...],
+    unreadable_lease_sources: tuple[str, ...],
+    policy: Policy,
+    limit: int,
+) -> tuple[NextChange, ...]:
+    if not models:
+        return ()
+    # Requests keep coming for the members demanded now: their activity moves along
+    # with time (keeping its order), so only what demand alone cannot change is found.
+    demanded = tuple(sorted(m.name for m in models if is_demanded(m, now, policy=policy)))
+    origin = {m.name: m.last_active for m in models}
+
+    def at_time(members: Sequence[ModelState], at: datetime) -> tuple[ModelState, ...]:
+        out = []
+        for m in members:
+            last = origin[m.name]
+            if m.name in demanded and last is not None:
+                m = attrs.evolve(m, last_active=last + (at - now))
+            out.append(m)
+        return tuple(out)
+
+    def decide(members: Sequence[ModelState], at: datetime) -> GroupDecision:
+        # Once applied, only the members the decision scales up hold pods.
+        running = frozenset(m.name for m in members if (m.replicas or 0) > 0)
+        return decide_group(
+            at_time(members, at),
+            now=at,
+            leases=leases,
+            unreadable_lease_sources=unreadable_lease_sources,
+            policy=policy,
+            running=running,
+        )
+
+    state = apply_decision(models, decision)
+    base = decide(state, now)
+    instant = now
+    found: list[NextChange] = []
+    for _ in range(MAX_LOOKAHEAD):
+        ahead = next_change_at(at_time(state, instant), now=instant, leases=leases, policy=policy)
+        if ahead is None:
+            break
+        instant = ahead
+        later = decide(state, instant)
+        if not _differs(base, later):
+            continue
+        crossing = [
+            (kind, subject)
+            for at, kind, subject in thresholds(
+                at_time(state, instant), now=instant, leases=leases, policy=policy
+            )
+            if at == instant
+        ]
+        found.append(
+            NextChange(
+                at=instant,
+                what=_what_changes(base, later),
+                when=_when(sorted(crossing), state, policy=policy),
+                leader=later.leader,
+                reason=later.reason,
+                message=later.message,
+                assumes_demand=demanded,
+            )
+        )
+        # Past a new holder the future depends on how long its load takes: stop there.
+        if later.leader != base.leader or len(found) >= limit:
+            break
+        state = apply_decision(at_time(state, instant), later)
+        base = decide(state, instant)
+    return tuple(found)
+
+
+def _differs(before: GroupDecision, after: GroupDecision) -> bool:
+    return (before.leader, before.reason) != (after.leader, after.reason) or [
+        m.desired_replicas for m in before.members
+    ] != [m.desired_replicas for m in after.members]
+
+
+def _what_changes(before: GroupDecision, after: GroupDecision) -> str:
+    if after.leader != before.leader:
+        if after.leader is None:
+            return f"every member is parked ({after.reason})"
+        return f"{after.leader} can take the card"
+    scaled = [
+        f"{b.name} scales from {b.desired_replicas} to {a.desired_replicas}"
+        for b, a in zip(before.members, after.members, strict=True)
+        if b.desired_replicas != a.desired_replicas
+    ]
+    if scaled:
+        return "; ".join(scaled)
+    return f"{after.leader} keeps the card as {after.reason}"
+
+
+def _when(
+    crossing: Sequence[tuple[Threshold, str]], models: Sequence[ModelState], *, policy: Policy
+) -> str:
+    by_name = {m.name: m for m in models}
+    phrases = []
+    for kind, subject in crossing:
+        model = by_name.get(subject)
+        if kind is Threshold.LEASE_EXPIRY:
+            phrases.append(f"GPU lease {subject} expires")
+        elif kind is Threshold.SWAP_COOLDOWN:
+            cooldown = format_duration(group_cooldown(models, policy))
+            phrases.append(f"the {cooldown} swap cooldown after {subject}'s preemption ends")
+        elif kind is Threshold.DEMAND_WINDOW:
+            window = format_duration(policy.demand_window)
+            phrases.append(f"{subject}'s last demand leaves the {window} demand window")
+        elif kind is Threshold.RECENT_WINDOW:
+            window = format_duration(policy.recent_window)
+            phrases.append(f"{subject}'s last demand leaves the {window} recent window")
+        elif kind is Threshold.LOAD_GRACE and model is not None and _loading(model):
+            grace = format_duration(loading_grace(model, policy))
+            phrases.append(f"{subject}'s {grace} load grace ends")
+        elif kind is Threshold.IDLE_TIMEOUT and model is not None:
+            idle = format_duration(model.serverless.idle_timeout)
+            phrases.append(f"{subject}'s {idle} idle timeout ends")
+    return " and ".join(phrases)
+
+
+def _loading(model: ModelState) -> bool:
+    """The load grace only protects a holder that is still loading (rule 5)."""
+    return model.shared_state is SharedState.ACTIVE and model.phase in (
+        Phase.PENDING,
+        Phase.LOADING,
+    )

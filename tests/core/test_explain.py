@@ -1,0 +1,203 @@
+"""`explain_election` and `explain_group`: each rule's outcome, and what changes next."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from flexinfer_core import GpuLease, Phase, Serverless, SharedState, elect_leader, reasons
+from flexinfer_core.election import RULES, explain_election
+from flexinfer_core.explain import explain_group
+
+from .builders import T0, ago, member
+
+READY = Phase.READY
+ACTIVE = SharedState.ACTIVE
+QUEUED = SharedState.QUEUED
+LEASE = GpuLease(name="maint", group="homelab-gpu", owner="alice")
+
+# One case per deciding rule: (members, leases, the rule that decides, its reason).
+CASES = {
+    "empty group": ([], (), 1, reasons.EMPTY_GROUP),
+    "lease": ([member("a", phase=READY)], (LEASE,), 2, reasons.GPU_LEASE_HELD),
+    "forced": ([member("a"), member("b", force_promotion=True)], (), 3, reasons.FORCE_PROMOTED),
+    "cooldown": (
+        [
+            member("a", phase=READY, shared_state=ACTIVE),
+            member("b", phase=Phase.PREEMPTED, preempted_at=ago(30), last_active=ago(5)),
+        ],
+        (),
+        4,
+        reasons.SWAP_COOLDOWN,
+    ),
+    "loading": (
+        [
+            member("a", phase=Phase.LOADING, shared_state=ACTIVE, last_active=ago(10)),
+            member("b", last_active=ago(5)),
+        ],
+        (),
+        5,
+        reasons.LOADING_HOLDER,
+    ),
+    "preemption": (
+        [
+            member("a", phase=READY, last_active=ago(5)),
+            member("b", priority=200, last_active=ago(1)),
+        ],
+        (),
+        7,
+        reasons.DEMAND_PREEMPTION,
+    ),
+    "ready": (
+        [member("a", phase=READY, last_active=ago(5)), member("b", last_active=ago(1))],
+        (),
+        8,
+        reasons.READY_LEADER,
+    ),
+    "recent": (
+        [member("a"), member("b", last_active=ago(minutes=3))],
+        (),
+        9,
+        reasons.RECENT_DEMAND,
+    ),
+    "fallback": ([member("a"), member("b")], (), 10, reasons.FALLBACK),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exactly_the_deciding_rule_applies_and_the_election_is_the_same(case: str) -> None:
+    models, leases, deciding, reason = CASES[case]
+    trace = explain_election(models, now=T0, leases=leases)
+    assert trace.election == elect_leader(models, now=T0, leases=leases)
+    assert trace.election.reason == reason
+    assert [(r.number, r.name) for r in trace.rules] == list(RULES)
+    assert [r.number for r in trace.rules if r.applied] == [deciding]
+    assert trace.deciding_rule.why == trace.election.message
+    for rule in trace.rules:
+        if rule.number > deciding:
+            assert rule.why == f"not reached: rule {deciding} decided"
+        assert rule.why
+
+
+def test_rules_say_why_they_did_not_decide() -> None:
+    expired = GpuLease(name="old", group="homelab-gpu", expires_at=ago(minutes=1))
+    models = [
+        member("chat", priority=100, phase=READY, last_active=ago(10)),
+        member("coder", priority=50, last_active=ago(5), preempted_at=ago(minutes=9)),
+        member("broken", phase=Phase.FAILED),
+    ]
+    why = {r.number: r.why for r in explain_election(models, now=T0, leases=[expired]).rules}
+    assert why[1] == "3 member(s)"
+    assert (
+        why[2]
+        == "no active GPU lease on group homelab-gpu (old expired at 2026-03-01T11:59:00+00:00)"
+    )
+    assert why[3] == "no member has forcePromotion set"
+    assert why[4] == (
+        "the 5m swap cooldown after coder's preemption ended at 2026-03-01T11:56:00+00:00"
+    )
+    assert why[5] == "no holder is pending or loading within its load grace"
+    assert why[6] == (
+        "ready: chat; wanted within 5m: chat; demanded within 2m: chat; "
+        "not runnable: broken (failed)"
+    )
+    assert why[7] == "the best demanded member, chat, is the ready one"
+
+
+def test_equal_priority_against_a_busy_leader_says_it_is_busy() -> None:
+    models = [
+        member("chat", phase=READY, shared_state=ACTIVE, last_active=ago(5)),
+        member("coder", last_active=ago(3)),
+    ]
+    trace = explain_election(models, now=T0)
+    assert trace.rules[6].why == (
+        "coder (priority 100) does not outrank the ready chat (priority 100), which is busy "
+        "(demanded within 2m)"
+    )
+
+
+def test_a_loading_holder_outranked_by_demand_says_who_outranks_it() -> None:
+    models = [
+        member("a", phase=Phase.LOADING, shared_state=ACTIVE, last_active=ago(10)),
+        member("b", priority=300, last_active=ago(1)),
+    ]
+    trace = explain_election(models, now=T0)
+    assert trace.rules[4].why == (
+        "a is loading, but b (priority 300) is demanded and outranks it (priority 100)"
+    )
+    assert trace.election.leader_name == "b"
+
+
+def test_an_unreadable_lease_is_named_in_rule_two_and_the_message() -> None:
+    trace = explain_election(
+        [member("a", phase=READY)], now=T0, unreadable_lease_sources=["gpuleases"]
+    )
+    assert trace.rules[1].why == (
+        "no readable lease parks the group, and gpuleases could not be read: proceeding as "
+        "unleased (fail open)"
+    )
+    assert trace.election.message.startswith("GPU leases could not be read (gpuleases)")
+    assert trace.election.leader_name == "a"
+
+
+# --- what changes next --------------------------------------------------------------
+
+
+def test_cooldown_then_the_waiting_model_takes_the_card() -> None:
+    models = [
+        member("chat", phase=READY, shared_state=ACTIVE, last_active=ago(minutes=3), replicas=1),
+        member(
+            "coder",
+            phase=Phase.PREEMPTED,
+            shared_state=QUEUED,
+            preempted_at=ago(30),
+            last_active=ago(10),
+        ),
+    ]
+    explanation = explain_group(models, now=T0)
+    assert explanation.decision.reason == reasons.SWAP_COOLDOWN
+    first, second = explanation.upcoming
+    assert first.at == T0 + timedelta(minutes=2, microseconds=1)
+    assert first.what == "chat scales from 1 to 0"
+    assert first.when == "chat's 5m idle timeout ends"
+    assert second.at == ago(30) + timedelta(minutes=5)
+    assert second.what == "coder can take the card"
+    assert second.when == "the 5m swap cooldown after coder's preemption ends"
+    assert second.leader == "coder"
+    assert second.assumes_demand == ("coder",)
+
+
+def test_lease_expiry_is_the_next_change() -> None:
+    lease = GpuLease(
+        name="maint", group="homelab-gpu", owner="alice", expires_at=T0 + timedelta(hours=1)
+    )
+    models = [member("chat", phase=Phase.PREEMPTED, last_active=ago(minutes=1))]
+    change = explain_group(models, now=T0, leases=[lease]).next_change
+    assert change is not None
+    assert (change.at, change.what, change.when) == (
+        lease.expires_at,
+        "chat can take the card",
+        "GPU lease maint expires",
+    )
+
+
+def test_nothing_ahead_when_no_threshold_changes_the_decision() -> None:
+    models = [
+        member("chat", phase=READY, shared_state=ACTIVE, serverless=Serverless(enabled=False)),
+        member("coder"),
+    ]
+    explanation = explain_group(models, now=T0)
+    assert explanation.decision.leader == "chat"
+    assert explanation.upcoming == ()
+
+
+def test_a_demanded_holder_keeps_the_card_while_its_requests_keep_coming() -> None:
+    models = [
+        member("chat", phase=READY, shared_state=ACTIVE, last_active=ago(5), replicas=1),
+        member("coder", last_active=ago(3)),
+    ]
+    explanation = explain_group(models, now=T0)
+    # Equal priority against a busy leader: nothing changes while both keep asking.
+    assert explanation.decision.leader == "chat"
+    assert explanation.upcoming == ()

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import logging
 
-from flexinfer_core import Membership, decide_gpu_group
+from flexinfer_core import decide_gpu_group
+from flexinfer_k8s import observe
 from flexinfer_k8s.cache import live_occupants
-from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, gpu_group_status
+from flexinfer_k8s.convert_gpugroups import gpu_group_status
 from flexinfer_k8s.convert_model_deployments import member_status
 from flexinfer_k8s.outcome import Outcome, Wiring, recheck_soon, record_events
-from flexinfer_k8s.pods import deployment_replicas, live_pods
+from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.status_diff import status_differs
-from flexinfer_kube.kubeapi import JSON
-from flexinfer_kube.objects import gpu_group_member_names
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -45,31 +44,10 @@ class GpuGroupReconciler:
         if group is None:
             return Outcome(None, False)
         now = self.wiring.clock.now()
-        members = list(gpu_group_member_names(group))
-        model_deployments: dict[str, JSON] = {}
-        memberships: dict[str, Membership] = {}
-        member_pods: dict[str, list[JSON]] = {}
-        replicas: dict[str, int | None] = {}
-        for member in members:
-            md = self.cache.get(MODEL_DEPLOYMENTS, namespace, member)
-            if md is not None:
-                model_deployments[member] = md
-                memberships[member] = self.cache.membership(md)
-            deployment = self.cache.workload_of(MODEL_DEPLOYMENTS, namespace, member)
-            member_pods[member] = self.cache.pods_of(deployment)
-            replicas[member] = deployment_replicas(deployment)
-
-        state = gpu_group_state_from_k8s(
-            group,
-            model_deployments=model_deployments,
-            member_pods=member_pods,
-            conflicts={m: ms.reason for m, ms in memberships.items() if ms.in_conflict},
-            caches_not_ready={
-                m
-                for m, md in model_deployments.items()
-                if not self.cache.model_deployment_cache_ready(md)
-            },
-        )
+        snapshot = observe.gpu_group_snapshot(self.cache, group)
+        state, members = snapshot.state, list(snapshot.members)
+        model_deployments, memberships = snapshot.model_deployments, snapshot.memberships
+        member_pods, replicas = snapshot.member_pods, snapshot.replicas
         decision = decide_gpu_group(state, now=now)
         wrote = False
 

@@ -40,12 +40,11 @@ from flexinfer_core import (
     decide_group,
     lease_is_active,
 )
+from flexinfer_k8s import observe
 from flexinfer_k8s.apply import RetryNow
 from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import (
-    model_cache_ref,
-    model_state_from_k8s,
     model_state_group,
     model_status,
 )
@@ -57,7 +56,7 @@ from flexinfer_k8s.outcome import (
     recheck_soon,
     record_events,
 )
-from flexinfer_k8s.pods import deployment_replicas, live_pods
+from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import name_of
@@ -86,7 +85,7 @@ class SharedGroupReconciler:
         models = self.cache.shared_group_models(namespace, group)
         members = {name_of(m) for m in models}
         released = self._release_former_members(namespace, group, members=members)
-        departed = self.cache.group_occupants(namespace, group=group, kind=MODELS.kind) - members
+        departed = observe.departed_members(self.cache, namespace, group, members=members)
         if not models:
             if not departed:
                 self._forget_group(namespace, group)
@@ -116,36 +115,17 @@ class SharedGroupReconciler:
         departed: AbstractSet[str] = frozenset(),
     ) -> Outcome:
         now = self.wiring.clock.now()
-        states: list[ModelState] = []
-        running: set[str] = set(departed)
-        if group:
-            running |= self.cache.group_occupants(namespace, group=group, kind=MODELS.kind)
-        for obj in objs:
-            name = name_of(obj)
-            deployment = self.cache.workload_of(MODELS, namespace, name)
-            pods = self.cache.pods_of(deployment)
-            if live_pods(pods):
-                running.add(name)
-            states.append(
-                model_state_from_k8s(
-                    obj,
-                    deployment=deployment,
-                    pods=pods,
-                    service=self.cache.get(SERVICES, namespace, name),
-                    cache_ready=self.cache.model_cache_ready(namespace, model_cache_ref(obj)),
-                )
-            )
-
-        # A Model outside any shared group has no lease to read.
-        leases = self.cache.leases(namespace) if group else []
-        unreadable = self.cache.unreadable_lease_sources(namespace) if group else []
+        snapshot = observe.shared_group_snapshot(
+            self.cache, namespace, group, objs, departed=departed
+        )
+        states = list(snapshot.states)
         decision = decide_group(
             states,
             now=now,
-            leases=leases,
-            unreadable_lease_sources=unreadable,
+            leases=snapshot.leases,
+            unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=self.policy,
-            running=running,
+            running=snapshot.running,
         )
         failed_open = decision.election.unreadable_lease_sources
         if failed_open:

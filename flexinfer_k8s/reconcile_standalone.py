@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 
 from flexinfer_core import decide_standalone
-from flexinfer_k8s.convert_model_deployments import standalone_from_k8s, standalone_status
+from flexinfer_k8s import observe
+from flexinfer_k8s.convert_model_deployments import standalone_status
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS
@@ -39,15 +40,8 @@ class StandaloneReconciler:
             return Outcome(None, False)  # gone, or its GPUGroup decides for it
         md, membership = found
         now = self.clock.now()
-        deployment = self.cache.workload_of(MODEL_DEPLOYMENTS, namespace, name)
-        pods = self.cache.pods_of(deployment)
-        state = standalone_from_k8s(
-            md,
-            deployment=deployment,
-            pods=pods,
-            conflict=membership if membership.in_conflict else None,
-            cache_ready=self.cache.model_deployment_cache_ready(md),
-        )
+        snapshot = observe.standalone_snapshot(self.cache, md, membership)
+        state, pods = snapshot.state, snapshot.pods
         decision = decide_standalone(state, now=now)
         wrote = False
 

@@ -46,3 +46,7 @@ SECRETS = Resource("", "v1", "secrets", "Secret")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 EVENTS = Resource("", "v1", "events", "Event")
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
+)

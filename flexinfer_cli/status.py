@@ -1,0 +1,425 @@
+"""`flexinfer status [-w]`: groups, not objects.
+
+Per shared group: the holder, its phase and reason, the queue in order, when the
+swap cooldown ends, the lease, and the next change; per GPUGroup: the active model,
+phase, queue and the anti-thrashing gate holding a swap back; per standalone
+ModelDeployment (and Model sharing no card): replicas and when it scales to zero.
+Everything is decided by the controller's own functions on the controller's own
+snapshot (`flexinfer_k8s.observe`, `flexinfer_core`), from one listing, or, with
+`-w`, from informers that follow the cluster; a new block is printed whenever what
+it shows changes (ages aside) or a timer it shows passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from flexinfer_cli.cluster import ClusterView, Target, add_cluster_flags, connect, list_cluster
+from flexinfer_cli.explain import add_policy_flags, policy_from
+from flexinfer_cli.output import (
+    FORMATS,
+    OK,
+    UsageError,
+    age,
+    clock,
+    emit,
+    no_resources,
+    render_table,
+    timestamp,
+    until,
+)
+from flexinfer_core import (
+    FlexinferError,
+    GpuGroupDecision,
+    Phase,
+    Policy,
+    decide_gpu_group,
+    decide_standalone,
+    group_cooldown,
+)
+from flexinfer_core.election import in_cooldown
+from flexinfer_core.explain import explain_group
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s import convert, observe
+from flexinfer_k8s.cache import WATCHED
+from flexinfer_k8s.convert import GPU_LEASE_LABEL
+from flexinfer_kube.clock import SystemClock
+from flexinfer_kube.informers import Informer, wait_all
+from flexinfer_kube.resources import CONFIG_MAPS, GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS
+
+# How often -w looks again with no event (ages and timers are recomputed; a block is
+# printed only when what it shows changes).
+WATCH_TICK = 1.0
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "status",
+        help="per group: holder, phase, queue, cooldown, lease, next change",
+        description="Groups, not objects: who holds each card, who waits, and what changes "
+        "next; GPUGroups with their gates; standalone ModelDeployments with their timers.",
+    )
+    parser.add_argument(
+        "-w", "--watch", action="store_true", help="keep following; print on every change"
+    )
+    parser.add_argument("-o", "--output", choices=FORMATS, default="table")
+    add_policy_flags(parser)
+    add_cluster_flags(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        policy = policy_from(args)
+    except FlexinferError as error:
+        raise UsageError(str(error)) from None
+    target = connect(args)
+    if args.watch:
+        return watch(target, policy=policy, fmt=args.output)
+    view = list_cluster(target.api, target.namespace)
+    now = SystemClock().now()
+    data = status_data(view, now=now, policy=policy)
+    emit(data, fmt=args.output, table=status_text(data, now=now, namespace=target.namespace))
+    return OK
+
+
+# --- the data -----------------------------------------------------------------------
+
+
+def status_data(view: ClusterView, *, now: datetime, policy: Policy) -> dict[str, Any]:
+    groups, models = [], []
+    for namespace in view.namespaces():
+        for key in sorted({convert.model_state_group(m) for m in view.objects(MODELS, namespace)}):
+            if key:
+                groups.append(shared_group_row(view, namespace, key, now=now, policy=policy))
+        for model in view.objects(MODELS, namespace):
+            if not convert.model_state_group(model):
+                models.append(standalone_model_row(view, model, now=now, policy=policy))
+    return {
+        "at": format_rfc3339(now),
+        "sharedGroups": groups,
+        "models": sorted(models, key=lambda m: (m["namespace"], m["name"])),
+        "gpuGroups": [
+            gpu_group_row(view, group, now=now)
+            for group in sorted(view.objects(GPU_GROUPS), key=_key)
+        ],
+        "modelDeployments": [
+            model_deployment_row(view, md, now=now)
+            for md in sorted(view.objects(MODEL_DEPLOYMENTS), key=_key)
+            if view.standalone_model_deployment(convert.namespace_of(md), convert.name_of(md))
+        ],
+    }
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return (convert.namespace_of(obj), convert.name_of(obj))
+
+
+def shared_group_row(
+    view: ClusterView, namespace: str, group: str, *, now: datetime, policy: Policy
+) -> dict[str, Any]:
+    objs = view.shared_group_models(namespace, group)
+    members = {convert.name_of(m) for m in objs}
+    departed = observe.departed_members(view, namespace, group, members=members)
+    snapshot = observe.shared_group_snapshot(
+        view, namespace, group, objs, departed=departed, now=now
+    )
+    explanation = explain_group(
+        snapshot.states,
+        now=now,
+        leases=snapshot.leases,
+        lease_unreadable=snapshot.lease_unreadable,
+        policy=policy,
+        running=snapshot.running,
+        limit=1,
+    )
+    decision = explanation.decision
+    holder = next((s for s in snapshot.states if s.name == decision.leader), None)
+    queue = sorted((m for m in decision.members if not m.is_leader), key=lambda m: m.queue_position)
+    cooldown = group_cooldown(snapshot.states, policy)
+    ends = [
+        m.preempted_at + cooldown
+        for m in snapshot.states
+        if m.preempted_at is not None
+        and m.phase is not Phase.READY
+        and in_cooldown(m, now, cooldown)
+    ]
+    lease = decision.election.lease
+    change = explanation.next_change
+    return {
+        "namespace": namespace,
+        "group": group,
+        "holder": decision.leader,
+        "phase": holder.phase.value if holder is not None else None,
+        "reason": decision.reason,
+        "message": decision.message,
+        "queue": [
+            {"name": m.name, "position": m.queue_position, "reason": m.reason} for m in queue
+        ],
+        "cooldownEndsAt": timestamp(max(ends)) if ends else None,
+        "lease": None
+        if lease is None
+        else {"name": lease.name, "owner": lease.owner, "expiresAt": timestamp(lease.expires_at)},
+        "leasesUnreadable": list(snapshot.unreadable_lease_sources),
+        "next": None
+        if change is None
+        else {"at": format_rfc3339(change.at), "what": change.what, "when": change.when},
+    }
+
+
+def standalone_model_row(
+    view: ClusterView, model: dict[str, Any], *, now: datetime, policy: Policy
+) -> dict[str, Any]:
+    namespace = convert.namespace_of(model)
+    snapshot = observe.shared_group_snapshot(view, namespace, "", [model], now=now)
+    explanation = explain_group(
+        snapshot.states, now=now, policy=policy, running=snapshot.running, limit=1
+    )
+    (member,) = explanation.decision.members
+    (state,) = snapshot.states
+    change = explanation.next_change
+    return {
+        "namespace": namespace,
+        "name": member.name,
+        "phase": state.phase.value,
+        "replicas": state.replicas,
+        "desiredReplicas": member.desired_replicas,
+        "reason": member.reason,
+        "lastActiveTime": timestamp(state.last_active),
+        "next": None
+        if change is None
+        else {"at": format_rfc3339(change.at), "what": change.what, "when": change.when},
+    }
+
+
+def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+    snapshot = observe.gpu_group_snapshot(view, group, now=now)
+    decision: GpuGroupDecision = decide_gpu_group(snapshot.state, now=now)
+    queued = sorted(
+        (m for m in snapshot.state.members if m.queued > 0),
+        key=lambda m: (-m.priority, m.oldest_waiting or now, m.name),
+    )
+    return {
+        "namespace": convert.namespace_of(group),
+        "name": convert.name_of(group),
+        "active": decision.active_model,
+        "phase": decision.phase.value,
+        "reason": decision.reason,
+        "message": decision.message,
+        "gate": decision.blocked_by,
+        "queue": [{"name": m.name, "queued": m.queued} for m in queued],
+        "swaps": decision.swap_count,
+        "lastSwapTime": timestamp(decision.last_swap_time),
+        "nextChangeAt": format_rfc3339(decision.next_change_at),
+    }
+
+
+def model_deployment_row(view: ClusterView, md: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+    snapshot = observe.standalone_snapshot(view, md)
+    decision = decide_standalone(snapshot.state, now=now)
+    state = snapshot.state
+    return {
+        "namespace": state.namespace,
+        "name": state.name,
+        "replicas": state.current_replicas,
+        "desiredReplicas": decision.desired_replicas,
+        "readyReplicas": state.ready_replicas,
+        "minReplicas": state.min_replicas,
+        "reason": decision.reason,
+        "lastAccessTime": timestamp(state.last_access_time),
+        # While in use, the idle timeout lapse: where it scales to minReplicas.
+        "scalesDownAt": format_rfc3339(decision.next_change_at),
+    }
+
+
+# --- the text -------------------------------------------------------------------------
+
+
+def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -> str:
+    wide_ns = namespace is None
+    blocks = []
+    if data["sharedGroups"]:
+        rows = [
+            [
+                *_ns(g, wide_ns),
+                g["group"],
+                g["holder"] or "-",
+                g["phase"] or "-",
+                g["reason"],
+                ",".join(q["name"] for q in g["queue"]) or "-",
+                _until(g["cooldownEndsAt"], now),
+                _lease(g["lease"], now),
+                _next(g["next"], now),
+            ]
+            for g in data["sharedGroups"]
+        ]
+        headers = ["group", "holder", "phase", "reason", "queue", "cooldown", "lease", "next"]
+        blocks.append("Shared groups:\n" + render_table(_ns_head(wide_ns) + headers, rows))
+    if data["models"]:
+        rows = [
+            [
+                *_ns(m, wide_ns),
+                m["name"],
+                m["phase"],
+                f"{_num(m['replicas'])}->{m['desiredReplicas']}",
+                m["reason"],
+                age(parse_rfc3339(m["lastActiveTime"]), now=now),
+                _next(m["next"], now),
+            ]
+            for m in data["models"]
+        ]
+        headers = ["model", "phase", "replicas", "reason", "last active", "next"]
+        blocks.append("Models sharing no card:\n" + render_table(_ns_head(wide_ns) + headers, rows))
+    if data["gpuGroups"]:
+        rows = [
+            [
+                *_ns(g, wide_ns),
+                g["name"],
+                g["active"] or "-",
+                g["phase"],
+                g["reason"],
+                ",".join(f"{q['name']}({q['queued']})" for q in g["queue"]) or "-",
+                g["gate"] or "-",
+                g["swaps"],
+                age(parse_rfc3339(g["lastSwapTime"]), now=now),
+            ]
+            for g in data["gpuGroups"]
+        ]
+        headers = ["gpugroup", "active", "phase", "reason", "queue", "gate", "swaps", "last swap"]
+        blocks.append("GPUGroups:\n" + render_table(_ns_head(wide_ns) + headers, rows))
+    if data["modelDeployments"]:
+        rows = [
+            [
+                *_ns(m, wide_ns),
+                m["name"],
+                f"{_num(m['replicas'])}->{m['desiredReplicas']}",
+                m["readyReplicas"],
+                m["reason"],
+                age(parse_rfc3339(m["lastAccessTime"]), now=now),
+                _scales_down(m, now),
+            ]
+            for m in data["modelDeployments"]
+        ]
+        headers = ["modeldeployment", "replicas", "ready", "reason", "last request", "scales down"]
+        blocks.append(
+            "ModelDeployments (standalone):\n" + render_table(_ns_head(wide_ns) + headers, rows)
+        )
+    if not blocks:
+        return no_resources(namespace, "flexinfer resources")
+    return "\n\n".join(blocks)
+
+
+def _ns(row: dict[str, Any], wide: bool) -> list[Any]:
+    return [row["namespace"]] if wide else []
+
+
+def _ns_head(wide: bool) -> list[str]:
+    return ["namespace"] if wide else []
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _until(value: str | None, now: datetime) -> str:
+    when = parse_rfc3339(value)
+    return "-" if when is None else until(when, now=now)
+
+
+def _lease(lease: dict[str, Any] | None, now: datetime) -> str:
+    if lease is None:
+        return "-"
+    expires = parse_rfc3339(lease["expiresAt"])
+    tail = "no-ttl" if expires is None else until(expires, now=now).replace(" ", "-")
+    return f"{lease['name']}({lease['owner'] or '-'},{tail})"
+
+
+def _next(change: dict[str, Any] | None, now: datetime) -> str:
+    if change is None:
+        return "-"
+    when = parse_rfc3339(change["at"])
+    assert when is not None
+    return f"{until(when, now=now)}: {change['what']}"
+
+
+def _scales_down(row: dict[str, Any], now: datetime) -> str:
+    when = parse_rfc3339(row["scalesDownAt"])
+    if when is None or not row["desiredReplicas"]:
+        return "-"
+    return f"{until(when, now=now)} to {row['minReplicas']}"
+
+
+# --- -w -------------------------------------------------------------------------------
+
+
+def watch(target: Target, *, policy: Policy, fmt: str) -> int:
+    """Follow the cluster with informers; print a block whenever what it shows changes."""
+    view = ClusterView(source="cluster")
+    changed = threading.Event()
+    stop = threading.Event()
+
+    def on_change(old: Any, new: Any) -> None:
+        changed.set()
+
+    informers = [
+        Informer(
+            target.api,
+            resource,
+            view.store(resource),
+            namespace=target.namespace,
+            on_change=on_change,
+            label_selector=GPU_LEASE_LABEL if resource is CONFIG_MAPS else None,
+        )
+        for resource in WATCHED
+    ]
+    view.informers = informers
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        for informer in informers:
+            informer.start()
+        wait_all(informers, timeout=30, attempted_only=True)
+        _follow(
+            view, policy=policy, fmt=fmt, namespace=target.namespace, changed=changed, stop=stop
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for informer in informers:
+            informer.stop()
+    return OK
+
+
+def _follow(
+    view: ClusterView,
+    *,
+    policy: Policy,
+    fmt: str,
+    namespace: str | None,
+    changed: threading.Event,
+    stop: threading.Event,
+    clock_now: Callable[[], datetime] = lambda: SystemClock().now(),
+) -> None:
+    shown: Any = None
+    while not stop.is_set():
+        changed.clear()
+        now = clock_now()
+        data = status_data(view, now=now, policy=policy)
+        # Ages move every second; only what the block says counts as a change.
+        comparable = {k: v for k, v in data.items() if k != "at"}
+        if comparable != shown:
+            shown = comparable
+            if fmt in ("json", "yaml"):
+                emit(data, fmt=fmt, table="")
+            else:
+                sys.stdout.write(f"--- {clock(now)}\n")
+                emit(data, fmt=fmt, table=status_text(data, now=now, namespace=namespace))
+            sys.stdout.flush()
+        changed.wait(WATCH_TICK)

@@ -1,5 +1,13 @@
-"""`flexinfer`: one command for people.
+"""`flexinfer` (also `kubectl flexinfer`): one command for people.
 
+    flexinfer explain KIND/NAME        who holds the card, why, and what happens next
+    flexinfer status [-w]              per group: holder, queue, cooldown, lease
+    flexinfer leases | lease acquire|release GROUP
+                                       GPU leases: list them, park a group by hand
+    flexinfer cache status             ModelCaches: strategy, path, ready, source
+    flexinfer doctor                   the troubleshooting cases as checks, with fixes
+    flexinfer bench --url URL --model NAME
+                                       tokens/s (and time to first token) of a model
     flexinfer simulate SCENARIO.yaml   play a shared group's decisions over time
     flexinfer demo                     a local control plane, the controller, two models
     flexinfer dev cluster up|down|env  a local control plane to point kubectl at
@@ -7,7 +15,8 @@
     flexinfer proxy ...                the proxy (same as python -m flexinfer_proxy)
 
 Each subcommand parses its arguments and calls into the packages; nothing here
-decides anything.
+decides anything. Exit codes as kubectl: 0 fine, 1 a failed check or an unreachable
+cluster, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -20,8 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flexinfer_cli.output import FAILED, USAGE, CommandError
 from flexinfer_core import FlexinferError
 from flexinfer_core.simulate import Timeline, simulate
+from flexinfer_kube.kubeapi import KubeError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,28 +49,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flexinfer_proxy.__main__ import main as proxy_main
 
         return proxy_main(args[1:])
-    parser = argparse.ArgumentParser(prog="flexinfer", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = build_parser(prog_name())
+    parsed = parser.parse_args(args)
+    try:
+        if getattr(parsed, "run", None) is not None:
+            return int(parsed.run(parsed))
+        if parsed.command == "simulate":
+            return run_simulate(
+                parsed.scenario, as_json=parsed.json, plot=parsed.plot, progress=parsed.progress
+            )
+        if parsed.command == "demo":
+            demo = _dev_module("flexinfer_cli.demo", "demo")
+            return 2 if demo is None else int(demo.run_demo(keep=parsed.keep))
+    except CommandError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return err.code
+    except FlexinferError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return USAGE
+    except KubeError as err:
+        print(f"{parser.prog}: the cluster refused: {err}", file=sys.stderr)
+        return FAILED
+    except KeyboardInterrupt:
+        return 130
+    parser.print_help()
+    return USAGE
+
+
+def prog_name() -> str:
+    """`kubectl flexinfer` when run as the kubectl plugin, else `flexinfer`."""
+    invoked = Path(sys.argv[0]).name
+    return "kubectl flexinfer" if invoked.startswith("kubectl-flexinfer") else "flexinfer"
+
+
+def build_parser(prog: str = "flexinfer") -> argparse.ArgumentParser:
+    from flexinfer_cli import bench, caches, doctor, explain, leases, status
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit codes: 0 fine, 1 a failed check or an unreachable cluster, 2 bad usage.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    explain.add_parser(sub)
+    status.add_parser(sub)
+    leases.add_parsers(sub)
+    caches.add_parser(sub)
+    doctor.add_parser(sub)
+    bench.add_parser(sub)
     sim = sub.add_parser("simulate", help="play a scenario through the election core")
     sim.add_argument("scenario", type=Path)
     sim.add_argument("--json", action="store_true", help="print the timeline as JSON")
+    sim.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="draw the timeline (holder, requests, waits, leases, swaps) into a PNG; "
+        "needs the `plot` extra: pip install 'flexinfer[plot]'",
+    )
+    sim.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress bar while plotting long traces (auto: on a terminal)",
+    )
     demo = sub.add_parser("demo", help="local control plane + controller + two models")
     demo.add_argument("--keep", action="store_true", help="leave the cluster running")
     sub.add_parser("dev", help="`flexinfer dev cluster up|down|env`: a local control plane")
     sub.add_parser("controller", help="run the controller (`flexinfer controller --help`)")
     sub.add_parser("proxy", help="run the OpenAI-compatible proxy (`flexinfer proxy --help`)")
-    parsed = parser.parse_args(args)
-    try:
-        if parsed.command == "simulate":
-            return run_simulate(parsed.scenario, as_json=parsed.json)
-        if parsed.command == "demo":
-            demo = _dev_module("flexinfer_cli.demo", "demo")
-            return 2 if demo is None else int(demo.run_demo(keep=parsed.keep))
-    except FlexinferError as err:
-        print(f"flexinfer: {err}", file=sys.stderr)
-        return 2
-    parser.print_help()
-    return 2
+    return parser
 
 
 DEV_PACKAGES = ("flexinfer_devcluster", "cryptography")
@@ -85,7 +145,9 @@ def _dev_module(module: str, verb: str) -> Any:
         return None
 
 
-def run_simulate(path: Path, *, as_json: bool) -> int:
+def run_simulate(
+    path: Path, *, as_json: bool, plot: Path | None = None, progress: str = "auto"
+) -> int:
     from flexinfer_cli.scenario import load_scenario
 
     if not path.is_file():
@@ -101,6 +163,10 @@ def run_simulate(path: Path, *, as_json: bool) -> int:
         load_time=scenario.load_time,
         termination_time=scenario.termination_time,
     )
+    if plot is not None:
+        from flexinfer_cli.plot import plot_timeline
+
+        plot_timeline(scenario, timeline, plot, progress=progress)
     if as_json:
         print(json.dumps(timeline_json(timeline, scenario.start), indent=2))
     else:

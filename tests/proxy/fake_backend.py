@@ -10,6 +10,9 @@ that many seconds). Answers echo the backend's name, the path, the raw query, th
 model (also as `received_model`, which the proxy never rewrites), the request's
 headers, and carry `X-Backend: <name>`. SIGTERM stops it gracefully: it stops
 accepting and lets answers in progress finish, as a serving pod's server does.
+They are also OpenAI-shaped for `flexinfer bench`: `max_tokens` tokens (default 3)
+in `choices` with `usage`, one streamed chunk per token, and a final usage chunk
+when `stream_options.include_usage` asks for it.
 """
 
 from __future__ import annotations
@@ -59,27 +62,57 @@ class Backend:
             "authorization": request.headers.get("Authorization"),
             "headers": dict(request.headers),
         }
+        tokens = int(body.get("max_tokens") or STREAM_CHUNKS)
         if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(
-                request, echo, hold=bool(body.get("hold")), pause=float(body.get("pause", 0))
+                request,
+                echo,
+                hold=bool(body.get("hold")),
+                pause=float(body.get("pause", 0)),
+                tokens=tokens,
+                usage=usage,
             )
+        answer = {
+            **echo,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "tok " * tokens},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": _usage(tokens),
+        }
         return web.json_response(
-            echo, status=int(body.get("status", 200)), headers={"X-Backend": self.name}
+            answer, status=int(body.get("status", 200)), headers={"X-Backend": self.name}
         )
 
     async def _stream(
-        self, request: web.Request, echo: dict[str, Any], *, hold: bool, pause: float
+        self,
+        request: web.Request,
+        echo: dict[str, Any],
+        *,
+        hold: bool,
+        pause: float = 0.0,
+        tokens: int = STREAM_CHUNKS,
+        usage: bool = False,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "X-Backend": self.name}
         )
         await response.prepare(request)
-        for index in range(STREAM_CHUNKS):
-            await response.write(f"data: {json.dumps({**echo, 'index': index})}\n\n".encode())
+        for index in range(tokens):
+            delta = {"index": 0, "delta": {"content": "tok "}}
+            chunk = {**echo, "index": index, "choices": [delta]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if index == 0 and hold:
                 await self.releases[echo["tag"]].wait()
             if index == 0 and pause:
                 await asyncio.sleep(pause)
+        if usage:
+            final = {**echo, "choices": [], "usage": _usage(tokens)}
+            await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -91,6 +124,10 @@ class Backend:
         body = await request.json()
         self.releases[str(body["tag"])].set()
         return web.json_response({"released": body["tag"]})
+
+
+def _usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}
 
 
 async def main(name: str, host: str) -> None:

@@ -415,7 +415,10 @@ def _leader_decision(
         message=message,
         conditions=(
             Condition(CONDITION_ACTIVE, True, reason, message),
-            _ready_condition(model.phase, model.name, preempt_reason=reasons.PREEMPTED),
+            # A holder kept from starting says why in Ready too (kubectl's REASON column).
+            _not_ready_because(reason, message)
+            if reason in _HOLDER_WAITS and model.phase is not Phase.READY
+            else _ready_condition(model.phase, model.name, preempt_reason=reasons.PREEMPTED),
         ),
         events=events,
     )
@@ -471,7 +474,12 @@ def _parked_decision(
         message=message,
         conditions=(
             _parked_condition(reason, message),
-            _ready_condition(phase, model.name, preempt_reason=evict_reason),
+            # Not serving because parked: Ready says why (Queued behind whom, or the lease),
+            # so kubectl's REASON column never shows a bare Queued state. A preemption and
+            # a failure keep their own reason.
+            _ready_condition(phase, model.name, preempt_reason=evict_reason)
+            if phase in (Phase.PREEMPTED, Phase.FAILED)
+            else _not_ready_because(reason, message),
         ),
         events=events,
     )
@@ -480,6 +488,14 @@ def _parked_decision(
 @functools.lru_cache(maxsize=16384)
 def _parked_condition(reason: str, message: str) -> Condition:
     return Condition(CONDITION_ACTIVE, False, reason, message)
+
+
+_HOLDER_WAITS = frozenset({reasons.WAITING_FOR_GPU, reasons.CACHE_NOT_READY})
+
+
+@functools.lru_cache(maxsize=16384)
+def _not_ready_because(reason: str, message: str) -> Condition:
+    return Condition(CONDITION_READY, False, reason, message)
 
 
 @functools.lru_cache(maxsize=16384)

@@ -36,7 +36,7 @@ EXPECTED_KINDS: dict[str, tuple[str, str, list[str], list[str]]] = {
         "models",
         "v1alpha2",
         ["mdl"],
-        ["Backend", "Shared", "Priority", "Phase", "State", "Queue", "LastActive", "Age"],
+        ["Backend", "Shared", "Priority", "Phase", "State", "Queue", "Reason", "LastActive", "Age"],
     ),
     "GPULease": (
         "gpuleases",
@@ -44,15 +44,17 @@ EXPECTED_KINDS: dict[str, tuple[str, str, list[str], list[str]]] = {
         ["gpulease"],
         ["Group", "Owner", "Node", "Expires", "Age"],
     ),
-    "GPUGroup": ("gpugroups", "v1alpha1", [], ["Phase", "Active", "Swaps", "Age"]),
+    "GPUGroup": ("gpugroups", "v1alpha1", [], ["Phase", "Active", "Reason", "Swaps", "Age"]),
     "ModelCache": ("modelcaches", "v1alpha1", [], ["Strategy", "Path", "Ready", "Source"]),
     "ModelDeployment": (
         "modeldeployments",
         "v1alpha1",
         [],
-        ["Backend", "Model", "Group", "Phase", "LastAccess", "Age"],
+        ["Backend", "Model", "Group", "Phase", "Reason", "LastAccess", "Age"],
     ),
 }
+# The REASON column: the Ready condition's reason, as cert-manager shows READY.
+READY_REASON = '.status.conditions[?(@.type=="Ready")].reason'
 
 Schema = dict[str, Any]
 
@@ -248,6 +250,12 @@ def test_printer_columns_point_at_schema_fields(crds: dict[str, dict[str, Any]],
     for column in columns:
         if column["jsonPath"] == ".metadata.creationTimestamp":
             assert column["type"] == "date"
+            continue
+        if column["name"] == "Reason":
+            assert (column["jsonPath"], column["type"]) == (READY_REASON, "string")
+            reason = schema_at(schema, "status.conditions")
+            assert reason is not None
+            assert reason["items"]["properties"]["reason"]["type"] == "string"
             continue
         node = schema_at(schema, column["jsonPath"])
         assert node is not None, column
@@ -465,7 +473,8 @@ def test_dockerfile_context_holds_every_packaged_module_and_runs_as_non_root() -
     itself is checked in tests/image.)"""
     with (ROOT / "pyproject.toml").open("rb") as stream:
         project = tomllib.load(stream)
-    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    packages = [*wheel["packages"], *wheel.get("force-include", {})]
     ignored = (DEPLOY_DIR / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
     patterns = [line for line in ignored if line and not line.startswith("#")]
     assert patterns[0] == "*"  # an allowlist: a new file stays out until listed

@@ -135,12 +135,15 @@ GPUGROUP_BLOCK_DEFAULTS = {
 
 PRINTER_COLUMNS = {
     "models": [
-        "NAME", "BACKEND", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "LASTACTIVE", "AGE",
+        "NAME", "BACKEND", "SHARED", "PRIORITY", "PHASE", "STATE", "QUEUE", "REASON",
+        "LASTACTIVE", "AGE",
     ],
     "gpuleases": ["NAME", "GROUP", "OWNER", "NODE", "EXPIRES", "AGE"],
-    "gpugroups": ["NAME", "PHASE", "ACTIVE", "SWAPS", "AGE"],
+    "gpugroups": ["NAME", "PHASE", "ACTIVE", "REASON", "SWAPS", "AGE"],
     "modelcaches": ["NAME", "STRATEGY", "PATH", "READY", "SOURCE"],
-    "modeldeployments": ["NAME", "BACKEND", "MODEL", "GROUP", "PHASE", "LASTACCESS", "AGE"],
+    "modeldeployments": [
+        "NAME", "BACKEND", "MODEL", "GROUP", "PHASE", "REASON", "LASTACCESS", "AGE",
+    ],
 }  # fmt: skip
 
 
@@ -628,9 +631,29 @@ def test_printer_columns_show_status_and_short_names(
     status["sharedGroup"]["state"] = "Queued"
     status["sharedGroup"]["queuePosition"] = 2
     status["phase"] = "Preempted"
+    status["conditions"] = [
+        {
+            "type": "Active",
+            "status": "False",
+            "reason": "Preempted",
+            "message": "preempted; top holds the GPU (queue position 2)",
+            "lastTransitionTime": "2026-11-29T17:00:01Z",
+        },
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "GPULeaseHeld",
+            "message": "columns-model gave the GPU to a GPU lease",
+            "lastTransitionTime": "2026-11-29T17:00:01Z",
+        },
+    ]
     kubectl.patch_status(namespace, "model/columns-model", {"status": status})
     row = kubectl.ok("get", "-n", namespace, "mdl", "columns-model", "--no-headers").split()
-    assert row[:7] == ["columns-model", "mlc-llm", "homelab-gpu", "250", "Preempted", "Queued", "2"]
+    # REASON is the Ready condition's, not the first condition's.
+    assert row[:8] == [
+        "columns-model", "mlc-llm", "homelab-gpu", "250", "Preempted", "Queued", "2",
+        "GPULeaseHeld",
+    ]  # fmt: skip
     lease = {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "GPULease",

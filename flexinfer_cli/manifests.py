@@ -23,7 +23,7 @@ import jsonschema
 import yaml
 
 from flexinfer_cli.cluster import FLEXINFER_GROUP, ClusterView
-from flexinfer_cli.output import UsageError
+from flexinfer_cli.output import CommandError, UsageError
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s.cache import WATCHED
 from flexinfer_kube.resources import Resource
@@ -164,4 +164,10 @@ def _crd_texts() -> list[str]:
             p.read_text(encoding="utf-8") for p in packaged.iterdir() if p.name.startswith("ai.")
         ]
     checkout = Path(__file__).resolve().parents[1] / "crds"
-    return [p.read_text(encoding="utf-8") for p in sorted(checkout.glob("ai.*.yaml"))]
+    found = [p.read_text(encoding="utf-8") for p in sorted(checkout.glob("ai.*.yaml"))]
+    if not found:
+        raise CommandError(
+            "cannot check manifests: the CRDs are neither in the installed package "
+            f"(flexinfer_cli/crds) nor in a checkout ({checkout})"
+        )
+    return found

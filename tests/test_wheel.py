@@ -17,9 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(
-        list(args), capture_output=True, text=True, timeout=600, cwd=cwd, env=env
-    )
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +66,37 @@ def test_the_dev_verbs_say_what_to_install(fresh: Path, verb: list[str]) -> None
     assert result.returncode == 2, result.stderr
     assert "the local control plane is not installed" in result.stderr
     assert "pip install -e '.[dev]'" in result.stderr
+
+
+def test_the_command_checks_manifests_with_the_packaged_crds(fresh: Path) -> None:
+    """The wheel carries the CRDs (and jsonschema comes with it): `explain -f` refuses a
+    bad manifest naming the field, outside any checkout."""
+    bad = fresh.parent / "bad.yaml"
+    bad.write_text(
+        "kind: Model\napiVersion: ai.flexinfer/v1alpha2\nmetadata: {name: x}\n"
+        "spec: {backend: vllm, source: 'HF://a/b', gpu: {priority: 5000}}\n"
+    )
+    result = run(
+        str(fresh.parent / "flexinfer"), "explain", "model/x", "-f", str(bad), cwd=fresh.parent
+    )
+    assert result.returncode == 2, result.stderr
+    assert "spec.gpu.priority: 5000 is greater than the maximum of 1000" in result.stderr
+
+
+def test_kubectl_plugin_and_plot_extra(fresh: Path) -> None:
+    """`kubectl-flexinfer` is installed beside `flexinfer`; without the `plot` extra,
+    `simulate --plot` says what to install."""
+    plugin = run(str(fresh.parent / "kubectl-flexinfer"), "--help", cwd=fresh.parent)
+    assert plugin.returncode == 0 and "usage: kubectl flexinfer" in plugin.stdout
+    scenario = fresh.parent / "one.yaml"
+    scenario.write_text("models: [{name: a}]\n")
+    result = run(
+        str(fresh.parent / "flexinfer"),
+        "simulate",
+        str(scenario),
+        "--plot",
+        "x.png",
+        cwd=fresh.parent,
+    )
+    assert result.returncode == 2
+    assert "pip install 'flexinfer[plot]'" in result.stderr

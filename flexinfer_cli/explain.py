@@ -43,12 +43,11 @@ from flexinfer_core import (
     ModelState,
     Phase,
     Policy,
-    decide_gpu_group,
     decide_standalone,
     format_duration,
     parse_duration,
 )
-from flexinfer_core.explain import GroupExplanation, explain_group
+from flexinfer_core.explain import GroupExplanation, explain_gpu_group_ahead, explain_group
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import convert, observe
 from flexinfer_kube.clock import SystemClock
@@ -198,9 +197,18 @@ def apply_what_ifs(
         elif md is not None:
             # A GPUGroup member's demand is the proxy's report on the group.
             listed = [g for g in groups_with.values() if name in _members_of(g)]
+            key = convert.DEMAND_ANNOTATION_PREFIX + name
             for group in listed:
-                report = {"queued": 1, "oldestWaiting": stamp, "reportedAt": stamp}
-                key = convert.DEMAND_ANNOTATION_PREFIX + name
+                # One more queued request on top of the proxy's last report.
+                annotations = (group.get("metadata") or {}).get("annotations") or {}
+                queued, oldest, _ = convert.demand_from_annotation(
+                    annotations.get(key), now=at
+                ) or (0, None, None)
+                report = {
+                    "queued": queued + 1,
+                    "oldestWaiting": format_rfc3339(oldest or at),
+                    "reportedAt": stamp,
+                }
                 _evolve(view, GPU_GROUPS, group, annotations={key: json.dumps(report)})
             _evolve(view, MODEL_DEPLOYMENTS, md, status={"lastAccessTime": stamp})
         else:
@@ -506,7 +514,8 @@ def explain_gpu_group(
     if group is None:
         raise CommandError(f"GPUGroup {name!r} not found in namespace {namespace}")
     snapshot = observe.gpu_group_snapshot(view, group, now=at)
-    decision = decide_gpu_group(snapshot.state, now=at)
+    explanation = explain_gpu_group_ahead(snapshot.state, now=at)
+    decision = explanation.decision
     return {
         "kind": "GPUGroup",
         "namespace": namespace,
@@ -518,6 +527,10 @@ def explain_gpu_group(
         "action": decision.action.value,
         "phase": decision.phase.value,
         "blockedBy": decision.blocked_by,
+        "rules": [
+            {"number": r.number, "rule": r.name, "applied": r.applied, "why": r.why}
+            for r in explanation.rules
+        ],
         "members": [
             {
                 "name": s.name,
@@ -532,7 +545,18 @@ def explain_gpu_group(
             for s in decision.member_statuses
         ],
         "next_change_at": format_rfc3339(decision.next_change_at),
-        "next": [],
+        "next": [
+            {
+                "at": format_rfc3339(change.at),
+                "what": change.what,
+                "when": change.when,
+                "leader": change.leader,
+                "reason": change.reason,
+                "message": change.message,
+                "assumesDemand": [],
+            }
+            for change in explanation.upcoming
+        ],
     }
 
 
@@ -543,6 +567,15 @@ def gpu_group_text(data: dict[str, Any]) -> str:
         f"GPUGroup {data['group']} (namespace {data['namespace']}), at {clock(at)}",
         f"Holder: {data['leader'] or 'none'} ({data['reason']}, {data['action']}, phase "
         f"{data['phase']}): {data['message']}",
+        "",
+        "Steps (spec/election.md 3, in order):",
+        render_table(
+            ["#", "step", "applied", "why"],
+            [
+                [r["number"], r["rule"], "DECIDED" if r["applied"] else "-", r["why"]]
+                for r in data["rules"]
+            ],
+        ),
         "",
         "Members:",
         render_table(
@@ -560,13 +593,16 @@ def gpu_group_text(data: dict[str, Any]) -> str:
             ],
         ),
     ]
+    lines += ["", "Next (with no new request):"]
+    for change in data["next"]:
+        when = parse_rfc3339(change["at"])
+        assert when is not None
+        lines.append(f"  {clock(when)} ({until(when, now=at)}): {change['what']}: {change['when']}")
+    if not data["next"]:
+        lines.append("  nothing changes on its own; the next request or pod decides")
     timer = parse_rfc3339(data["next_change_at"])
-    lines += ["", "Next:"]
-    lines.append(
-        f"  the decision may change at {clock(timer)} ({until(timer, now=at)})"
-        if timer is not None
-        else "  nothing changes on its own; the next request or pod decides"
-    )
+    if timer is not None:
+        lines.append(f"Controller timer (next_change_at): {clock(timer)} ({until(timer, now=at)})")
     return "\n".join(lines)
 
 

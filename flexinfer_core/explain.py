@@ -1,4 +1,4 @@
-"""What `flexinfer explain` says about a shared group: the rules, the decision, what next.
+"""What `flexinfer explain` says about a group: the rules, the decision, what next.
 
 Built only from the functions the controller itself calls (`decide_group`,
 `explain_election`, `apply_decision`, `next_change_at`), on the snapshot it is
@@ -25,6 +25,13 @@ from flexinfer_core.election import (
     group_cooldown,
     is_demanded,
     loading_grace,
+)
+from flexinfer_core.gpugroup import (
+    GpuGroupDecision,
+    GpuGroupState,
+    decide_gpu_group,
+    explain_gpu_group,
+    record_gpu_group_decision,
 )
 from flexinfer_core.group import (
     GroupDecision,
@@ -249,3 +256,57 @@ def _loading(model: ModelState) -> bool:
         Phase.PENDING,
         Phase.LOADING,
     )
+
+
+@attrs.frozen
+class GpuGroupExplanation:
+    decision: GpuGroupDecision
+    rules: tuple[RuleCheck, ...]
+    # The changes ahead with no new request, earliest first (up to `limit`).
+    upcoming: tuple[NextChange, ...]
+
+
+def explain_gpu_group_ahead(
+    state: GpuGroupState, *, now: datetime, limit: int = 3
+) -> GpuGroupExplanation:
+    """`explain_gpu_group`, plus what changes next: the decision recorded (as the
+    controller writes it) and decided again at each `next_change_at` ahead."""
+    trace = explain_gpu_group(state, now=now)
+    recorded = record_gpu_group_decision(state, trace.decision)
+    base = decide_gpu_group(recorded, now=now)
+    probe = base  # the last decision looked at; its next_change_at is the next instant
+    found: list[NextChange] = []
+    for _ in range(MAX_LOOKAHEAD):
+        instant = probe.next_change_at
+        if instant is None:
+            break
+        later = probe = decide_gpu_group(recorded, now=instant)
+        if (later.active_model, later.reason, later.desired_replicas) == (
+            base.active_model,
+            base.reason,
+            base.desired_replicas,
+        ):
+            continue
+        if later.active_model != base.active_model:
+            what = (
+                f"{later.active_model} takes the GPU"
+                if later.active_model
+                else "the group scales to zero"
+            )
+        else:
+            what = f"{later.active_model or 'nobody'} holds as {later.reason}"
+        found.append(
+            NextChange(
+                at=instant,
+                what=what,
+                when=later.message,
+                leader=later.active_model,
+                reason=later.reason,
+                message=later.message,
+            )
+        )
+        if later.active_model != base.active_model or len(found) >= limit:
+            break
+        recorded = record_gpu_group_decision(recorded, later)
+        base = probe = decide_gpu_group(recorded, now=instant)
+    return GpuGroupExplanation(trace.decision, trace.rules, tuple(found))

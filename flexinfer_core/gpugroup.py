@@ -17,12 +17,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Final
 
 import attrs
 
 from flexinfer_core import reasons
 from flexinfer_core.annotations import DEMAND_STALE_AFTER, demand_is_stale
 from flexinfer_core.durations import format_duration
+from flexinfer_core.election import RuleCheck
 from flexinfer_core.group import Event
 from flexinfer_core.snapshot import (
     DEFAULT_PRIORITY,
@@ -207,42 +209,154 @@ def _is_in_use(state: GpuGroupState, current: GpuGroupMember, *, now: datetime) 
     return last is not None and now - last < current.idle_timeout
 
 
+def _gates(
+    state: GpuGroupState, current: GpuGroupMember, *, winner: GpuGroupMember, now: datetime
+) -> list[tuple[str, bool, str]]:
+    """Each anti-thrashing rule (steps 3–4) in order: (reason, blocks the swap, why)."""
+    anti = state.anti_thrashing
+    if not anti.enabled:
+        off = "anti-thrashing is disabled"
+        return [(reason, False, off) for reason in _GATE_REASONS]
+    gates = []
+    below = winner.queued < anti.request_queue_threshold
+    gates.append(
+        (
+            reasons.QUEUE_BELOW_THRESHOLD,
+            below,
+            f"{winner.name} has {winner.queued} queued request(s), "
+            f"{'below' if below else 'at least'} the threshold of {anti.request_queue_threshold}",
+        )
+    )
+    hysteresis = anti.hysteresis_window
+    waited = None if winner.oldest_waiting is None else now - winner.oldest_waiting
+    young = hysteresis > timedelta(0) and waited is not None and waited < hysteresis
+    gates.append(
+        (
+            reasons.HYSTERESIS,
+            young,
+            "the hysteresis window is 0s (disabled)"
+            if hysteresis <= timedelta(0)
+            else f"{winner.name}'s oldest request has waited "
+            f"{'less than' if young else 'at least'} the {format_duration(hysteresis)} "
+            "hysteresis window",
+        )
+    )
+    ran = None if state.last_swap_time is None else now - state.last_swap_time
+    short = ran is not None and ran < anti.minimum_run_duration
+    gates.append(
+        (
+            reasons.MINIMUM_RUN,
+            short,
+            f"{current.name} has run {'less than' if short else 'at least'} the minimum "
+            f"{format_duration(anti.minimum_run_duration)} since the last swap"
+            if ran is not None
+            else "no swap recorded yet",
+        )
+    )
+    cooling = (
+        winner.preempted_at is not None
+        and now - winner.preempted_at < anti.cooldown_after_preemption
+    )
+    gates.append(
+        (
+            reasons.COOLDOWN_AFTER_PREEMPTION,
+            cooling,
+            f"{winner.name} was preempted less than "
+            f"{format_duration(anti.cooldown_after_preemption)} ago"
+            if cooling
+            else f"{winner.name} was not preempted in the last "
+            f"{format_duration(anti.cooldown_after_preemption)}",
+        )
+    )
+    return gates
+
+
+_GATE_REASONS = (
+    reasons.QUEUE_BELOW_THRESHOLD,
+    reasons.HYSTERESIS,
+    reasons.MINIMUM_RUN,
+    reasons.COOLDOWN_AFTER_PREEMPTION,
+)
+
+# The steps of spec/election.md section 3, numbered for `flexinfer explain`.
+GPU_GROUP_RULES: Final = (
+    (1, "members exist"),
+    (2, "queued demand"),
+    (3, "winner holds"),
+    (4, "no holder"),
+    (5, "holder idle"),
+    (6, "queue threshold"),
+    (7, "hysteresis"),
+    (8, "minimum run"),
+    (9, "cooldown after preemption"),
+    (10, "swap"),
+    (11, "drain"),
+)
+_GPU_GROUP_RULE_NAMES: Final = dict(GPU_GROUP_RULES)
+
+
 def _blocking_gate(
     state: GpuGroupState, current: GpuGroupMember, *, winner: GpuGroupMember, now: datetime
 ) -> tuple[str, str] | None:
     """The anti-thrashing rule that keeps `current` against `winner`, if any (steps 3–4)."""
-    anti = state.anti_thrashing
-    if not anti.enabled:
-        return None
-    if winner.queued < anti.request_queue_threshold:
-        return reasons.QUEUE_BELOW_THRESHOLD, (
-            f"{winner.name} has {winner.queued} queued request(s), below the threshold of "
-            f"{anti.request_queue_threshold}"
-        )
-    hysteresis = anti.hysteresis_window
-    if (
-        hysteresis > timedelta(0)
-        and winner.oldest_waiting is not None
-        and now - winner.oldest_waiting < hysteresis
-    ):
-        return reasons.HYSTERESIS, (
-            f"{winner.name}'s oldest request has waited less than the "
-            f"{format_duration(hysteresis)} hysteresis window"
-        )
-    if state.last_swap_time is not None and now - state.last_swap_time < anti.minimum_run_duration:
-        return reasons.MINIMUM_RUN, (
-            f"{current.name} has run less than the minimum "
-            f"{format_duration(anti.minimum_run_duration)} since the last swap"
-        )
-    if (
-        winner.preempted_at is not None
-        and now - winner.preempted_at < anti.cooldown_after_preemption
-    ):
-        return reasons.COOLDOWN_AFTER_PREEMPTION, (
-            f"{winner.name} was preempted less than "
-            f"{format_duration(anti.cooldown_after_preemption)} ago"
-        )
-    return None
+    return next(
+        ((r, why) for r, blocks, why in _gates(state, current, winner=winner, now=now) if blocks),
+        None,
+    )
+
+
+@attrs.frozen
+class GpuGroupTrace:
+    """The GPUGroup decision and each step's outcome, in spec order (all eleven)."""
+
+    decision: GpuGroupDecision
+    rules: tuple[RuleCheck, ...]
+
+
+def explain_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupTrace:
+    """`decide_gpu_group`, plus each step's outcome in order (for `flexinfer explain`)."""
+    notes: list[RuleCheck] = []
+    decision = _decide(state, now=now, notes=notes)
+    decided = next(rule.number for rule in notes if rule.applied)
+    rules = [
+        *notes,
+        *(
+            RuleCheck(number, name, False, f"not reached: step {decided} decided")
+            for number, name in GPU_GROUP_RULES
+            if decided < number < 11
+        ),
+    ]
+    if decision.phase is GpuGroupPhase.DRAINING:
+        rules.append(_gpu_note(11, True, decision.message))
+    elif decision.active_model is None:
+        rules.append(_gpu_note(11, False, "no member is to hold the GPU"))
+    elif state.preemption_policy is PreemptionPolicy.IMMEDIATE:
+        rules.append(_gpu_note(11, False, "preemption is Immediate: the holder does not wait"))
+    else:
+        rules.append(_gpu_note(11, False, "no other member's pods are in the way"))
+    return GpuGroupTrace(decision, tuple(rules))
+
+
+def record_gpu_group_decision(state: GpuGroupState, decision: GpuGroupDecision) -> GpuGroupState:
+    """The GPUGroup as observed once the controller has written the decision's status."""
+    rows = {s.name: s for s in decision.member_statuses}
+    return attrs.evolve(
+        state,
+        current_model=decision.active_model,
+        last_swap_time=decision.last_swap_time,
+        last_swap_reason=decision.last_swap_reason,
+        swap_count=decision.swap_count,
+        members=tuple(
+            attrs.evolve(
+                m, preempted_at=rows[m.name].preempted_at, preempted_by=rows[m.name].preempted_by
+            )
+            for m in state.members
+        ),
+    )
+
+
+def _gpu_note(number: int, applied: bool, why: str) -> RuleCheck:
+    return RuleCheck(number, _GPU_GROUP_RULE_NAMES[number], applied, why)
 
 
 def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupState:
@@ -262,6 +376,17 @@ def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupSta
 
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
     """Decide which member holds the group's GPU (spec/election.md 3)."""
+    return _decide(state, now=now)
+
+
+def _decide(
+    state: GpuGroupState, *, now: datetime, notes: list[RuleCheck] | None = None
+) -> GpuGroupDecision:
+    # Each step either decides or, when notes are asked for, says why not.
+    def note(number: int, applied: bool, why: str) -> None:
+        if notes is not None:
+            notes.append(_gpu_note(number, applied, why))
+
     state = _without_stale_demand(state, now=now)
     existing = sorted((m for m in state.members if m.eligible), key=member_order)
     current = state.member(state.current_model) if state.current_model else None
@@ -270,94 +395,128 @@ def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision
     queued = [m for m in existing if m.queued > 0]
 
     if not existing:
+        message = _no_member_can_run(state)
+        note(1, True, message)
         return _finish(
             state,
             now=now,
             target=None,
             action=GpuGroupAction.IDLE,
             reason=reasons.NO_DEMAND,
-            message=_no_member_can_run(state),
+            message=message,
             failed=True,
         )
+    note(1, False, f"{len(existing)} member ModelDeployment(s) can run")
     if not queued:
         if current is not None and _is_in_use(state, current, now=now):
+            message = (
+                f"{current.name} keeps the GPU: its last request is younger than its "
+                f"{format_duration(current.idle_timeout)} idle timeout"
+            )
+            note(2, True, f"no queued requests; {message}")
             return _finish(
                 state,
                 now=now,
                 target=current,
                 action=GpuGroupAction.KEEP,
                 reason=reasons.KEEP_CURRENT,
-                message=f"{current.name} keeps the GPU: its last request is younger than its "
-                f"{format_duration(current.idle_timeout)} idle timeout",
+                message=message,
             )
         if current is not None:
+            message = (
+                f"{current.name} idle for longer than "
+                f"{format_duration(current.idle_timeout)}; scaling the group to zero"
+            )
+            note(2, True, f"no queued requests; {message}")
             return _finish(
                 state,
                 now=now,
                 target=None,
                 action=GpuGroupAction.IDLE,
                 reason=reasons.IDLE_TIMEOUT,
-                message=f"{current.name} idle for longer than "
-                f"{format_duration(current.idle_timeout)}; scaling the group to zero",
+                message=message,
             )
+        message = "no queued requests; no model holds the GPU"
+        note(2, True, message)
         return _finish(
             state,
             now=now,
             target=None,
             action=GpuGroupAction.IDLE,
             reason=reasons.NO_DEMAND,
-            message="no queued requests; no model holds the GPU",
+            message=message,
         )
+    if notes is not None:
+        waiting = ", ".join(f"{m.name} ({m.queued}, priority {m.priority})" for m in queued)
+        note(2, False, f"queued, in order: {waiting}")
 
     winner = queued[0]
     if current is not None and winner.name == current.name:
+        message = f"{current.name} serves its own queue"
+        note(3, True, message)
         return _finish(
             state,
             now=now,
             target=current,
             action=GpuGroupAction.KEEP,
             reason=reasons.KEEP_CURRENT,
-            message=f"{current.name} serves its own queue",
+            message=message,
         )
     if current is None:
+        note(3, False, f"the first in the queue, {winner.name}, does not hold the GPU")
+        message = f"starting {winner.name} for {winner.queued} queued request(s)"
+        note(4, True, message)
         return _finish(
             state,
             now=now,
             target=winner,
             action=GpuGroupAction.SWAP,
             reason=reasons.START,
-            message=f"starting {winner.name} for {winner.queued} queued request(s)",
+            message=message,
         )
+    note(3, False, f"{winner.name} is first in the queue; {current.name} holds the GPU")
+    note(4, False, f"{current.name} holds the GPU")
     if not _is_in_use(state, current, now=now):
+        message = (
+            f"swapping {current.name} (idle) for {winner.name} ({winner.queued} queued request(s))"
+        )
+        note(5, True, message)
         return _finish(
             state,
             now=now,
             target=winner,
             action=GpuGroupAction.SWAP,
             reason=reasons.SWAP,
-            message=f"swapping {current.name} (idle) for {winner.name} "
-            f"({winner.queued} queued request(s))",
+            message=message,
         )
-    gate = _blocking_gate(state, current, winner=winner, now=now)
-    if gate is not None:
-        blocked, why = gate
-        return _finish(
-            state,
-            now=now,
-            target=current,
-            action=GpuGroupAction.KEEP,
-            reason=blocked,
-            message=f"{current.name} keeps the GPU: {why}",
-            blocked=blocked,
-        )
+    note(5, False, f"{current.name} is in use (requests within its idle timeout, or queued)")
+    gates = _gates(state, current, winner=winner, now=now)
+    for number, (blocked, blocks, why) in zip(range(6, 10), gates, strict=True):
+        if blocks:
+            message = f"{current.name} keeps the GPU: {why}"
+            note(number, True, message)
+            return _finish(
+                state,
+                now=now,
+                target=current,
+                action=GpuGroupAction.KEEP,
+                reason=blocked,
+                message=message,
+                blocked=blocked,
+            )
+        note(number, False, why)
+    message = (
+        f"swapping {current.name} for {winner.name} ({winner.queued} queued "
+        f"request(s), priority {winner.priority})"
+    )
+    note(10, True, message)
     return _finish(
         state,
         now=now,
         target=winner,
         action=GpuGroupAction.SWAP,
         reason=reasons.SWAP,
-        message=f"swapping {current.name} for {winner.name} ({winner.queued} queued "
-        f"request(s), priority {winner.priority})",
+        message=message,
     )
 
 

@@ -7,13 +7,23 @@ and check that every change it announces really happens at the instant it names.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import attrs
 from hypothesis import given
 
-from flexinfer_core import apply_decision, decide_group, elect_leader
+from flexinfer_core import (
+    GpuGroupPhase,
+    GpuGroupState,
+    apply_decision,
+    decide_gpu_group,
+    decide_group,
+    elect_leader,
+)
 from flexinfer_core.election import RULES, explain_election
 from flexinfer_core.explain import explain_group
-from property_tests.strategies import GroupScenario, group_scenarios
+from flexinfer_core.gpugroup import GPU_GROUP_RULES, explain_gpu_group
+from property_tests.strategies import GroupScenario, gpu_group_states, group_scenarios
 
 
 @given(group_scenarios(lease_unreadable=None))
@@ -76,3 +86,17 @@ def test_an_announced_change_happens_at_its_instant_and_not_before(sc: GroupScen
         [m.desired_replicas for m in settled.members],
     )
     assert change.when  # every announced change names what crosses then
+
+
+@given(gpu_group_states())
+def test_the_gpu_group_trace_is_the_decision_with_one_deciding_step(
+    case: tuple[GpuGroupState, datetime],
+) -> None:
+    state, now = case
+    trace = explain_gpu_group(state, now=now)
+    assert trace.decision == decide_gpu_group(state, now=now)
+    assert [(r.number, r.name) for r in trace.rules] == list(GPU_GROUP_RULES)
+    deciding = [r.number for r in trace.rules if r.applied and r.number <= 10]
+    assert len(deciding) == 1
+    # The drain step applies exactly when the holder waits for the old pods.
+    assert trace.rules[-1].applied == (trace.decision.phase is GpuGroupPhase.DRAINING)

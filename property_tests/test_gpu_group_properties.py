@@ -16,27 +16,13 @@ from flexinfer_core import (
     PreemptionPolicy,
     decide_gpu_group,
 )
+from flexinfer_core.gpugroup import record_gpu_group_decision
 from property_tests.strategies import gpu_group_states
 
 Case = tuple[GpuGroupState, datetime]
 
 
-def record(state: GpuGroupState, decision: GpuGroupDecision) -> GpuGroupState:
-    """The GPUGroup as observed once the controller has written the decision's status."""
-    rows = {s.name: s for s in decision.member_statuses}
-    return attrs.evolve(
-        state,
-        current_model=decision.active_model,
-        last_swap_time=decision.last_swap_time,
-        last_swap_reason=decision.last_swap_reason,
-        swap_count=decision.swap_count,
-        members=tuple(
-            attrs.evolve(
-                m, preempted_at=rows[m.name].preempted_at, preempted_by=rows[m.name].preempted_by
-            )
-            for m in state.members
-        ),
-    )
+record = record_gpu_group_decision
 
 
 def with_live_demand(state: GpuGroupState, now: datetime) -> GpuGroupState:

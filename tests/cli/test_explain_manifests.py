@@ -285,3 +285,62 @@ def test_examples_replay(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert code == 0
     assert {m["name"] for m in json.loads(out)["members"]} == {"qwen-chat", "qwen-coder"}
+
+
+def test_a_gpu_group_replays_with_its_steps(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    report = json.dumps(
+        {"queued": 1, "oldestWaiting": "2026-12-01T11:59:55Z", "reportedAt": "2026-12-01T11:59:59Z"}
+    )
+    objects = [
+        {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "GPUGroup",
+            "metadata": {
+                "name": "card",
+                "namespace": "ai",
+                "annotations": {"demand.ai.flexinfer/b": report},
+            },
+            "spec": {"models": [{"name": "a"}, {"name": "b"}]},
+            "status": {"activeModel": "a", "lastSwapTime": "2026-12-01T11:50:00Z"},
+        },
+        *(
+            {
+                "apiVersion": "ai.flexinfer/v1alpha1",
+                "kind": "ModelDeployment",
+                "metadata": {"name": name, "namespace": "ai"},
+                "spec": {"backend": "vllm", "model": "m", "gpuGroupRef": "card"},
+                "status": {"lastAccessTime": "2026-12-01T11:59:00Z"} if name == "a" else {},
+            }
+            for name in ("a", "b")
+        ),
+    ]
+    path = dump(tmp_path, *objects)
+    code, out, _ = explain(capsys, "md/b", "-f", str(path), "-n", "ai", "--at", AT, "-o", "json")
+    data = json.loads(out)
+    assert (code, data["kind"], data["leader"], data["reason"]) == (
+        0,
+        "GPUGroup",
+        "a",
+        "QueueBelowThreshold",
+    )
+    assert [r["number"] for r in data["rules"] if r["applied"]] == [6]
+    assert data["next"][0]["what"] == "b takes the GPU"
+    assert data["next"][0]["at"] == "2026-12-01T12:04:00Z"
+    # What if b's queue were the threshold's worth? --demand adds to the proxy's report.
+    _, out, _ = explain(
+        capsys,
+        "gpugroup/card",
+        "-f",
+        str(path),
+        "-n",
+        "ai",
+        "--at",
+        AT,
+        "--demand",
+        "b",
+        "-o",
+        "json",
+    )
+    assert json.loads(out)["whatIf"]["demand"] == ["b"]

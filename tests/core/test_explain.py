@@ -6,9 +6,20 @@ from datetime import timedelta
 
 import pytest
 
-from flexinfer_core import GpuLease, Phase, Serverless, SharedState, elect_leader, reasons
+from flexinfer_core import (
+    AntiThrashing,
+    GpuGroupMember,
+    GpuGroupState,
+    GpuLease,
+    Phase,
+    Serverless,
+    SharedState,
+    elect_leader,
+    reasons,
+)
 from flexinfer_core.election import RULES, explain_election
-from flexinfer_core.explain import explain_group
+from flexinfer_core.explain import explain_gpu_group_ahead, explain_group
+from flexinfer_core.gpugroup import explain_gpu_group
 
 from .builders import T0, ago, member
 
@@ -201,3 +212,58 @@ def test_a_demanded_holder_keeps_the_card_while_its_requests_keep_coming() -> No
     # Equal priority against a busy leader: nothing changes while both keep asking.
     assert explanation.decision.leader == "chat"
     assert explanation.upcoming == ()
+
+
+# --- GPUGroups ---------------------------------------------------------------------------
+
+
+def _gpu_state(**fields: object) -> GpuGroupState:
+    members = (
+        GpuGroupMember(name="a", last_request=ago(60), has_pods=True, ready=True),
+        GpuGroupMember(name="b", queued=1, oldest_waiting=ago(5)),
+    )
+    defaults: dict[str, object] = {
+        "name": "card",
+        "members": members,
+        "current_model": "a",
+        "last_swap_time": ago(minutes=10),
+    }
+    return GpuGroupState(**{**defaults, **fields})  # type: ignore[arg-type]
+
+
+def test_a_gate_that_holds_is_the_deciding_step_and_the_swap_comes_when_the_holder_idles() -> None:
+    explanation = explain_gpu_group_ahead(_gpu_state(), now=T0)
+    decided = [r for r in explanation.rules if r.applied]
+    assert [(r.number, r.name) for r in decided] == [(6, "queue threshold")]
+    assert decided[0].why == "a keeps the GPU: b has 1 queued request(s), below the threshold of 3"
+    (change,) = explanation.upcoming
+    # a's last request (60 s ago) leaves its 5m idle timeout: the queued b takes the card.
+    assert change.at == ago(60) + timedelta(minutes=5)
+    assert (change.what, change.reason) == ("b takes the GPU", reasons.SWAP)
+
+
+def test_every_gate_says_why_it_let_the_swap_through() -> None:
+    members = (
+        GpuGroupMember(name="a", last_request=ago(1), has_pods=True, ready=True),
+        GpuGroupMember(name="b", queued=5, oldest_waiting=ago(30), preempted_at=ago(minutes=5)),
+    )
+    trace = explain_gpu_group(_gpu_state(members=members), now=T0)
+    why = {r.number: r.why for r in trace.rules}
+    assert why[6] == "b has 5 queued request(s), at least the threshold of 3"
+    assert why[7] == "b's oldest request has waited at least the 10s hysteresis window"
+    assert why[8] == "a has run at least the minimum 30s since the last swap"
+    assert why[9] == "b was not preempted in the last 1m"
+    assert [r.number for r in trace.rules if r.applied] == [10, 11]
+    assert trace.decision.reason == reasons.SWAP
+    # a still has pods: Graceful preemption drains them first.
+    assert trace.rules[10].applied and trace.rules[10].name == "drain"
+
+
+def test_anti_thrashing_off_says_so_for_every_gate() -> None:
+    members = (
+        GpuGroupMember(name="a", last_request=ago(1), has_pods=True, ready=True),
+        GpuGroupMember(name="b", queued=1, oldest_waiting=ago(1)),
+    )
+    state = _gpu_state(members=members, anti_thrashing=AntiThrashing(enabled=False))
+    trace = explain_gpu_group(state, now=T0)
+    assert {trace.rules[n].why for n in range(5, 9)} == {"anti-thrashing is disabled"}

@@ -12,8 +12,8 @@ from typing import Any
 
 from flexinfer_cli.cluster import add_cluster_flags, connect, list_cluster
 from flexinfer_cli.output import FORMATS, OK, emit, no_resources, render_table
-from flexinfer_k8s import convert
-from flexinfer_kube.objects import get_path
+from flexinfer_k8s.convert_models import model_cache_ref
+from flexinfer_kube.objects import get_path, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_CACHES, MODEL_DEPLOYMENTS, MODELS
 
 
@@ -32,17 +32,13 @@ def cache_users(
     """(namespace, cache) -> the Models and ModelDeployments that read it."""
     users: dict[tuple[str, str], list[str]] = {}
     for model in models:
-        ref = convert.model_cache_ref(model)
+        ref = model_cache_ref(model)
         if ref:
-            users.setdefault((convert.namespace_of(model), ref), []).append(
-                f"model/{convert.name_of(model)}"
-            )
+            users.setdefault((namespace_of(model), ref), []).append(f"model/{name_of(model)}")
     for md in deployments:
         ref = str(get_path(md, "spec", "modelCacheRef") or "")
         if ref:
-            users.setdefault((convert.namespace_of(md), ref), []).append(
-                f"modeldeployment/{convert.name_of(md)}"
-            )
+            users.setdefault((namespace_of(md), ref), []).append(f"modeldeployment/{name_of(md)}")
     return users
 
 
@@ -50,8 +46,8 @@ def cache_rows(
     caches: list[dict[str, Any]], users: dict[tuple[str, str], list[str]]
 ) -> list[dict[str, Any]]:
     rows = []
-    for obj in sorted(caches, key=lambda c: (convert.namespace_of(c), convert.name_of(c))):
-        key = (convert.namespace_of(obj), convert.name_of(obj))
+    for obj in sorted(caches, key=lambda c: (namespace_of(c), name_of(c))):
+        key = (namespace_of(obj), name_of(obj))
         rows.append(
             {
                 "namespace": key[0],

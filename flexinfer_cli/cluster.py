@@ -23,7 +23,7 @@ from kubernetes import config as k8s_config
 
 from flexinfer_cli.output import CommandError, UsageError
 from flexinfer_k8s.cache import LEASE_SOURCES, WATCHED, ClusterCache
-from flexinfer_k8s.convert import GPU_LEASE_LABEL
+from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
 from flexinfer_kube.kubeapi import KubeApi, KubeError, NotFound, Rejected, new_api_client
 from flexinfer_kube.resources import CONFIG_MAPS, Resource
 

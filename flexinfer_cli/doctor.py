@@ -43,12 +43,14 @@ from flexinfer_core import (
     parse_duration,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
-from flexinfer_k8s import convert, observe
+from flexinfer_k8s import observe
+from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
+from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
 from flexinfer_k8s.reconcile_cache import job_phase
 from flexinfer_k8s.render.finetune import job_name
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import KubeApi, KubeError
-from flexinfer_kube.objects import get_path
+from flexinfer_kube.objects import get_path, name_of
 from flexinfer_kube.resources import (
     EVENTS,
     GPU_GROUPS,
@@ -229,16 +231,16 @@ class GroupView:
 
 def _shared_groups(view: ClusterView, namespace: str, *, settings: Settings) -> list[GroupView]:
     out = []
-    names = sorted({convert.model_state_group(m) for m in view.objects(MODELS, namespace)})
+    names = sorted({model_state_group(m) for m in view.objects(MODELS, namespace)})
     for group in names:
         if not group:
             continue
         objs = view.shared_group_models(namespace, group)
-        members = {convert.name_of(m) for m in objs}
+        members = {name_of(m) for m in objs}
         departed = observe.departed_members(view, namespace, group, members=members)
         try:
             snapshot = observe.shared_group_snapshot(
-                view, namespace, group, objs, departed=departed, now=settings.now
+                view, namespace, group, objs, departed=departed
             )
         except FlexinferError:
             continue  # a Model the core refuses shows in its own status, not here
@@ -272,14 +274,14 @@ def runnable_member(
             )
         )
     for obj in view.objects(GPU_GROUPS, namespace):
-        snapshot = observe.gpu_group_snapshot(view, obj, now=settings.now)
+        snapshot = observe.gpu_group_snapshot(view, obj)
         if not any(m.exists for m in snapshot.state.members):
             listed = ", ".join(snapshot.members) or "none"
             findings.append(
                 Finding(
                     "runnable-member",
                     "fail",
-                    f"gpugroup/{convert.name_of(obj)}",
+                    f"gpugroup/{name_of(obj)}",
                     namespace,
                     f"no member ModelDeployment exists (listed: {listed})",
                     "Create the ModelDeployments spec.models names, or fix the names in the "
@@ -340,7 +342,7 @@ def swap_loop(
         name = str(involved.get("name") or "")
         if involved.get("kind") == MODELS.kind and event.get("reason") == "Promoted":
             model = view.get(MODELS, namespace, name)
-            group = convert.model_state_group(model) if model is not None else ""
+            group = model_state_group(model) if model is not None else ""
             if group:
                 counts[("group", group)] += int(event.get("count") or 1)
         elif involved.get("kind") == GPU_GROUPS.kind:
@@ -373,7 +375,7 @@ def swap_loop(
 def lease_owner(view: ClusterView, namespace: str, *, settings: Settings) -> list[Finding]:
     findings = []
     for obj in view.objects(GPU_LEASES, namespace):
-        lease = convert.gpu_lease_from_k8s(obj)
+        lease = gpu_lease_from_k8s(obj)
         if lease is None:
             continue
         name = f"gpulease/{lease.name}"
@@ -434,7 +436,7 @@ def lease_owner(view: ClusterView, namespace: str, *, settings: Settings) -> lis
 
 
 def memory_cache(view: ClusterView, namespace: str) -> list[Finding]:
-    used = {convert.model_cache_ref(m) for m in view.objects(MODELS, namespace)} | {
+    used = {model_cache_ref(m) for m in view.objects(MODELS, namespace)} | {
         str(get_path(md, "spec", "modelCacheRef") or "")
         for md in view.objects(MODEL_DEPLOYMENTS, namespace)
     }
@@ -442,7 +444,7 @@ def memory_cache(view: ClusterView, namespace: str) -> list[Finding]:
     for obj in view.objects(MODEL_CACHES, namespace):
         if get_path(obj, "spec", "storageStrategy") != "Memory":
             continue
-        name = convert.name_of(obj)
+        name = name_of(obj)
         path = get_path(obj, "status", "path") or f"/dev/shm/flexinfer/{namespace}/{name}"
         node = (get_path(obj, "spec", "nodeSelector") or {}).get("kubernetes.io/hostname")
         where = f" on node {node}" if node else " on the nodes that served it"
@@ -488,7 +490,7 @@ def demand_reaches_controller(
                 Finding(
                     "demand-reaches-controller",
                     "fail",
-                    f"model/{convert.name_of(obj)}",
+                    f"model/{name_of(obj)}",
                     namespace,
                     "the controller has never written this Model's status",
                     "Start the controller, or let it watch this namespace (--namespace), and "
@@ -501,7 +503,7 @@ def demand_reaches_controller(
             snapshot.states,
             now=settings.now,
             leases=snapshot.leases,
-            lease_unreadable=snapshot.lease_unreadable,
+            unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=settings.policy,
             running=snapshot.running,
         )
@@ -529,7 +531,7 @@ def demand_reaches_controller(
                     )
                 )
     for obj in view.objects(GPU_GROUPS, namespace):
-        gpu_group = observe.gpu_group_snapshot(view, obj, now=settings.now)
+        gpu_group = observe.gpu_group_snapshot(view, obj)
         wanted = decide_gpu_group(gpu_group.state, now=settings.now)
         oldest = [m.oldest_waiting for m in gpu_group.state.members if m.oldest_waiting]
         recorded = get_path(obj, "status", "activeModel") or None
@@ -538,7 +540,7 @@ def demand_reaches_controller(
                 Finding(
                     "demand-reaches-controller",
                     "fail",
-                    f"gpugroup/{convert.name_of(obj)}",
+                    f"gpugroup/{name_of(obj)}",
                     namespace,
                     f"requests queued since {timestamp(min(oldest))}, but the controller has not "
                     f"acted: the active model should be {wanted.active_model or 'none'}",

@@ -40,6 +40,7 @@ from flexinfer_cli.output import (
 from flexinfer_core import (
     DEFAULT_POLICY,
     FlexinferError,
+    MembershipKind,
     ModelState,
     Phase,
     Policy,
@@ -47,10 +48,19 @@ from flexinfer_core import (
     format_duration,
     parse_duration,
 )
+from flexinfer_core.annotations import (
+    DemandReport,
+    demand_annotation_key,
+    demand_is_stale,
+    format_demand,
+    parse_demand,
+)
 from flexinfer_core.explain import GroupExplanation, explain_gpu_group_ahead, explain_group
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
-from flexinfer_k8s import convert, observe
+from flexinfer_k8s import observe
+from flexinfer_k8s.convert_models import model_state_group
 from flexinfer_kube.clock import SystemClock
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, GPU_LEASES, MODEL_DEPLOYMENTS, MODELS
 
 KINDS = {
@@ -188,7 +198,7 @@ def apply_what_ifs(
     at: datetime,
 ) -> None:
     stamp = format_rfc3339(at)
-    groups_with = {convert.name_of(g): g for g in view.objects(GPU_GROUPS, namespace)}
+    groups_with = {name_of(g): g for g in view.objects(GPU_GROUPS, namespace)}
     for name in demand:
         model = view.get(MODELS, namespace, name)
         md = view.get(MODEL_DEPLOYMENTS, namespace, name)
@@ -197,19 +207,19 @@ def apply_what_ifs(
         elif md is not None:
             # A GPUGroup member's demand is the proxy's report on the group.
             listed = [g for g in groups_with.values() if name in _members_of(g)]
-            key = convert.DEMAND_ANNOTATION_PREFIX + name
+            key = demand_annotation_key(name)
             for group in listed:
                 # One more queued request on top of the proxy's last report.
                 annotations = (group.get("metadata") or {}).get("annotations") or {}
-                queued, oldest, _ = convert.demand_from_annotation(
-                    annotations.get(key), now=at
-                ) or (0, None, None)
-                report = {
-                    "queued": queued + 1,
-                    "oldestWaiting": format_rfc3339(oldest or at),
-                    "reportedAt": stamp,
-                }
-                _evolve(view, GPU_GROUPS, group, annotations={key: json.dumps(report)})
+                last = parse_demand(annotations.get(key))
+                if last is None or demand_is_stale(last.reported_at, now=at):
+                    last = DemandReport(queued=0)
+                report = DemandReport(
+                    queued=last.queued + 1,
+                    oldest_waiting=last.oldest_waiting or at,
+                    reported_at=at,
+                )
+                _evolve(view, GPU_GROUPS, group, annotations={key: format_demand(report)})
             _evolve(view, MODEL_DEPLOYMENTS, md, status={"lastAccessTime": stamp})
         else:
             raise UsageError(f"--demand: no Model or ModelDeployment {name!r} in {namespace}")
@@ -241,7 +251,7 @@ def _evolve(
     if annotations:
         changed.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
     # Replace, not write_through: the view's resourceVersions are the listing's.
-    view.store(resource).forget(convert.namespace_of(obj), convert.name_of(obj))
+    view.store(resource).forget(namespace_of(obj), name_of(obj))
     view.store(resource).write_through(changed)
 
 
@@ -252,7 +262,7 @@ def model_group(view: ClusterView, namespace: str, name: str) -> str:
     model = view.get(MODELS, namespace, name)
     if model is None:
         raise CommandError(f"Model {name!r} not found in namespace {namespace}")
-    return convert.model_state_group(model)
+    return model_state_group(model)
 
 
 def explain_shared(
@@ -271,11 +281,9 @@ def explain_shared(
     else:
         found = view.get(MODELS, namespace, model or "")
         objs = [found] if found is not None else []
-    members = {convert.name_of(m) for m in objs}
+    members = {name_of(m) for m in objs}
     departed = observe.departed_members(view, namespace, group, members=members) if group else set()
-    snapshot = observe.shared_group_snapshot(
-        view, namespace, group, objs, departed=departed, now=at
-    )
+    snapshot = observe.shared_group_snapshot(view, namespace, group, objs, departed=departed)
     states = replay_recorded_phases(view, namespace, snapshot.states, objs)
     running = set(snapshot.running)
     if view.source == "manifests":
@@ -285,7 +293,7 @@ def explain_shared(
             states,
             now=at,
             leases=snapshot.leases,
-            lease_unreadable=snapshot.lease_unreadable,
+            unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=policy,
             running=running,
         )
@@ -300,7 +308,7 @@ def replay_recorded_phases(
     """From manifests, a Model with no Deployment in the view keeps its recorded phase."""
     if view.source != "manifests":
         return list(states)
-    recorded = {convert.name_of(o): (o.get("status") or {}).get("phase") for o in objs}
+    recorded = {name_of(o): (o.get("status") or {}).get("phase") for o in objs}
     out = []
     for state in states:
         phase = recorded.get(state.name)
@@ -513,7 +521,7 @@ def explain_gpu_group(
     group = view.get(GPU_GROUPS, namespace, name)
     if group is None:
         raise CommandError(f"GPUGroup {name!r} not found in namespace {namespace}")
-    snapshot = observe.gpu_group_snapshot(view, group, now=at)
+    snapshot = observe.gpu_group_snapshot(view, group)
     explanation = explain_gpu_group_ahead(snapshot.state, now=at)
     decision = explanation.decision
     return {
@@ -612,14 +620,13 @@ def explain_model_deployment(
     md = view.get(MODEL_DEPLOYMENTS, namespace, name)
     if md is None:
         raise CommandError(f"ModelDeployment {name!r} not found in namespace {namespace}")
-    groups = view.gpu_groups_with_member(namespace, name) or (
-        [convert.model_deployment_group_ref(md)] if convert.model_deployment_group_ref(md) else []
-    )
-    if groups:
-        data = explain_gpu_group(view, namespace, groups[0], at=at)
+    membership = view.membership(md)
+    if membership.kind is MembershipKind.MEMBER and membership.group:
+        data = explain_gpu_group(view, namespace, membership.group, at=at)
         data["member"] = name
         return data
-    snapshot = observe.standalone_snapshot(view, md)
+    # Standalone, or held at zero by a membership conflict (its reason says which).
+    snapshot = observe.standalone_snapshot(view, md, membership)
     decision = decide_standalone(snapshot.state, now=at)
     state = snapshot.state
     return {

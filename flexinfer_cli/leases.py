@@ -33,9 +33,11 @@ from flexinfer_cli.output import (
 )
 from flexinfer_core import FlexinferError, format_duration, lease_is_active, parse_duration
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
-from flexinfer_k8s import convert
+from flexinfer_k8s.convert_leases import gpu_lease_from_config_map, gpu_lease_from_k8s
+from flexinfer_k8s.convert_models import model_state_group
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import Conflict, KubeApi, NotFound
+from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -120,9 +122,9 @@ def lease_rows(objs: list[dict[str, Any]], *, now: datetime) -> list[dict[str, A
     rows = []
     for obj in objs:
         lease = (
-            convert.gpu_lease_from_config_map(obj)
+            gpu_lease_from_config_map(obj)
             if obj.get("kind") == CONFIG_MAPS.kind
-            else convert.gpu_lease_from_k8s(obj)
+            else gpu_lease_from_k8s(obj)
         )
         if lease is None:
             continue
@@ -181,9 +183,9 @@ def run_acquire(args: argparse.Namespace) -> int:
         expires=expires,
     )
     parked = sorted(
-        convert.name_of(m)
+        name_of(m)
         for m in (target.api.list(MODELS, namespace).get("items") or [])
-        if convert.model_state_group(m) == args.group
+        if model_state_group(m) == args.group
     )
     data = {
         "name": name,
@@ -240,22 +242,22 @@ def run_release(args: argparse.Namespace) -> int:
         for lease in leases
         if (lease.get("spec") or {}).get("group") == args.group
         and (args.owner is None or (lease.get("spec") or {}).get("owner") == args.owner)
-        and (args.name is None or convert.name_of(lease) == args.name)
+        and (args.name is None or name_of(lease) == args.name)
     ]
     if not chosen:
         who = f" held by {args.owner}" if args.owner else ""
         raise CommandError(f"no GPU lease on group {args.group}{who} in namespace {namespace}")
     owned = [lease for lease in chosen if (lease.get("metadata") or {}).get("ownerReferences")]
     if owned and not args.force:
-        names = ", ".join(convert.name_of(lease) for lease in owned)
+        names = ", ".join(name_of(lease) for lease in owned)
         raise CommandError(
             f"{names}: owned by a ModelCache (a finetune Job's lease; the controller releases "
             "it when the Job ends); pass --force to release it anyway"
         )
     for lease in chosen:
         try:
-            target.api.delete(GPU_LEASES, namespace, convert.name_of(lease))
+            target.api.delete(GPU_LEASES, namespace, name_of(lease))
         except NotFound:
             continue
-        print(f"gpulease/{convert.name_of(lease)} released (group {args.group})")
+        print(f"gpulease/{name_of(lease)} released (group {args.group})")
     return OK if chosen else FAILED

@@ -37,6 +37,7 @@ from flexinfer_cli.output import (
 from flexinfer_core import (
     FlexinferError,
     GpuGroupDecision,
+    Membership,
     Phase,
     Policy,
     decide_gpu_group,
@@ -46,11 +47,13 @@ from flexinfer_core import (
 from flexinfer_core.election import in_cooldown
 from flexinfer_core.explain import explain_group
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
-from flexinfer_k8s import convert, observe
+from flexinfer_k8s import observe
 from flexinfer_k8s.cache import WATCHED
-from flexinfer_k8s.convert import GPU_LEASE_LABEL
+from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
+from flexinfer_k8s.convert_models import model_state_group
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.informers import Informer, wait_all
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS
 
 # How often -w looks again with no event (ages and timers are recomputed; a block is
@@ -95,11 +98,11 @@ def run(args: argparse.Namespace) -> int:
 def status_data(view: ClusterView, *, now: datetime, policy: Policy) -> dict[str, Any]:
     groups, models = [], []
     for namespace in view.namespaces():
-        for key in sorted({convert.model_state_group(m) for m in view.objects(MODELS, namespace)}):
+        for key in sorted({model_state_group(m) for m in view.objects(MODELS, namespace)}):
             if key:
                 groups.append(shared_group_row(view, namespace, key, now=now, policy=policy))
         for model in view.objects(MODELS, namespace):
-            if not convert.model_state_group(model):
+            if not model_state_group(model):
                 models.append(standalone_model_row(view, model, now=now, policy=policy))
     return {
         "at": format_rfc3339(now),
@@ -110,31 +113,29 @@ def status_data(view: ClusterView, *, now: datetime, policy: Policy) -> dict[str
             for group in sorted(view.objects(GPU_GROUPS), key=_key)
         ],
         "modelDeployments": [
-            model_deployment_row(view, md, now=now)
+            model_deployment_row(view, *found, now=now)
             for md in sorted(view.objects(MODEL_DEPLOYMENTS), key=_key)
-            if view.standalone_model_deployment(convert.namespace_of(md), convert.name_of(md))
+            if (found := view.model_deployment_on_its_own(namespace_of(md), name_of(md)))
         ],
     }
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
-    return (convert.namespace_of(obj), convert.name_of(obj))
+    return (namespace_of(obj), name_of(obj))
 
 
 def shared_group_row(
     view: ClusterView, namespace: str, group: str, *, now: datetime, policy: Policy
 ) -> dict[str, Any]:
     objs = view.shared_group_models(namespace, group)
-    members = {convert.name_of(m) for m in objs}
+    members = {name_of(m) for m in objs}
     departed = observe.departed_members(view, namespace, group, members=members)
-    snapshot = observe.shared_group_snapshot(
-        view, namespace, group, objs, departed=departed, now=now
-    )
+    snapshot = observe.shared_group_snapshot(view, namespace, group, objs, departed=departed)
     explanation = explain_group(
         snapshot.states,
         now=now,
         leases=snapshot.leases,
-        lease_unreadable=snapshot.lease_unreadable,
+        unreadable_lease_sources=snapshot.unreadable_lease_sources,
         policy=policy,
         running=snapshot.running,
         limit=1,
@@ -148,7 +149,7 @@ def shared_group_row(
         for m in snapshot.states
         if m.preempted_at is not None
         and m.phase is not Phase.READY
-        and in_cooldown(m, now, cooldown)
+        and in_cooldown(m, now, cooldown=cooldown)
     ]
     lease = decision.election.lease
     change = explanation.next_change
@@ -176,8 +177,8 @@ def shared_group_row(
 def standalone_model_row(
     view: ClusterView, model: dict[str, Any], *, now: datetime, policy: Policy
 ) -> dict[str, Any]:
-    namespace = convert.namespace_of(model)
-    snapshot = observe.shared_group_snapshot(view, namespace, "", [model], now=now)
+    namespace = namespace_of(model)
+    snapshot = observe.shared_group_snapshot(view, namespace, "", [model])
     explanation = explain_group(
         snapshot.states, now=now, policy=policy, running=snapshot.running, limit=1
     )
@@ -199,15 +200,15 @@ def standalone_model_row(
 
 
 def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) -> dict[str, Any]:
-    snapshot = observe.gpu_group_snapshot(view, group, now=now)
+    snapshot = observe.gpu_group_snapshot(view, group)
     decision: GpuGroupDecision = decide_gpu_group(snapshot.state, now=now)
     queued = sorted(
         (m for m in snapshot.state.members if m.queued > 0),
         key=lambda m: (-m.priority, m.oldest_waiting or now, m.name),
     )
     return {
-        "namespace": convert.namespace_of(group),
-        "name": convert.name_of(group),
+        "namespace": namespace_of(group),
+        "name": name_of(group),
         "active": decision.active_model,
         "phase": decision.phase.value,
         "reason": decision.reason,
@@ -220,8 +221,10 @@ def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) ->
     }
 
 
-def model_deployment_row(view: ClusterView, md: dict[str, Any], *, now: datetime) -> dict[str, Any]:
-    snapshot = observe.standalone_snapshot(view, md)
+def model_deployment_row(
+    view: ClusterView, md: dict[str, Any], membership: Membership, *, now: datetime
+) -> dict[str, Any]:
+    snapshot = observe.standalone_snapshot(view, md, membership)
     decision = decide_standalone(snapshot.state, now=now)
     state = snapshot.state
     return {

@@ -185,7 +185,7 @@ def test_lease(local_cluster: object, cluster: Cluster, capsys: pytest.CaptureFi
         )
         c.wait_parked("a")
         data = agreed(c, "group/g", capsys)
-    assert data["leader"] is None
+    assert (data["leader"], data["reason"]) == (None, "GPULeaseHeld")
     assert data["lease"]["name"] == "train"
     assert {m["reason"] for m in data["members"]} == {"GPULeaseHeld"}
     assert {m["preemptedBy"] for m in data["members"]} == {"gpu-lease/trainer"}

@@ -138,7 +138,7 @@ def test_what_if_a_lease_were_taken(capsys: pytest.CaptureFixture[str], tmp_path
     )
     assert code == 0
     data = json.loads(out)
-    assert (data["leader"], data["reason"]) == (None, "GpuLeaseHeld")
+    assert (data["leader"], data["reason"]) == (None, "GPULeaseHeld")
     assert data["lease"]["name"] == "what-if"
     assert {m["reason"] for m in data["members"]} == {"GPULeaseHeld"}
 

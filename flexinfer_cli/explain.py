@@ -55,7 +55,13 @@ from flexinfer_core.annotations import (
     format_demand,
     parse_demand,
 )
-from flexinfer_core.explain import GroupExplanation, explain_gpu_group_ahead, explain_group
+from flexinfer_core.election import RuleCheck
+from flexinfer_core.explain import (
+    GroupExplanation,
+    NextChange,
+    explain_gpu_group_ahead,
+    explain_group,
+)
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_models import model_state_group
@@ -371,10 +377,7 @@ def shared_data(
         "leader": decision.leader,
         "reason": decision.reason,
         "message": decision.message,
-        "rules": [
-            {"number": r.number, "rule": r.name, "applied": r.applied, "why": r.why}
-            for r in explanation.rules
-        ],
+        "rules": rules_json(explanation.rules),
         "members": members,
         "lease": None
         if lease is None
@@ -387,19 +390,27 @@ def shared_data(
         },
         "leasesUnreadable": list(snapshot.unreadable_lease_sources),
         "next_change_at": format_rfc3339(decision.next_change_at),
-        "next": [
-            {
-                "at": format_rfc3339(change.at),
-                "what": change.what,
-                "when": change.when,
-                "leader": change.leader,
-                "reason": change.reason,
-                "message": change.message,
-                "assumesDemand": list(change.assumes_demand),
-            }
-            for change in explanation.upcoming
-        ],
+        "next": changes_json(explanation.upcoming),
     }
+
+
+def rules_json(rules: Sequence[RuleCheck]) -> list[dict[str, Any]]:
+    return [{"number": r.number, "rule": r.name, "applied": r.applied, "why": r.why} for r in rules]
+
+
+def changes_json(upcoming: Sequence[NextChange]) -> list[dict[str, Any]]:
+    return [
+        {
+            "at": format_rfc3339(change.at),
+            "what": change.what,
+            "when": change.when,
+            "leader": change.leader,
+            "reason": change.reason,
+            "message": change.message,
+            "assumesDemand": list(change.assumes_demand),
+        }
+        for change in upcoming
+    ]
 
 
 def shared_text(data: dict[str, Any], *, at: datetime) -> str:
@@ -535,10 +546,7 @@ def explain_gpu_group(
         "action": decision.action.value,
         "phase": decision.phase.value,
         "blockedBy": decision.blocked_by,
-        "rules": [
-            {"number": r.number, "rule": r.name, "applied": r.applied, "why": r.why}
-            for r in explanation.rules
-        ],
+        "rules": rules_json(explanation.rules),
         "members": [
             {
                 "name": s.name,
@@ -553,18 +561,7 @@ def explain_gpu_group(
             for s in decision.member_statuses
         ],
         "next_change_at": format_rfc3339(decision.next_change_at),
-        "next": [
-            {
-                "at": format_rfc3339(change.at),
-                "what": change.what,
-                "when": change.when,
-                "leader": change.leader,
-                "reason": change.reason,
-                "message": change.message,
-                "assumesDemand": [],
-            }
-            for change in explanation.upcoming
-        ],
+        "next": changes_json(explanation.upcoming),
     }
 
 

@@ -1,0 +1,79 @@
+"""`flexinfer status` rows for every kind of group, from a view filled with manifests.
+
+The live-cluster tests (test_commands_cluster.py) cover shared groups and `-w`; these
+cover a GPUGroup held back by a gate, a standalone ModelDeployment's scale-down timer
+and a Model that shares no card, without a cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from flexinfer_cli.manifests import load_manifests
+from flexinfer_cli.status import status_data, status_text
+from flexinfer_core import DEFAULT_POLICY
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+REPORT = (
+    '{"queued": 1, "oldestWaiting": "2026-12-01T11:59:55Z", "reportedAt": "2026-12-01T11:59:59Z"}'
+)
+OBJECTS = [
+    {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "GPUGroup",
+        "metadata": {"name": "card", "annotations": {"demand.ai.flexinfer/b": REPORT}},
+        "spec": {"models": [{"name": "a"}, {"name": "b"}]},
+        "status": {"activeModel": "a", "lastSwapTime": "2026-12-01T11:50:00Z", "swapCount": 4},
+    },
+    *(
+        {
+            "apiVersion": "ai.flexinfer/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": name},
+            "spec": {"backend": "vllm", "model": "m"},
+            "status": {"lastAccessTime": "2026-12-01T11:59:00Z"} if name == "a" else {},
+        }
+        for name in ("a", "b")
+    ),
+    {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "solo"},
+        "spec": {"backend": "vllm", "model": "m", "minReplicas": 0, "idleTimeoutSeconds": 300},
+        "status": {"lastAccessTime": "2026-12-01T11:58:00Z"},
+    },
+    {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": "lonely"},
+        "spec": {"backend": "vllm", "source": "HF://org/lonely"},
+        "status": {"lastActiveTime": "2026-12-01T11:59:00Z"},
+    },
+]
+
+
+def test_rows_for_gpu_groups_standalone_deployments_and_unshared_models(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(OBJECTS))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+
+    (group,) = data["gpuGroups"]
+    assert (group["name"], group["active"], group["gate"]) == ("card", "a", "QueueBelowThreshold")
+    assert group["queue"] == [{"name": "b", "queued": 1}]
+    assert group["swaps"] == 4
+
+    (solo,) = data["modelDeployments"]  # a and b belong to the GPUGroup
+    assert (solo["name"], solo["desiredReplicas"], solo["reason"]) == ("solo", 1, "InUse")
+    assert solo["scalesDownAt"] == "2026-12-01T12:03:00Z"
+
+    (lonely,) = data["models"]
+    assert (lonely["name"], lonely["desiredReplicas"]) == ("lonely", 1)
+    assert data["sharedGroups"] == []
+
+    text = status_text(data, now=NOW, namespace="ai")
+    assert "GPUGroups:\nGPUGROUP   ACTIVE   PHASE" in text
+    assert "in 3m to 0" in text  # solo scales down when its idle timeout lapses

@@ -112,7 +112,8 @@ def build_parser(prog: str = "flexinfer") -> argparse.ArgumentParser:
         "--progress",
         choices=("auto", "always", "never"),
         default="auto",
-        help="progress bar while plotting long traces (auto: on a terminal)",
+        help="progress bar while plotting (auto: on a terminal, for traces of 2000 or more "
+        "steps and requests)",
     )
     demo = sub.add_parser("demo", help="local control plane + controller + two models")
     demo.add_argument("--keep", action="store_true", help="leave the cluster running")

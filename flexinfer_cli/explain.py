@@ -121,6 +121,13 @@ def add_parser(sub: Any) -> None:
         help="read objects from these files or directories (`-` for stdin) instead of a "
         "cluster; status fields are replayed as given",
     )
+    parser.add_argument(
+        "--changes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="how many changes ahead to show (3); the search stops at the first new holder",
+    )
     parser.add_argument("-o", "--output", choices=FORMATS, default="table")
     add_policy_flags(parser)
     add_cluster_flags(parser, all_namespaces=False)
@@ -168,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
             "modeldeployment (md)"
         )
     kind = KINDS[kind.lower()]
+    if args.changes < 1:
+        raise UsageError("--changes: must be at least 1")
     try:
         policy = policy_from(args)
         at = instant(args.at, now=SystemClock().now())
@@ -176,15 +185,21 @@ def run(args: argparse.Namespace) -> int:
     view, namespace = read_view(args)
     apply_what_ifs(view, namespace, demand=args.demand, lease_group=args.lease, at=at)
     if kind == "gpugroup":
-        data = explain_gpu_group(view, namespace, name, at=at)
+        data = explain_gpu_group(view, namespace, name, at=at, changes=args.changes)
         text = gpu_group_text(data)
     elif kind == "modeldeployment":
-        data = explain_model_deployment(view, namespace, name, at=at)
+        data = explain_model_deployment(view, namespace, name, at=at, changes=args.changes)
         text = model_deployment_text(data)
     else:
         group = name if kind == "group" else model_group(view, namespace, name)
         data = explain_shared(
-            view, namespace, group, model=name if kind == "model" else None, at=at, policy=policy
+            view,
+            namespace,
+            group,
+            model=name if kind == "model" else None,
+            at=at,
+            policy=policy,
+            changes=args.changes,
         )
         text = shared_text(data, at=at)
     data["whatIf"] = {"demand": list(args.demand), "lease": args.lease}
@@ -279,6 +294,7 @@ def explain_shared(
     model: str | None,
     at: datetime,
     policy: Policy,
+    changes: int = 3,
 ) -> dict[str, Any]:
     if group:
         objs = view.shared_group_models(namespace, group)
@@ -302,6 +318,7 @@ def explain_shared(
             unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=policy,
             running=running,
+            limit=changes,
         )
     except FlexinferError as error:
         raise CommandError(str(error)) from None
@@ -527,13 +544,13 @@ def _ago(value: str | None, at: datetime) -> str:
 
 
 def explain_gpu_group(
-    view: ClusterView, namespace: str, name: str, *, at: datetime
+    view: ClusterView, namespace: str, name: str, *, at: datetime, changes: int = 3
 ) -> dict[str, Any]:
     group = view.get(GPU_GROUPS, namespace, name)
     if group is None:
         raise CommandError(f"GPUGroup {name!r} not found in namespace {namespace}")
     snapshot = observe.gpu_group_snapshot(view, group)
-    explanation = explain_gpu_group_ahead(snapshot.state, now=at)
+    explanation = explain_gpu_group_ahead(snapshot.state, now=at, limit=changes)
     decision = explanation.decision
     return {
         "kind": "GPUGroup",
@@ -612,14 +629,14 @@ def gpu_group_text(data: dict[str, Any]) -> str:
 
 
 def explain_model_deployment(
-    view: ClusterView, namespace: str, name: str, *, at: datetime
+    view: ClusterView, namespace: str, name: str, *, at: datetime, changes: int = 3
 ) -> dict[str, Any]:
     md = view.get(MODEL_DEPLOYMENTS, namespace, name)
     if md is None:
         raise CommandError(f"ModelDeployment {name!r} not found in namespace {namespace}")
     membership = view.membership(md)
     if membership.kind is MembershipKind.MEMBER and membership.group:
-        data = explain_gpu_group(view, namespace, membership.group, at=at)
+        data = explain_gpu_group(view, namespace, membership.group, at=at, changes=changes)
         data["member"] = name
         return data
     # Standalone, or held at zero by a membership conflict (its reason says which).

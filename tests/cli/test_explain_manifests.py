@@ -344,3 +344,15 @@ def test_a_gpu_group_replays_with_its_steps(
         "json",
     )
     assert json.loads(out)["whatIf"]["demand"] == ["b"]
+
+
+def test_changes_bounds_how_far_ahead_it_looks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = dump(tmp_path, *COOLDOWN)
+    args = ("group/homelab-gpu", "-f", str(path), "-n", "ai", "--at", AT, "-o", "json")
+    code, out, _ = explain(capsys, *args, "--changes", "1")
+    (only,) = json.loads(out)["next"]
+    assert (code, only["what"]) == (0, "chat scales from 1 to 0")
+    code, _, err = explain(capsys, *args, "--changes", "0")
+    assert code == 2 and "--changes: must be at least 1" in err

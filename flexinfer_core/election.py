@@ -252,7 +252,8 @@ def _elect(
     # 1. Empty group.
     if key is None:
         return _decided(notes, 1, Election(None, reasons.EMPTY_GROUP, "the group has no members"))
-    _note(notes, 1, False, f"{len(models)} member(s)")
+    if notes is not None:
+        _note(notes, 1, False, f"{len(models)} member(s)")
     namespace, group = key
     # One sort by the total order; "the best member such that ..." is then the first
     # one that qualifies (the same as `best` over the filtered members, cheaper).
@@ -285,7 +286,8 @@ def _elect(
             3,
             Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set"),
         )
-    _note(notes, 3, False, "no member has forcePromotion set")
+    if notes is not None:
+        _note(notes, 3, False, "no member has forcePromotion set")
 
     # 4. Anti-thrashing cooldown.
     cooldown = group_cooldown(models, policy)
@@ -338,15 +340,16 @@ def _elect(
                     "its load finishes; no higher-priority model is demanded",
                 ),
             )
-        _note(
-            notes,
-            5,
-            False,
-            f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
-            f"(priority {challenger.priority}) is demanded and outranks it "
-            f"(priority {loading.priority})",
-        )
-    else:
+        if notes is not None:
+            _note(
+                notes,
+                5,
+                False,
+                f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
+                f"(priority {challenger.priority}) is demanded and outranks it "
+                f"(priority {loading.priority})",
+            )
+    elif notes is not None:
         _note(notes, 5, False, "no holder is pending or loading within its load grace")
 
     # 6. Classify the runnable members.
@@ -391,7 +394,8 @@ def _elect(
             8,
             Election(ready, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card"),
         )
-    _note(notes, 8, False, "no runnable member is Ready")
+    if notes is not None:
+        _note(notes, 8, False, "no runnable member is Ready")
     if recent is not None:
         return _decided(
             notes,

@@ -478,7 +478,7 @@ def _parked_decision(
             # so kubectl's REASON column never shows a bare Queued state. A preemption and
             # a failure keep their own reason.
             _ready_condition(phase, model.name, preempt_reason=evict_reason)
-            if phase in (Phase.PREEMPTED, Phase.FAILED)
+            if phase in _KEEPS_OWN_READY
             else _not_ready_because(reason, message),
         ),
         events=events,
@@ -491,6 +491,7 @@ def _parked_condition(reason: str, message: str) -> Condition:
 
 
 _HOLDER_WAITS = frozenset({reasons.WAITING_FOR_GPU, reasons.CACHE_NOT_READY})
+_KEEPS_OWN_READY = frozenset({Phase.PREEMPTED, Phase.FAILED})
 
 
 @functools.lru_cache(maxsize=16384)
@@ -530,16 +531,14 @@ def next_change_at(
 ) -> datetime | None:
     """The earliest instant after `now` at which the decision could change unaided.
 
-    Every threshold the decision reads is listed (`thresholds`): demand and recent
+    Every threshold the decision reads is listed (`_instants`): demand and recent
     windows, the loading grace and idle timeout (both inclusive, so they lapse one
     tick later), the cooldown and lease expiry. The decision is constant between
     consecutive thresholds, so nothing changes before the earliest future one.
     Unreadable lease sources add no threshold: only the leases that were read can
     expire.
     """
-    future = [
-        at for at, _, _ in thresholds(models, now=now, leases=leases, policy=policy) if at > now
-    ]
+    future = [at for at in _instants(models, now=now, leases=leases, policy=policy) if at > now]
     return min(future, default=None)
 
 
@@ -551,40 +550,59 @@ def thresholds(
     policy: Policy = DEFAULT_POLICY,
 ) -> list[tuple[datetime, Threshold, str]]:
     """Every instant the decision reads a boundary at, with what crosses it and whose
-    (a member's or a lease's name); past ones included, unordered."""
+    (a member's or a lease's name); past ones included, unordered. The same list as
+    `next_change_at` reads, labelled (for `flexinfer explain`)."""
+    labels: list[tuple[Threshold, str]] = []
+    instants = _instants(models, now=now, leases=leases, policy=policy, labels=labels)
+    return [(at, kind, name) for at, (kind, name) in zip(instants, labels, strict=True)]
+
+
+def _instants(
+    models: Iterable[ModelState],
+    *,
+    now: datetime,
+    leases: Iterable[GpuLease],
+    policy: Policy,
+    labels: list[tuple[Threshold, str]] | None = None,
+) -> list[datetime]:
+    """The thresholds; `labels`, when given, gets what crosses at each, in step (the
+    controller's hot path asks for none, so it builds no labels)."""
     members = list(models)
     leases = tuple(leases)
     if not members:
         return []
     namespace, group = members[0].namespace, members[0].group
-    lease_ends = [
-        (lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+    ours = [
+        lease
         for lease in leases
         if lease.expires_at is not None and lease.group == group and lease.namespace == namespace
     ]
+    candidates = [lease.expires_at for lease in ours if lease.expires_at is not None]
+    if labels is not None:
+        labels += [(Threshold.LEASE_EXPIRY, lease.name) for lease in ours]
     if group and governing_lease(leases, namespace=namespace, group=group, now=now):
         # Under a lease only the leases themselves can change the decision.
-        return lease_ends
-    candidates = lease_ends
+        return candidates
     cooldown = group_cooldown(members, policy)
     for model in members:
         if model.last_active is not None:
             candidates += [
-                (model.last_active + policy.demand_window, Threshold.DEMAND_WINDOW, model.name),
-                (model.last_active + policy.recent_window, Threshold.RECENT_WINDOW, model.name),
-                (
-                    model.last_active + loading_grace(model, policy) + _TICK,
-                    Threshold.LOAD_GRACE,
-                    model.name,
-                ),
-                (
-                    model.last_active + model.serverless.idle_timeout + _TICK,
-                    Threshold.IDLE_TIMEOUT,
-                    model.name,
-                ),
+                model.last_active + policy.demand_window,
+                model.last_active + policy.recent_window,
+                model.last_active + loading_grace(model, policy) + _TICK,
+                model.last_active + model.serverless.idle_timeout + _TICK,
             ]
+            if labels is not None:
+                labels += [
+                    (Threshold.DEMAND_WINDOW, model.name),
+                    (Threshold.RECENT_WINDOW, model.name),
+                    (Threshold.LOAD_GRACE, model.name),
+                    (Threshold.IDLE_TIMEOUT, model.name),
+                ]
         if model.preempted_at is not None:
-            candidates.append((model.preempted_at + cooldown, Threshold.SWAP_COOLDOWN, model.name))
+            candidates.append(model.preempted_at + cooldown)
+            if labels is not None:
+                labels.append((Threshold.SWAP_COOLDOWN, model.name))
     return candidates
 
 

@@ -61,7 +61,7 @@ def member(group: int, index: int) -> str:
 
 def first_event(events: list[tuple[float, str, dict[str, Any]]], after: float, test: Any) -> float:
     for stamp, kind, obj in events:
-        if stamp >= after and test(kind, obj):
+        if kind != "BOOKMARK" and stamp >= after and test(kind, obj):
             return stamp
     raise LookupError("no such event")
 

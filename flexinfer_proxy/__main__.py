@@ -1,7 +1,7 @@
 """`python -m flexinfer_proxy`: parse flags, connect to the cluster, serve until signalled.
 
 Thin on purpose: it builds the kubernetes-backed directory and demand sink, hands
-them to `Proxy`, and runs the aiohttp server on uvloop when it is installed. Without
+them to `Proxy`, and runs its server (`http_server`) on uvloop when it is installed. Without
 `--kubeconfig` it uses the in-cluster ServiceAccount; without `--namespace` it
 watches every namespace. One process: it is the single writer of the demand it
 reports (docs/proxy.md, "Throughput").
@@ -25,6 +25,7 @@ from flexinfer_core.errors import FlexinferError
 from flexinfer_kube.kubeapi import KubeApi, new_api_client
 from flexinfer_proxy.api_keys import SecretKeySource
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.http_server import DEFAULT_MAX_HEAD_BYTES
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
 from flexinfer_proxy.resolve_file import HostsFileResolver
@@ -182,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="client connections; at the cap the longest idle one is closed "
         "(default %(default)s, lowered to fit the open-files limit)",
     )
+    add(
+        "--max-header-bytes",
+        type=_at_least("--max-header-bytes", 1024),
+        default=DEFAULT_MAX_HEAD_BYTES,
+        help="largest request head (request line and headers); larger gets 431 "
+        "(default %(default)s = 64 KiB)",
+    )
     for flag, field, meaning in (
         ("--client-header-timeout", "client_header_timeout", "a request's head must arrive"),
         ("--client-body-timeout", "client_body_timeout", "a request's body must arrive"),
@@ -212,6 +220,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         max_connections=fit_connections(args.max_connections),
+        max_header_bytes=args.max_header_bytes,
         client_header_timeout=args.client_header_timeout,
         client_body_timeout=args.client_body_timeout,
         client_idle_timeout=args.client_idle_timeout,

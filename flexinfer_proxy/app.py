@@ -8,11 +8,12 @@ once; otherwise the request queues until the model is Ready or the wait limit
 request ends as one outcome of `flexinfer_proxy_requests_total`.
 
 Bounds (all `ProxyConfig` fields, all flags): body size and the bytes of bodies
-held at once, the time a body may take, queue lengths per model and overall,
-connections and their header and idle timeouts (`connections`), and the backend's
-connect, headers and read timeouts (`forward`).
+held at once, the time a body may take, queue lengths per model and overall, the
+size of a request's head, connections and their header and idle timeouts
+(`connections`, `http_server`), and the backend's connect, headers and read timeouts
+(`upstream`).
 
-This module wires the pieces (directory, body reader, queues, demand, relay,
+This module wires the pieces (server, directory, body reader, queues, demand, relay,
 metrics) to routes; it holds no cluster code and no decisions beyond "serve, wait
 or refuse".
 """
@@ -23,17 +24,13 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
+import time
 from datetime import timedelta
 from typing import Any
 
-import aiohttp
 import attrs
-from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractResolver
-from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from yarl import URL
 
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
@@ -45,12 +42,20 @@ from flexinfer_proxy.directory import ModelDirectory, ModelEntry, Resolution
 from flexinfer_proxy.forward import (
     BackendTimeout,
     BackendUnavailable,
+    ClientGone,
     ModelRewrite,
     StreamCut,
-    UpstreamTimeouts,
-    new_upstream_session,
     relay,
-    upstream_headers,
+    request_head,
+    upstream_header_lines,
+)
+from flexinfer_proxy.http_server import (
+    DEFAULT_MAX_HEAD_BYTES,
+    Answer,
+    BodyCutOff,
+    HttpServer,
+    Request,
+    json_answer,
 )
 from flexinfer_proxy.metrics import (
     OUTCOME_AMBIGUOUS_MODEL,
@@ -81,6 +86,7 @@ from flexinfer_proxy.request_body import (
     RequestBody,
     read_request_body,
 )
+from flexinfer_proxy.upstream import Origin, UpstreamPool, UpstreamTimeouts, origin_of
 
 log = logging.getLogger("flexinfer.proxy")
 access_log = logging.getLogger("flexinfer.proxy.access")
@@ -88,13 +94,22 @@ access_log = logging.getLogger("flexinfer.proxy.access")
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 API_PREFIX = "/v1"
 MiB = 1024 * 1024
+# How long a shutdown waits for answers in progress (aiohttp's default, kept).
+SHUTDOWN_TIMEOUT_SECONDS = 60.0
+
+REFUSED_CONNECTION = openai_errors.raw_response(
+    503,
+    "Service Unavailable",
+    "The proxy serves as many connections as it may (--max-connections); retry later.",
+    code="too_many_connections",
+)
 
 # A queued request whose backend refuses connections (Ready, not yet listening)
 # tries again after these pauses, doubling, within its remaining wait.
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
-# Backend URLs are parsed once per (endpoint, path and query) and kept, up to this many.
-URL_CACHE_SIZE = 1024
+# Backend endpoints are parsed once and kept, up to this many.
+ORIGIN_CACHE_SIZE = 1024
 
 
 @attrs.frozen
@@ -116,6 +131,7 @@ class ProxyConfig:
     max_queue_total: int = 10000  # waiting requests overall
 
     max_connections: int = 4096
+    max_header_bytes: int = DEFAULT_MAX_HEAD_BYTES
     client_header_timeout: float = 10.0
     client_body_timeout: float = 60.0
     client_idle_timeout: float = 75.0
@@ -141,7 +157,7 @@ class ProxyConfig:
 class _Refusal(Exception):
     """An answer decided while the body was still arriving (e.g. an unknown model)."""
 
-    def __init__(self, response: web.Response, *, model: str, outcome: str) -> None:
+    def __init__(self, response: Answer, *, model: str, outcome: str) -> None:
         super().__init__(outcome)
         self.response = response
         self.model = model
@@ -149,7 +165,7 @@ class _Refusal(Exception):
 
 
 class Proxy:
-    """One proxy: its directory, demand sink, queues, metrics and upstream session."""
+    """One proxy: its directory, demand sink, queues, metrics and upstream pool."""
 
     def __init__(
         self,
@@ -189,9 +205,9 @@ class Proxy:
         self._timeouts = self.config.upstream_timeouts
         self._resolver = resolver
         self._rng = rng or random.Random()
-        self._session: aiohttp.ClientSession | None = None
-        self._traced_session: aiohttp.ClientSession | None = None
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._pool: UpstreamPool | None = None
+        self._origins: dict[str, tuple[Origin, bytes]] = {}
+        self._serve_metrics = True
 
     def retry_after(self, expected: float = 0.0) -> int:
         """Seconds for `Retry-After`: the expected wait (at least --retry-after) plus up
@@ -199,110 +215,79 @@ class Proxy:
         base = max(1.0, float(self.config.retry_after_seconds), expected)
         return math.ceil(base + self._rng.uniform(0.0, base))
 
-    def application(self, *, with_metrics: bool = True) -> web.Application:
-        # Every path has a route (the last one catches the rest), so the router never
-        # raises its own plain-text 404/405; no middleware: one wrapper per handler.
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        for path in OPENAI_ROUTES:
-            app.router.add_post(
-                path, self._framed(self.handle_openai), expect_handler=self._expect_continue
-            )
-        app.router.add_get("/v1/models", self._framed(self.handle_models))
-        app.router.add_get("/healthz", self._framed(self.handle_healthz))
-        app.router.add_get("/readyz", self._framed(self.handle_readyz))
-        if with_metrics:
-            app.router.add_get("/metrics", self._framed(self.handle_metrics))
-        app.router.add_route("*", "/{tail:.*}", self._framed(self.handle_unsupported))
-        app.on_startup.append(self._startup)
-        app.on_shutdown.append(self._shutdown)
-        app.on_cleanup.append(self._cleanup)
-        return app
-
-    def metrics_application(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self.handle_metrics)
-        return app
-
-    async def _startup(self, app: web.Application) -> None:
-        self._session = new_upstream_session(timeouts=self._timeouts, resolver=self._resolver)
-        self._traced_session = new_upstream_session(
-            timeouts=self._timeouts, resolver=self._resolver, traced=True
-        )
+    async def start(self) -> None:
+        self._pool = UpstreamPool(timeouts=self._timeouts, resolver=self._resolver)
         await self.directory.start()
 
-    async def _shutdown(self, app: web.Application) -> None:
+    async def shutdown(self) -> None:
         # Before in-flight requests are waited for: queued ones get a 503 now.
         await self.queues.close()
 
-    async def _cleanup(self, app: web.Application) -> None:
-        # After in-flight requests finished (or timed out): the session can go.
+    async def cleanup(self) -> None:
+        # After in-flight requests finished (or timed out): the pool can go.
         await self.signaller.close()
         await self.directory.stop()
-        for session in (self._session, self._traced_session):
-            if session is not None:
-                await session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
-    def _framed(
-        self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        """`handler`, telling the connection guard a request is in progress, and with
-        every error it raises answered in OpenAI's shape."""
-
-        async def framed(request: web.Request) -> web.StreamResponse:
-            connection = self.guard.of(request) if self.guard is not None else None
-            if connection is None:
-                return await self._answer(request, handler)
-            connection.started()
-            try:
-                response = await self._answer(request, handler)
-                if not response.prepared:
-                    # Written here, not after we return, so the connection is not
-                    # counted idle (and evictable) while its answer is on its way.
-                    await response.prepare(request)
-                    await response.write_eof()
-                return response
-            finally:
-                connection.finished()
-
-        return framed
-
-    async def _answer(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
+    async def handle(self, request: Request) -> None:
+        """Every request of the main port: routed, answered, every error OpenAI-shaped."""
+        started = time.perf_counter() if self.config.access_log else 0.0
         try:
-            return await handler(request)
-        except web.HTTPException as error:
-            if error.status < 400:
-                raise
-            return openai_errors.error_response(
-                error.status,
-                error.reason,
-                error_type="invalid_request_error",
-                code=f"http_{error.status}",
-            )
+            answer = await self._route_request(request)
         except Exception:
             log.exception("failed to handle %s %s", request.method, request.path)
             self.metrics.request_done("", OUTCOME_INTERNAL_ERROR)
-            return openai_errors.internal_error()
+            if request.answered:
+                request.cut()
+                return
+            answer = openai_errors.internal_error()
+        if answer is not None:
+            request.send(answer)
+        if self.config.access_log:
+            access_log.info(
+                '%s "%s %s HTTP/%s" %d %.3fms "%s"',
+                request.remote,
+                request.method,
+                request.raw_path,
+                request.version,
+                request.status,
+                (time.perf_counter() - started) * 1000,
+                request.header(b"user-agent") or "-",
+            )
 
-    async def _expect_continue(self, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue` (curl sends it for bodies over 1 MiB): refuse a body
-        that is too large before the client sends it, else invite it."""
-        expect = request.headers.get("Expect", "")
-        if request.version != HttpVersion11 or expect.lower() != "100-continue":
-            return None
-        if (request.content_length or 0) > self.config.max_body_bytes:
-            self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
-            return self._closing(openai_errors.body_too_large(self.config.max_body_bytes))
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # as aiohttp's own: the answer has not begun
-        return None
+    async def _route_request(self, request: Request) -> Answer | None:
+        path, method = request.path, request.method
+        if path in OPENAI_ROUTES:
+            if method == "POST":
+                return await self.handle_openai(request)
+        elif method in ("GET", "HEAD"):
+            if path == "/v1/models":
+                return self.handle_models(request)
+            if path == "/healthz":
+                return self.handle_healthz(request)
+            if path == "/readyz":
+                return self.handle_readyz(request)
+            if path == "/metrics" and self._serve_metrics:
+                return self.handle_metrics(request)
+        return self.handle_unsupported(request)
+
+    async def handle_metrics_port(self, request: Request) -> None:
+        """The separate metrics port (`--metrics-port`): /metrics, nothing else."""
+        if request.path == "/metrics" and request.method in ("GET", "HEAD"):
+            request.send(self.handle_metrics(request))
+        else:
+            request.send(self.handle_unsupported(request))
 
     # -- the OpenAI routes ---------------------------------------------------------
 
-    async def handle_openai(self, request: web.Request) -> web.StreamResponse:
+    async def handle_openai(self, request: Request) -> Answer | None:
+        if request.body.expects_continue and (request.content_length or 0) > (
+            self.config.max_body_bytes
+        ):
+            # Refused before the client sends it (curl sends Expect over 1 MiB).
+            self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
+            return openai_errors.body_too_large(self.config.max_body_bytes).closing()
         if self.api_keys is not None:
             refusal = self._check_key(request)
             if refusal is not None:
@@ -318,27 +303,27 @@ class Proxy:
             )
         except _Refusal as refusal:
             self.metrics.request_done(refusal.model, refusal.outcome)
-            return self._closing(refusal.response)
+            return refusal.response.closing()
         except BadRequest as error:
             self.metrics.request_done("", OUTCOME_BAD_REQUEST)
-            return self._closing(openai_errors.bad_request(str(error), param=error.param))
+            return openai_errors.bad_request(str(error), param=error.param).closing()
         except BodyTooLarge:
             self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
-            return self._closing(openai_errors.body_too_large(self.config.max_body_bytes))
+            return openai_errors.body_too_large(self.config.max_body_bytes).closing()
         except BodyBudgetExceeded:
             self.metrics.request_done("", OUTCOME_PROXY_BUSY)
             log.warning("request body refused: %d bytes of bodies held", self.budget.used)
-            return self._closing(openai_errors.proxy_busy(retry_after=self.retry_after()))
+            return openai_errors.proxy_busy(retry_after=self.retry_after()).closing()
         except BodyTimeout:
             self.metrics.request_done("", OUTCOME_BODY_TIMEOUT)
             timeout = self.config.client_body_timeout
-            return self._closing(openai_errors.body_timeout(timeout))
-        except (web.RequestPayloadError, ConnectionError) as error:
+            return openai_errors.body_timeout(timeout).closing()
+        except (BodyCutOff, ConnectionError) as error:
             # The client went away (or broke its own framing) in the middle of its body.
             self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
             log.info("request body cut off by the client: %s", error)
             message = "The request body was cut off before its end."
-            return self._closing(openai_errors.bad_request(message, param=None))
+            return openai_errors.bad_request(message, param=None).closing()
         except asyncio.CancelledError:
             self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
             raise
@@ -349,12 +334,12 @@ class Proxy:
         finally:
             body.release()
 
-    def _check_key(self, request: web.Request) -> web.Response | None:
+    def _check_key(self, request: Request) -> Answer | None:
         assert self.api_keys is not None
         if not self.api_keys.loaded:
             self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
             return openai_errors.directory_syncing("any model", retry_after=self.retry_after())
-        if not self.api_keys.accepts(request.headers.get("Authorization")):
+        if not self.api_keys.accepts(request.header(b"authorization")):
             self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
             return openai_errors.unauthorized()
         return None
@@ -390,15 +375,7 @@ class Proxy:
         )
         return _Refusal(response, model=entry.name, outcome=OUTCOME_QUEUE_FULL)
 
-    @staticmethod
-    def _closing(response: web.Response) -> web.Response:
-        # The body may be unread: do not try to find the next request after it.
-        response.force_close()
-        return response
-
-    async def _route(
-        self, request: web.Request, entry: ModelEntry, body: RequestBody
-    ) -> web.StreamResponse:
+    async def _route(self, request: Request, entry: ModelEntry, body: RequestBody) -> Answer | None:
         ticket: Ticket | None = None
         deadline = 0.0
         if not entry.ready or self.queues.depth(entry.key):
@@ -413,7 +390,7 @@ class Proxy:
             if ticket is not None:
                 ticket.dispatched()
 
-    async def _wait_in_queue(self, entry: ModelEntry) -> tuple[Ticket, web.StreamResponse | None]:
+    async def _wait_in_queue(self, entry: ModelEntry) -> tuple[Ticket, Answer | None]:
         ticket = self.queues.enqueue(entry)
         limit = self.config.wait_limit(entry)
         try:
@@ -441,42 +418,45 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: Request,
         entry: ModelEntry,
         *,
         body: RequestBody,
         ticket: Ticket | None,
         deadline: float,
-    ) -> web.StreamResponse:
-        assert self._session is not None and self._traced_session is not None, "not started"
-        # A request that left a queue must say when it reached its backend (the drain
-        # waits for that before it admits the next); tracing costs, so only those pay.
-        session = self._session if ticket is None else self._traced_session
+    ) -> Answer | None:
+        pool = self._pool
+        assert pool is not None, "not started"
         self.signaller.served(entry)
         data: bytes | bytearray = body.data
         rewrite = None
         if entry.backend_model != body.model:
             data = body.with_model(entry.backend_model)
             rewrite = ModelRewrite(requested=body.model, backend=entry.backend_model)
-        headers = upstream_headers(
+        lines = upstream_header_lines(
             request.headers,
             client=request.remote,
-            drop=("authorization",) if self.api_keys is not None else (),
+            drop=(b"authorization",) if self.api_keys is not None else (),
         )
+        suffix = request.target[len(API_PREFIX) :]
+        # A request that left a queue must say when it reached its backend (the
+        # drain waits for that before it admits the next).
+        on_dispatched = ticket.dispatched if ticket is not None else None
         loop = asyncio.get_running_loop()
         pause = RETRY_FIRST_PAUSE
         while True:
+            origin, base = self._origin(entry)
+            head = request_head(request.method, base + suffix, origin, lines, len(data))
             try:
-                response = await relay(
-                    session,
+                await relay(
+                    pool,
                     request,
-                    url=self._backend_url(entry, request),
+                    origin=origin,
+                    head=head,
                     body=data,
-                    headers=headers,
                     slots=self.slots,
-                    timeouts=self._timeouts,
                     rewrite=rewrite,
-                    on_dispatched=ticket.dispatched if ticket is not None else None,
+                    on_dispatched=on_dispatched,
                 )
             except BackendUnavailable as error:
                 if error.retryable and loop.time() + pause < deadline:
@@ -496,29 +476,32 @@ class Proxy:
             except StreamCut as error:
                 log.warning("backend of %s: %s", entry.key, error)
                 self.metrics.request_done(entry.name, OUTCOME_STREAM_CUT)
-                if request.transport is not None:
-                    # No clean end: the client must see a cut (aiohttp's final write
-                    # then fails quietly, as for a client that went away).
-                    request.transport.close()
-                return error.response
+                # No clean end: the client must see a cut.
+                request.cut()
+                return None
+            except ClientGone:
+                self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
+                request.cut()
+                return None
             except asyncio.CancelledError:
                 self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
                 raise
             self.metrics.request_done(entry.name, OUTCOME_SERVED)
-            return response
+            return None
 
-    def _backend_url(self, entry: ModelEntry, request: web.Request) -> URL:
-        key = (entry.endpoint, request.raw_path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) >= URL_CACHE_SIZE:
-                self._urls.clear()  # many distinct query strings: start over
-            url = self._urls[key] = backend_url(entry, request)
-        return url
+    def _origin(self, entry: ModelEntry) -> tuple[Origin, bytes]:
+        """The backend's origin and base path (`<endpoint>` without its trailing slash)."""
+        known = self._origins.get(entry.endpoint)
+        if known is None:
+            if len(self._origins) >= ORIGIN_CACHE_SIZE:
+                self._origins.clear()
+            origin, base = origin_of(entry.endpoint)
+            known = self._origins[entry.endpoint] = (origin, base.encode("latin-1"))
+        return known
 
     # -- other routes --------------------------------------------------------------
 
-    async def handle_unsupported(self, request: web.Request) -> web.Response:
+    def handle_unsupported(self, request: Request) -> Answer:
         if request.path.startswith(API_PREFIX + "/"):
             return openai_errors.unsupported_route(request.method, request.path)
         return openai_errors.error_response(
@@ -528,7 +511,7 @@ class Proxy:
             code="not_found",
         )
 
-    async def handle_models(self, request: web.Request) -> web.Response:
+    def handle_models(self, request: Request) -> Answer:
         if self.api_keys is not None:
             refusal = self._check_key(request)
             if refusal is not None:
@@ -545,31 +528,25 @@ class Proxy:
             )
             for entry in entries
         ]
-        return web.json_response({"object": "list", "data": data})
+        return json_answer({"object": "list", "data": data})
 
     def _state(self, entry: ModelEntry) -> str:
         if entry.ready:
             return "ready"
         return "queued" if self.queues.depth(entry.key) else "parked"
 
-    async def handle_healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    def handle_healthz(self, request: Request) -> Answer:
+        return json_answer({"status": "ok"})
 
-    async def handle_readyz(self, request: web.Request) -> web.Response:
+    def handle_readyz(self, request: Request) -> Answer:
         keys_loaded = self.api_keys is None or self.api_keys.loaded
         if self.directory.synced and keys_loaded:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "syncing"}, status=503)
+            return json_answer({"status": "ready"})
+        return json_answer({"status": "syncing"}, status=503)
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
+    def handle_metrics(self, request: Request) -> Answer:
         body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def backend_url(entry: ModelEntry, request: web.Request) -> URL:
-    """`<endpoint>/<path after /v1>[?query]`; the query exactly as the client sent it."""
-    suffix = request.raw_path[len(API_PREFIX) :]
-    return URL(entry.endpoint.rstrip("/") + suffix, encoded=True)
+        return Answer(200, body, content_type=CONTENT_TYPE_LATEST.encode())
 
 
 def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any]:
@@ -593,99 +570,58 @@ def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any
     }
 
 
-class _QuietParseErrors(logging.Filter):
-    """aiohttp logs a request it cannot parse (the client's fault: garbage, TLS to a
-    plain port, a bad header) as an ERROR with a traceback; it is one INFO line."""
+class ProxyServer:
+    """A running proxy: `cleanup()` stops it as SIGTERM does (idempotent)."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg = f"{record.getMessage()}: {error.message or error!r}"
-            record.args = ()
-            record.exc_info = record.exc_text = None
-        return True
+    def __init__(self, proxy: Proxy, server: HttpServer, metrics_server: HttpServer | None) -> None:
+        self.proxy = proxy
+        self.server = server
+        self.metrics_server = metrics_server
+        self._stopped = False
 
+    @property
+    def port(self) -> int:
+        return self.server.port
 
-_QUIET_PARSE_ERRORS = _QuietParseErrors()
-
-
-class _GuardedSite(web.TCPSite):
-    """A TCP site whose connections go through the proxy's `ConnectionGuard`."""
-
-    __slots__ = ("_guard_of",)
-
-    def __init__(
-        self, runner: web.AppRunner, host: str, port: int, *, guard_of: Callable[..., Any]
-    ) -> None:
-        super().__init__(runner, host, port, backlog=1024)
-        self._guard_of = guard_of
-
-    async def start(self) -> None:
-        self._runner._reg_site(self)
-        loop = asyncio.get_running_loop()
-        assert self._runner.server is not None
-        guard = self._guard_of(self._runner.server, loop)
-        self._server = await loop.create_server(
-            guard, self._host, self._port, backlog=self._backlog, reuse_address=True
-        )
-        self._bound_port = int(self._server.sockets[0].getsockname()[1])
+    async def cleanup(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.server.stop_listening()
+        await self.proxy.shutdown()
+        await self.server.shutdown(SHUTDOWN_TIMEOUT_SECONDS)
+        if self.metrics_server is not None:
+            await self.metrics_server.shutdown(SHUTDOWN_TIMEOUT_SECONDS)
+        await self.proxy.cleanup()
 
 
 async def serve(
     proxy: Proxy, *, host: str, port: int, metrics_port: int | None = None
-) -> tuple[web.AppRunner, int]:
-    """Start `proxy` on host:port (0 = any free port); return the runner and the port.
+) -> tuple[ProxyServer, int]:
+    """Start `proxy` on host:port (0 = any free port); return the server and the port.
 
-    With `metrics_port`, /metrics is served there (on its own runner, cleaned up
-    with the main one) instead of on the main port.
+    With `metrics_port`, /metrics is served there (by its own server, stopped with
+    the main one) instead of on the main port.
     """
     config = proxy.config
-    server_log = logging.getLogger("aiohttp.server")
-    if _QUIET_PARSE_ERRORS not in server_log.filters:
-        server_log.addFilter(_QUIET_PARSE_ERRORS)
-    app = proxy.application(with_metrics=metrics_port is None)
-    metrics_runner: web.AppRunner | None = None
-    if metrics_port is not None:
-        metrics_runner = web.AppRunner(proxy.metrics_application(), access_log=None)
-
-        async def stop_metrics(app: web.Application) -> None:
-            assert metrics_runner is not None
-            await metrics_runner.cleanup()
-
-        app.on_cleanup.append(stop_metrics)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log=access_log if config.access_log else None,
-        keepalive_timeout=config.client_idle_timeout,
+    await proxy.start()
+    closed = proxy.metrics.connections_closed
+    guard = ConnectionGuard(
+        max_connections=config.max_connections,
+        on_closed=lambda reason: closed.labels(reason=reason).inc(),
     )
-    await runner.setup()
-
-    def guard_of(inner: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> ConnectionGuard:
-        closed = proxy.metrics.connections_closed
-        guard = ConnectionGuard(
-            inner,
-            max_connections=config.max_connections,
-            header_timeout=config.client_header_timeout,
-            loop=loop,
-            on_closed=lambda reason: closed.labels(reason=reason).inc(),
-        )
-        proxy.guard = guard
-        proxy.metrics.connections.set_function(lambda: guard.open_connections)
-        return guard
-
-    site = _GuardedSite(runner, host, port, guard_of=guard_of)
-    await site.start()
-    if metrics_runner is not None:
-        await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, host, metrics_port).start()
-        proxy.metrics_port = _bound_port(metrics_runner)
-    return runner, site.port
-
-
-def _bound_port(runner: web.AppRunner) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return int(address[1])
-    raise RuntimeError(f"not listening on a TCP port: {runner.addresses!r}")
+    proxy.guard = guard
+    proxy.metrics.connections.set_function(lambda: guard.open_connections)
+    proxy._serve_metrics = metrics_port is None
+    timeouts: dict[str, Any] = {
+        "header_timeout": config.client_header_timeout,
+        "idle_timeout": config.client_idle_timeout,
+        "max_head_bytes": config.max_header_bytes,
+    }
+    server = HttpServer(proxy.handle, guard=guard, refusal=REFUSED_CONNECTION, **timeouts)
+    bound = await server.start(host, port)
+    metrics_server: HttpServer | None = None
+    if metrics_port is not None:
+        metrics_server = HttpServer(proxy.handle_metrics_port, **timeouts)
+        proxy.metrics_port = await metrics_server.start(host, metrics_port)
+    return ProxyServer(proxy, server, metrics_server), bound

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
+from flexinfer_proxy.http_server import Answer
 
 
 def error_body(
@@ -26,9 +26,9 @@ def error_response(
     code: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Answer:
     body = error_body(message, error_type=error_type, code=code, param=param)
-    return web.json_response(body, status=status, headers=headers)
+    return Answer(status, json.dumps(body).encode(), headers=headers)
 
 
 def raw_response(status: int, reason: str, message: str, *, code: str) -> bytes:
@@ -47,13 +47,13 @@ def stream_error_event(message: str, *, code: str) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def bad_request(message: str, *, param: str | None) -> web.Response:
+def bad_request(message: str, *, param: str | None) -> Answer:
     return error_response(
         400, message, error_type="invalid_request_error", code="invalid_request", param=param
     )
 
 
-def unsupported_route(method: str, path: str) -> web.Response:
+def unsupported_route(method: str, path: str) -> Answer:
     return error_response(
         404,
         f"{method} {path} is not served by this proxy; it serves POST /v1/chat/completions, "
@@ -63,7 +63,7 @@ def unsupported_route(method: str, path: str) -> web.Response:
     )
 
 
-def ambiguous_model(model: str, namespaces: tuple[str, ...]) -> web.Response:
+def ambiguous_model(model: str, namespaces: tuple[str, ...]) -> Answer:
     choices = ", ".join(f"'{namespace}/{model}'" for namespace in namespaces)
     return error_response(
         400,
@@ -75,7 +75,7 @@ def ambiguous_model(model: str, namespaces: tuple[str, ...]) -> web.Response:
     )
 
 
-def body_too_large(limit: int) -> web.Response:
+def body_too_large(limit: int) -> Answer:
     return error_response(
         413,
         f"The request body is larger than this proxy accepts ({limit} bytes, --max-body-bytes).",
@@ -84,7 +84,7 @@ def body_too_large(limit: int) -> web.Response:
     )
 
 
-def body_timeout(seconds: float) -> web.Response:
+def body_timeout(seconds: float) -> Answer:
     return error_response(
         408,
         f"The request body did not arrive within {seconds:g}s (--client-body-timeout).",
@@ -93,7 +93,7 @@ def body_timeout(seconds: float) -> web.Response:
     )
 
 
-def unauthorized() -> web.Response:
+def unauthorized() -> Answer:
     return error_response(
         401,
         "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
@@ -103,7 +103,7 @@ def unauthorized() -> web.Response:
     )
 
 
-def internal_error() -> web.Response:
+def internal_error() -> Answer:
     return error_response(
         500,
         "The proxy failed to handle the request; the error is in its log.",
@@ -112,7 +112,7 @@ def internal_error() -> web.Response:
     )
 
 
-def model_not_found(model: str) -> web.Response:
+def model_not_found(model: str) -> Answer:
     return error_response(
         404,
         f"The model '{model}' does not exist or is not served by this proxy.",
@@ -122,7 +122,7 @@ def model_not_found(model: str) -> web.Response:
     )
 
 
-def backend_unavailable(model: str) -> web.Response:
+def backend_unavailable(model: str) -> Answer:
     # The cause (host, port, error) goes to the proxy's log, not to the client.
     return error_response(
         502,
@@ -132,7 +132,7 @@ def backend_unavailable(model: str) -> web.Response:
     )
 
 
-def backend_timeout(model: str, seconds: float) -> web.Response:
+def backend_timeout(model: str, seconds: float) -> Answer:
     return error_response(
         504,
         f"The backend of model '{model}' did not answer within {seconds:g}s.",
@@ -141,7 +141,7 @@ def backend_timeout(model: str, seconds: float) -> web.Response:
     )
 
 
-def _retry_later(message: str, *, code: str, retry_after: int) -> web.Response:
+def _retry_later(message: str, *, code: str, retry_after: int) -> Answer:
     """503 with `Retry-After`: the request may well succeed if sent again later."""
     return error_response(
         503,
@@ -152,7 +152,7 @@ def _retry_later(message: str, *, code: str, retry_after: int) -> web.Response:
     )
 
 
-def queue_full(model: str, *, limit: int, scope: str, retry_after: int) -> web.Response:
+def queue_full(model: str, *, limit: int, scope: str, retry_after: int) -> Answer:
     return _retry_later(
         f"Too many requests are waiting for '{model}' ({limit} {scope}, --max-queue)",
         code="queue_full",
@@ -160,7 +160,7 @@ def queue_full(model: str, *, limit: int, scope: str, retry_after: int) -> web.R
     )
 
 
-def proxy_busy(*, retry_after: int) -> web.Response:
+def proxy_busy(*, retry_after: int) -> Answer:
     return _retry_later(
         "The proxy holds as many request bodies as it may (--max-buffered-bytes)",
         code="proxy_busy",
@@ -168,7 +168,7 @@ def proxy_busy(*, retry_after: int) -> web.Response:
     )
 
 
-def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> web.Response:
+def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> Answer:
     return _retry_later(
         f"The model '{model}' did not become ready within {waited_seconds:.3g}s; "
         "it is still starting",
@@ -177,7 +177,7 @@ def model_not_ready(model: str, *, waited_seconds: float, retry_after: int) -> w
     )
 
 
-def proxy_closing(model: str, *, retry_after: int) -> web.Response:
+def proxy_closing(model: str, *, retry_after: int) -> Answer:
     return _retry_later(
         f"The proxy is restarting; the request for '{model}' was not sent",
         code="proxy_restarting",
@@ -185,7 +185,7 @@ def proxy_closing(model: str, *, retry_after: int) -> web.Response:
     )
 
 
-def keys_loading(*, retry_after: int) -> web.Response:
+def keys_loading(*, retry_after: int) -> Answer:
     return _retry_later(
         "The proxy has not read its API keys yet",
         code="proxy_starting",
@@ -193,7 +193,7 @@ def keys_loading(*, retry_after: int) -> web.Response:
     )
 
 
-def directory_syncing(model: str, *, retry_after: int) -> web.Response:
+def directory_syncing(model: str, *, retry_after: int) -> Answer:
     return _retry_later(
         f"The proxy is still loading the list of models and does not know '{model}' yet",
         code="proxy_starting",

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from aiohttp import web
 
+from flexinfer_proxy.http_server import Request
 from flexinfer_proxy.model_field import (
     SMALL_BODY_BYTES,
     ModelField,
@@ -89,7 +89,7 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 async def read_request_body(
-    request: web.Request,
+    request: Request,
     *,
     max_bytes: int,
     budget: BodyBudget,
@@ -107,12 +107,12 @@ async def read_request_body(
             raise BodyBudgetExceeded()
         reserved = length
     try:
-        if length is not None and length <= SMALL_BODY_BYTES and request.content.is_eof():
-            # Already all here (the usual case): no timer, no scanner.
-            return _small(await request.read(), budget, reserved, on_model)
+        if length is not None and length <= SMALL_BODY_BYTES and request.body.complete:
+            # Already all here (the usual case): no timer, no scanner, no waiting.
+            return _small(request.body.take(), budget, reserved, on_model)
         async with asyncio.timeout(timeout):
             if length is not None and length <= SMALL_BODY_BYTES:
-                return _small(await request.read(), budget, reserved, on_model)
+                return _small(await request.body.read(), budget, reserved, on_model)
             return await _scanned(request, length, max_bytes, budget, reserved, on_model)
     except TimeoutError as error:
         budget.release(reserved)
@@ -131,7 +131,7 @@ def _small(
 
 
 async def _scanned(
-    request: web.Request,
+    request: Request,
     length: int | None,
     max_bytes: int,
     budget: BodyBudget,
@@ -145,7 +145,7 @@ async def _scanned(
     scanner = ModelFieldScanner()
     announced = False
     try:
-        while chunk := await request.content.readany():
+        while chunk := await request.body.readany():
             size = len(chunk)
             if received + size > max_bytes:
                 raise BodyTooLarge()

@@ -26,12 +26,11 @@ from typing import Any
 
 import aiohttp
 import attrs
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from flexinfer_kube.clock import Clock, ManualClock
 from flexinfer_proxy.api_keys import ApiKeys
-from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.app import Proxy, ProxyConfig, ProxyServer, serve
 from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
 
@@ -168,7 +167,7 @@ class RunningProxy:
     registry: CollectorRegistry
     url: str
     session: aiohttp.ClientSession
-    runner: web.AppRunner
+    runner: ProxyServer
     stopped: bool = False
 
     async def stop(self) -> None:

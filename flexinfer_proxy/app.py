@@ -40,12 +40,14 @@ from flexinfer_proxy.connections import ConnectionGuard
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry, Resolution
 from flexinfer_proxy.forward import (
+    HOP_BY_HOP,
     BackendTimeout,
     BackendUnavailable,
     ClientGone,
     ModelRewrite,
     StreamCut,
     relay,
+    relay_in_slot,
     request_head,
     upstream_header_lines,
 )
@@ -108,6 +110,8 @@ REFUSED_CONNECTION = openai_errors.raw_response(
 # tries again after these pauses, doubling, within its remaining wait.
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
+# With API keys, the client's key stays with the proxy.
+_HOP_BY_HOP_AND_KEY = HOP_BY_HOP | {b"authorization"}
 # Backend endpoints are parsed once and kept, up to this many.
 ORIGIN_CACHE_SIZE = 1024
 
@@ -234,7 +238,11 @@ class Proxy:
         """Every request of the main port: routed, answered, every error OpenAI-shaped."""
         started = time.perf_counter() if self.config.access_log else 0.0
         try:
-            answer = await self._route_request(request)
+            path, method = request.path, request.method
+            if method == "POST" and path in OPENAI_ROUTES:
+                answer = await self.handle_openai(request)
+            else:
+                answer = self._other_route(request)
         except Exception:
             log.exception("failed to handle %s %s", request.method, request.path)
             self.metrics.request_done("", OUTCOME_INTERNAL_ERROR)
@@ -256,12 +264,9 @@ class Proxy:
                 request.header(b"user-agent") or "-",
             )
 
-    async def _route_request(self, request: Request) -> Answer | None:
+    def _other_route(self, request: Request) -> Answer:
         path, method = request.path, request.method
-        if path in OPENAI_ROUTES:
-            if method == "POST":
-                return await self.handle_openai(request)
-        elif method in ("GET", "HEAD"):
+        if method in ("GET", "HEAD"):
             if path == "/v1/models":
                 return self.handle_models(request)
             if path == "/healthz":
@@ -330,6 +335,9 @@ class Proxy:
         try:
             entry = resolved[-1].entry
             assert entry is not None
+            if entry.ready and not self.queues.depth(entry.key):
+                # The usual case, one coroutine less: nobody to wait for.
+                return await self._forward(request, entry, body=body, ticket=None, deadline=0.0)
             return await self._route(request, entry, body)
         finally:
             body.release()
@@ -436,7 +444,8 @@ class Proxy:
         lines = upstream_header_lines(
             request.headers,
             client=request.remote,
-            drop=(b"authorization",) if self.api_keys is not None else (),
+            skip=HOP_BY_HOP if self.api_keys is None else _HOP_BY_HOP_AND_KEY,
+            names_hop_headers=request.names_hop_headers,
         )
         suffix = request.target[len(API_PREFIX) :]
         # A request that left a queue must say when it reached its backend (the
@@ -448,16 +457,27 @@ class Proxy:
             origin, base = self._origin(entry)
             head = request_head(request.method, base + suffix, origin, lines, len(data))
             try:
-                await relay(
-                    pool,
-                    request,
-                    origin=origin,
-                    head=head,
-                    body=data,
-                    slots=self.slots,
-                    rewrite=rewrite,
-                    on_dispatched=on_dispatched,
-                )
+                if self.slots.capped:
+                    await relay_in_slot(
+                        pool,
+                        request,
+                        slots=self.slots,
+                        origin=origin,
+                        head=head,
+                        body=data,
+                        rewrite=rewrite,
+                        on_dispatched=on_dispatched,
+                    )
+                else:
+                    await relay(
+                        pool,
+                        request,
+                        origin=origin,
+                        head=head,
+                        body=data,
+                        rewrite=rewrite,
+                        on_dispatched=on_dispatched,
+                    )
             except BackendUnavailable as error:
                 if error.retryable and loop.time() + pause < deadline:
                     log.info("backend of %s not answering yet (%s); retrying", entry.key, error)

@@ -109,11 +109,17 @@ def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
 
 
 def upstream_header_lines(
-    headers: list[tuple[bytes, bytes]], *, client: str | None, drop: Iterable[bytes] = ()
+    headers: list[tuple[bytes, bytes]],
+    *,
+    client: str | None,
+    skip: frozenset[bytes] = HOP_BY_HOP,
+    names_hop_headers: bool = True,
 ) -> bytes:
-    """The client's headers minus hop-by-hop ones (and `drop`), plus X-Forwarded-For,
-    as `Name: value` lines."""
-    skip = HOP_BY_HOP | _connection_named(headers) | frozenset(drop)
+    """The client's headers minus `skip` (hop-by-hop ones by default) and those its
+    `Connection` header names (when `names_hop_headers`), plus X-Forwarded-For, as
+    `Name: value` lines."""
+    if names_hop_headers:
+        skip = skip | _connection_named(headers)
     lines = []
     forwarded: bytes | None = None
     for name, value in headers:
@@ -145,10 +151,12 @@ def request_head(
     )
 
 
-def answer_header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+def answer_header_lines(upstream: UpstreamConnection) -> bytes:
     """The backend's headers minus hop-by-hop ones and those its `Connection` names."""
-    named = _connection_named(headers)
-    skip = HOP_BY_HOP | named if named else HOP_BY_HOP
+    headers = upstream.headers
+    skip = HOP_BY_HOP
+    if upstream.names_hop_headers:
+        skip = skip | _connection_named(headers)
     return b"".join(
         b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() not in skip
     )
@@ -166,6 +174,36 @@ def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
     return value.split(b";", 1)[0].strip().lower()
 
 
+async def relay_in_slot(
+    pool: UpstreamPool,
+    request: Request,
+    *,
+    slots: BackendSlots,
+    origin: Origin,
+    head: bytes,
+    body: bytes | bytearray,
+    rewrite: ModelRewrite | None = None,
+    on_dispatched: Callable[[], None] | None = None,
+) -> None:
+    """`relay`, holding one of the backend's capped `slots`. `on_dispatched` is called
+    once the request's place is fixed: its head is on the wire, or it waits in line
+    for a slot."""
+    async with slots.slot(str(origin), on_queued=on_dispatched or _nothing):
+        await relay(
+            pool,
+            request,
+            origin=origin,
+            head=head,
+            body=body,
+            rewrite=rewrite,
+            on_dispatched=on_dispatched,
+        )
+
+
+def _nothing() -> None:
+    return None
+
+
 async def relay(
     pool: UpstreamPool,
     request: Request,
@@ -173,35 +211,13 @@ async def relay(
     origin: Origin,
     head: bytes,
     body: bytes | bytearray,
-    slots: BackendSlots,
     rewrite: ModelRewrite | None = None,
     on_dispatched: Callable[[], None] | None = None,
 ) -> None:
     """Send `head` and `body` to `origin` and stream the backend's answer to the client.
 
-    `on_dispatched` is called once the request's place is fixed: its head is on the
-    wire, or it waits in line for one of the backend's capped `slots`.
+    `on_dispatched` is called once the request's head is on the wire.
     """
-    if slots.capped:
-        async with slots.slot(str(origin), on_queued=on_dispatched or _nothing):
-            await _exchange(pool, request, origin, head, body, rewrite, on_dispatched)
-        return
-    await _exchange(pool, request, origin, head, body, rewrite, on_dispatched)
-
-
-def _nothing() -> None:
-    return None
-
-
-async def _exchange(
-    pool: UpstreamPool,
-    request: Request,
-    origin: Origin,
-    head: bytes,
-    body: bytes | bytearray,
-    rewrite: ModelRewrite | None,
-    on_dispatched: Callable[[], None] | None,
-) -> None:
     try:
         upstream = await pool.acquire(origin)
     except ConnectFailed as error:
@@ -251,14 +267,14 @@ async def _rewritten_back(
     if isinstance(answer, dict) and answer.get("model") == rewrite.backend:
         answer["model"] = rewrite.requested
         raw = json.dumps(answer, ensure_ascii=False).encode()
-    lines = answer_header_lines(upstream.headers)
+    lines = answer_header_lines(upstream)
     request.start(upstream.status, upstream.reason, lines, content_length=len(raw), first=raw)
 
 
 async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
     length = upstream.content_length
     status, reason = upstream.status, upstream.reason
-    lines = answer_header_lines(upstream.headers)
+    lines = answer_header_lines(upstream)
     if upstream.complete or (length is not None and length <= WHOLE_ANSWER_BYTES):
         whole = await _whole(upstream)
         request.start(status, reason, lines, content_length=len(whole), first=whole)

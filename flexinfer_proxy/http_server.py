@@ -214,6 +214,7 @@ class Request:
         "headers",
         "keep_alive",
         "method",
+        "names_hop_headers",
         "path",
         "remote",
         "status",
@@ -221,10 +222,10 @@ class Request:
         "version",
     )
 
+    # Positional, against the house style: keyword arguments cost on every request.
     def __init__(
         self,
         connection: _Connection,
-        *,
         method: str,
         target: bytes,
         path: str,
@@ -242,6 +243,7 @@ class Request:
         self.headers = headers  # as sent, names in their case
         self.content_length = content_length  # None: chunked
         self.keep_alive = keep_alive
+        self.names_hop_headers = False  # a `Connection` header was sent
         self.remote = connection.remote
         self.body = RequestBody(connection, expects_continue=expects_continue)
         self.answered = False  # the answer's head is written
@@ -503,7 +505,10 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        self._count(len(name) + len(value) + 4)
+        if not self._fragmented:  # (the count of `_count`, inlined: once per header)
+            self._head_bytes += len(name) + len(value) + 4
+            if self._head_bytes > self._server.max_head_bytes:
+                raise _HeadTooLarge()
 
     def _count(self, size: int) -> None:
         if not self._fragmented:  # else data_received counts the head's pieces
@@ -521,28 +526,37 @@ class _Connection(asyncio.Protocol):
             method = _METHODS.setdefault(raw_method, raw_method.decode("ascii"))
         content_length: int | None = 0
         expects_continue = False
+        named = False
         for name, value in self._headers:
-            if len(name) == 14 and name.lower() == b"content-length":
+            size = len(name)
+            if size == 14 and name.lower() == b"content-length":
                 content_length = int(value)  # llhttp checked it is a number
-            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+            elif size == 17 and name.lower() == b"transfer-encoding":
                 content_length = None
-            elif len(name) == 6 and name.lower() == b"expect":
+            elif size == 6 and name.lower() == b"expect":
                 expects_continue = value.lower() == b"100-continue"
+            elif size == 10 and name.lower() == b"connection":
+                named = True
         if parser.should_upgrade():
             raise _Upgrade()
         version = parser.get_http_version()
-        target, path = _target_and_path(self._url)
+        url = self._url
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url:
+            target, path = url, url.decode("latin-1")  # the usual case, spelled out
+        else:
+            target, path = _target_and_path(url)
         request = Request(
             self,
-            method=method,
-            target=target,
-            path=path,
-            version=version,
-            headers=self._headers,
-            content_length=content_length,
-            keep_alive=parser.should_keep_alive(),
-            expects_continue=expects_continue and version == "1.1",
+            method,
+            target,
+            path,
+            version,
+            self._headers,
+            content_length,
+            parser.should_keep_alive(),
+            expects_continue and version == "1.1",
         )
+        request.names_hop_headers = named
         self._receiving = request
         if self._active is None and not self.closing:
             self._start(request)

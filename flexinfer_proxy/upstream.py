@@ -80,19 +80,20 @@ class AnswerFailed(UpstreamError):
         self.silent = silent  # ended by the read timeout
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Origin:
     """Where a backend listens: what a pooled connection is good for."""
 
     scheme: str
     host: str
     port: int
+    host_header: bytes = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def host_header(self) -> bytes:
+    def __attrs_post_init__(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
-        return (host if self.port == default else f"{host}:{self.port}").encode("idna")
+        value = (host if self.port == default else f"{host}:{self.port}").encode("idna")
+        object.__setattr__(self, "host_header", value)
 
     def __str__(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
@@ -126,6 +127,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
+        self.names_hop_headers = False  # a `Connection` header was sent
         self.head_done = False
         self.complete = False
         self.keep_alive = False
@@ -237,7 +239,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
-        self._count(len(name) + len(value) + 4)
+        if not self._fragmented:  # (the count of `_count`, inlined: once per header)
+            self._head_bytes += len(name) + len(value) + 4
+            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
+                raise _HeadTooLarge()
 
     def _count(self, size: int) -> None:
         if not self._fragmented:
@@ -255,11 +260,16 @@ class UpstreamConnection(asyncio.Protocol):
             return
         length: int | None = None
         chunked = False
+        named = False
         for name, value in self.headers:
-            if len(name) == 14 and name.lower() == b"content-length":
+            size = len(name)
+            if size == 14 and name.lower() == b"content-length":
                 length = int(value)
-            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+            elif size == 17 and name.lower() == b"transfer-encoding":
                 chunked = True
+            elif size == 10 and name.lower() == b"connection":
+                named = True
+        self.names_hop_headers = named
         self.status = status
         self.content_length = None if chunked else length
         self.keep_alive = self._parser.should_keep_alive()
@@ -324,7 +334,8 @@ class UpstreamConnection(asyncio.Protocol):
         while not self.head_done:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            self._waiter = waiter = self._loop.create_future()
+            await waiter
 
     def take(self) -> bytes:
         """The answer's body bytes that arrived and were not taken yet."""

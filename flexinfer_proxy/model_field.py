@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import json
+import json.scanner
 import re
 from typing import Any
 
@@ -83,8 +84,25 @@ def _checked_model(value: Any, *, present: bool) -> str:
     return value
 
 
+# json's C scanner, called directly: `json.loads(bytes)` spends 3 of its 4 µs on a
+# small body in Python (detecting the encoding, decoding, checking what follows).
+_SCAN_JSON: Any = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
 def parse_small_body(body: bytes | bytearray) -> tuple[str, dict[str, Any]]:
     """The model and the decoded object of a small body."""
+    try:
+        text = body.decode("utf-8")
+        payload, end = _SCAN_JSON(text, 0)
+    except (ValueError, StopIteration, RecursionError):
+        pass  # json.loads below says what is wrong (or reads UTF-16/32, or a BOM)
+    else:
+        if end == len(text) or not text[end:].strip(" \t\n\r"):
+            return _model_from(payload), payload
+    return _parse_exactly(body)
+
+
+def _parse_exactly(body: bytes | bytearray) -> tuple[str, dict[str, Any]]:
     try:
         payload = json.loads(body)
     except RecursionError as error:

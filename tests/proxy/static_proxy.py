@@ -29,7 +29,12 @@ from typing import Any
 
 from aiohttp import web
 
-from flexinfer_proxy.__main__ import build_parser, config_from, run_on_loop
+from flexinfer_proxy.__main__ import (
+    build_parser,
+    config_from,
+    freeze_startup_objects,
+    run_on_loop,
+)
 from flexinfer_proxy.app import Proxy, serve
 from flexinfer_proxy.demand import WRITTEN, MarkOutcome, QueueReport
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry, ModelKind
@@ -86,6 +91,7 @@ async def run(models: list[dict[str, Any]], argv: Sequence[str]) -> None:
     await control_runner.setup()
     site = web.TCPSite(control_runner, "127.0.0.1", 0)
     await site.start()
+    freeze_startup_objects()
     print(f"PORT {port} CONTROL {site.port}", flush=True)
 
     loop = asyncio.get_running_loop()

@@ -209,7 +209,7 @@ class Proxy:
         self._timeouts = self.config.upstream_timeouts
         self._resolver = resolver
         self._rng = rng or random.Random()
-        self._pool: UpstreamPool | None = None
+        self.pool: UpstreamPool | None = None
         self._origins: dict[str, tuple[Origin, bytes]] = {}
         self._serve_metrics = True
 
@@ -220,7 +220,7 @@ class Proxy:
         return math.ceil(base + self._rng.uniform(0.0, base))
 
     async def start(self) -> None:
-        self._pool = UpstreamPool(timeouts=self._timeouts, resolver=self._resolver)
+        self.pool = UpstreamPool(timeouts=self._timeouts, resolver=self._resolver)
         await self.directory.start()
 
     async def shutdown(self) -> None:
@@ -231,8 +231,8 @@ class Proxy:
         # After in-flight requests finished (or timed out): the pool can go.
         await self.signaller.close()
         await self.directory.stop()
-        if self._pool is not None:
-            await self._pool.close()
+        if self.pool is not None:
+            await self.pool.close()
 
     async def handle(self, request: Request) -> None:
         """Every request of the main port: routed, answered, every error OpenAI-shaped."""
@@ -433,7 +433,7 @@ class Proxy:
         ticket: Ticket | None,
         deadline: float,
     ) -> Answer | None:
-        pool = self._pool
+        pool = self.pool
         assert pool is not None, "not started"
         self.signaller.served(entry)
         data: bytes | bytearray = body.data
@@ -451,7 +451,6 @@ class Proxy:
         # A request that left a queue must say when it reached its backend (the
         # drain waits for that before it admits the next).
         on_dispatched = ticket.dispatched if ticket is not None else None
-        loop = asyncio.get_running_loop()
         pause = RETRY_FIRST_PAUSE
         while True:
             origin, base = self._origin(entry)
@@ -479,6 +478,7 @@ class Proxy:
                         on_dispatched=on_dispatched,
                     )
             except BackendUnavailable as error:
+                loop = asyncio.get_running_loop()
                 if error.retryable and loop.time() + pause < deadline:
                     log.info("backend of %s not answering yet (%s); retrying", entry.key, error)
                     await asyncio.sleep(pause)

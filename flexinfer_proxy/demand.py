@@ -144,7 +144,10 @@ class DemandSignaller:
         await self.flush()
 
     def _signals(self, key: str) -> _ModelSignals:
-        return self._models.setdefault(key, _ModelSignals())
+        signals = self._models.get(key)
+        if signals is None:  # (setdefault would build a throwaway one per request)
+            signals = self._models[key] = _ModelSignals()
+        return signals
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)

@@ -396,6 +396,8 @@ class _Connection(asyncio.Protocol):
         self._in_head = False
         self._fragmented = False
         self._head_bytes = 0
+        self._message_bytes = 0  # of the message being parsed, as its callbacks saw it
+        self._read_done = 0  # bytes of the current read that belonged to ended messages
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         # Timeouts (one timer, re-armed lazily).
@@ -428,12 +430,12 @@ class _Connection(asyncio.Protocol):
             return
         if self._in_head:
             # A head arriving in pieces: count what this piece adds (llhttp sets no limit).
-            self._fragmented = True
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > self._server.max_head_bytes:
                 self._refuse_head()
                 return
+        self._read_done = 0
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as error:
@@ -450,6 +452,14 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._bad_request(str(error))
             return
+        if self._in_head and not self._fragmented:
+            # A head begun in this read is still open: what llhttp holds of it is what
+            # follows the messages that ended in this read.
+            self._fragmented = True
+            self._head_bytes = len(data) - self._read_done
+            if self._head_bytes > self._server.max_head_bytes:
+                self._refuse_head()
+                return
         if self._in_head and self._head_since is None:
             self._head_since = now = self._loop.time()
             self._arm(now + self._server.header_timeout)
@@ -496,17 +506,21 @@ class _Connection(asyncio.Protocol):
         self._in_head = True
         self._fragmented = False
         self._head_bytes = 0
+        self._message_bytes = _REQUEST_LINE_BYTES
         self._url = b""
         self._headers = []
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._message_bytes += len(url)
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        size = len(name) + len(value) + 4
+        self._message_bytes += size
         if not self._fragmented:  # (the count of `_count`, inlined: once per header)
-            self._head_bytes += len(name) + len(value) + 4
+            self._head_bytes += size
             if self._head_bytes > self._server.max_head_bytes:
                 raise _HeadTooLarge()
 
@@ -565,6 +579,7 @@ class _Connection(asyncio.Protocol):
             self._pause_reading()
 
     def on_body(self, data: bytes) -> None:
+        self._message_bytes += len(data)
         request = self._receiving
         if request is not None:
             request.body._feed(data)
@@ -572,6 +587,7 @@ class _Connection(asyncio.Protocol):
                 self._pause_reading()
 
     def on_message_complete(self) -> None:
+        self._read_done += self._message_bytes
         request = self._receiving
         if request is not None:
             self._receiving = None
@@ -731,6 +747,11 @@ class _Connection(asyncio.Protocol):
                 self.close()
                 return
         self._arm(due)
+
+
+# The bytes of a request line and head end beyond its target and headers ("POST ",
+# " HTTP/1.1\r\n", the final "\r\n"), at most: a head's size is never overestimated.
+_REQUEST_LINE_BYTES = 20
 
 
 class _HeadTooLarge(Exception):

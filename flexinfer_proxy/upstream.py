@@ -165,7 +165,6 @@ class UpstreamConnection(asyncio.Protocol):
             self._last_data = self._loop.time()
         if self._in_head:
             # A head arriving in pieces: count what this piece adds to it.
-            self._fragmented = True
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
@@ -185,6 +184,13 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._broken(f"the answer is not HTTP/1.x: {error}")
             return
+        if self._in_head and not self._fragmented:
+            # A head begun in this read is still open: llhttp holds all of it.
+            self._fragmented = True
+            self._head_bytes = len(data)
+            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
+                self._head_too_large()
+                return
         if self._phase == _READING:
             due = self._last_data + self._timeouts.read
             if self._timer is None or self._timer_due > due:

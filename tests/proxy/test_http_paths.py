@@ -1,0 +1,301 @@
+"""The proxy's own HTTP/1.1 paths over real sockets: the upstream pool and the server.
+
+Backends here are scripted asyncio servers in the test's process, so each test
+decides the exact bytes a backend answers with (framing, `Connection: close`, a
+close between requests) and counts the connections it was given. The proxy runs
+in-process (`running_proxy`), so the pool's counters can be read between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+
+from flexinfer_proxy.app import ProxyConfig
+
+from .harness import async_test, entry, eventually, running_proxy
+from .test_hostile import Answer, connection, read_answer, request_head
+
+COMPLETION = b'{"model": "m", "choices": []}'
+
+
+@attrs.define
+class Scripted:
+    """A backend that answers each request with what `answer(index, body)` gives."""
+
+    port: int = 0
+    connections: int = 0
+    requests: list[bytes] = attrs.field(factory=list)  # the bodies, in arrival order
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@asynccontextmanager
+async def scripted(
+    answer: Callable[[int, bytes], bytes | list[bytes]], *, close_after_each: bool = False
+) -> AsyncIterator[Scripted]:
+    """`answer` may give pieces: they are written a moment apart (a stream)."""
+    backend = Scripted()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                body = await reader.readexactly(int(match.group(1)) if match else 0)
+                backend.requests.append(body)
+                pieces = answer(len(backend.requests) - 1, body)
+                for piece in [pieces] if isinstance(pieces, bytes) else pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+                if close_after_each:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    backend.port = int(server.sockets[0].getsockname()[1])
+    try:
+        yield backend
+    finally:
+        server.close()
+
+
+def json_answer(body: bytes = COMPLETION, *, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+        % (extra, len(body), body)
+    )
+
+
+def chunked(*pieces: bytes, content_type: bytes = b"text/event-stream") -> bytes:
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n%s0\r\n\r\n"
+        % (content_type, chunks)
+    )
+
+
+async def chat(url: str, model: str = "m", **fields: Any) -> Answer:
+    """One request on its own connection, read with the hostile tests' raw reader."""
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"model": model, **fields}).encode()
+    async with connection(port) as (reader, writer):
+        writer.write(request_head("/v1/chat/completions", length=len(body)) + body)
+        return await asyncio.wait_for(read_answer(reader), 20)
+
+
+# -- the upstream pool ---------------------------------------------------------------
+
+
+@async_test
+async def test_backend_connections_are_reused_across_requests() -> None:
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        for _ in range(5):
+            answer = await chat(p.url)
+            assert (answer.status, answer.body) == (200, COMPLETION)
+        assert backend.connections == 1
+        assert p.proxy.pool is not None and p.proxy.pool.connects == 1
+
+
+@async_test
+async def test_a_backend_that_closes_between_requests_gets_a_new_connection() -> None:
+    # Keep-alive by its headers, but it closes after each answer (as a server whose
+    # keep-alive timeout is shorter than the pool's does): the close is seen and that
+    # connection is never used again.
+    async with (
+        scripted(lambda index, body: json_answer(), close_after_each=True) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        pool = p.proxy.pool
+        assert pool is not None
+        for round_ in range(1, 4):
+            answer = await chat(p.url)
+            assert (answer.status, answer.body) == (200, COMPLETION)
+            await eventually(lambda: pool.idle_connections == 0, what="the close to be seen")
+            assert backend.connections == round_
+        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 3
+
+
+@async_test
+async def test_an_answer_with_connection_close_is_not_reused() -> None:
+    async with (
+        scripted(lambda index, body: json_answer(extra=b"Connection: close\r\n")) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        for _ in range(2):
+            assert (await chat(p.url)).status == 200
+        assert p.proxy.pool is not None and p.proxy.pool.connects == 2
+
+
+@async_test
+async def test_chunked_close_delimited_and_large_answers_arrive_whole() -> None:
+    events = [b'data: {"i": %d}\n\n' % i for i in range(50)] + [b"data: [DONE]\n\n"]
+    large = json.dumps({"model": "m", "data": "x" * (3 * 1024 * 1024)}).encode()
+    answers = {
+        # chunked, many chunks: re-chunked to the client, nothing lost or merged wrong
+        "chunked": chunked(*events),
+        # neither length nor chunks: the backend's close ends it
+        "close-delimited": b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end",
+        # larger than every buffer of the path: relayed under backpressure
+        "large": json_answer(large),
+        # informational answers before the real one are skipped
+        "early-hints": b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + json_answer(),
+    }
+    expected = {
+        "chunked": b"".join(events),
+        "close-delimited": b"until the end",
+        "large": large,
+        "early-hints": COMPLETION,
+    }
+    for name, raw in answers.items():
+        close = name == "close-delimited"
+        async with (
+            scripted(lambda index, body, raw=raw: raw, close_after_each=close) as backend,
+            running_proxy([entry("m", backend.endpoint)]) as p,
+        ):
+            answer = await chat(p.url)
+        assert answer.status == 200, name
+        assert answer.body == expected[name], name
+
+
+@async_test
+async def test_the_request_reaches_the_backend_as_sent() -> None:
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        large = "y" * (2 * 1024 * 1024)  # sent in slices, past every socket buffer
+        await chat(p.url, messages=[], note="é", blob=large)
+    sent = json.loads(backend.requests[0])
+    assert (sent["model"], sent["note"], len(sent["blob"])) == ("m", "é", len(large))
+
+
+# -- the server ------------------------------------------------------------------------
+
+
+@async_test
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with (
+        scripted(lambda index, body: json_answer(body)) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        bodies = [json.dumps({"model": "m", "n": n}).encode() for n in range(3)]
+        async with connection(port) as (reader, writer):
+            writer.write(
+                b"".join(request_head("/v1/chat/completions", length=len(b)) + b for b in bodies)
+                + b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n"
+            )
+            answers = [await asyncio.wait_for(read_answer(reader), 20) for _ in range(4)]
+    assert [json.loads(a.body)["n"] for a in answers[:3]] == [0, 1, 2]
+    assert json.loads(answers[3].body) == {"status": "ok"}
+
+
+@async_test
+async def test_a_head_and_body_arriving_byte_by_byte_are_read() -> None:
+    async with (
+        scripted(lambda index, body: json_answer(body)) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        body = b'{"model": "m", "n": 7}'
+        raw = request_head("/v1/chat/completions", length=len(body)) + body
+        async with connection(port) as (reader, writer):
+            for index in range(len(raw)):
+                writer.write(raw[index : index + 1])
+                await writer.drain()
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+    assert (answer.status, json.loads(answer.body)["n"]) == (200, 7)
+
+
+@async_test
+async def test_a_chunked_request_body_is_read_and_sent_with_its_length() -> None:
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        pieces = [b'{"model": ', b'"m", "x": ', b'"chunks"}']
+        async with connection(port) as (reader, writer):
+            writer.write(
+                request_head("/v1/chat/completions", extra="Transfer-Encoding: chunked\r\n")
+            )
+            for piece in pieces:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            writer.write(b"0\r\n\r\n")
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+    assert answer.status == 200
+    assert backend.requests == [b"".join(pieces)]
+
+
+@async_test
+async def test_a_head_over_the_limit_is_a_431_and_the_connection_closes() -> None:
+    config = ProxyConfig(max_header_bytes=4096)
+    async with running_proxy([entry("m", "http://127.0.0.1:9/v1")], config=config) as p:
+        port = int(p.url.rsplit(":", 1)[1])
+        # In one piece, and in pieces (a header line that never ends).
+        for pieces in (
+            [b"X-Big: " + b"b" * 5000 + b"\r\n\r\n"],
+            [b"X-Endless: "] + [b"e" * 1000] * 6,
+        ):
+            async with connection(port) as (reader, writer):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n")
+                for piece in pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                answer = await asyncio.wait_for(read_answer(reader), 20)
+                assert answer.status == 431
+                error = answer.error()
+                assert error["code"] == "request_header_too_large"
+                assert "4096" in error["message"] and "--max-header-bytes" in error["message"]
+                assert answer.headers["connection"] == "close"
+                assert await asyncio.wait_for(reader.read(), 20) == b""
+        # A head just under the limit is served.
+        async with connection(port) as (reader, writer):
+            writer.write(
+                b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nX-Ok: " + b"o" * 3000 + b"\r\n\r\n"
+            )
+            assert (await asyncio.wait_for(read_answer(reader), 20)).status == 200
+
+
+@async_test
+async def test_http_1_0_clients_get_keep_alive_only_when_asked() -> None:
+    events = [b"data: 1\n\n", b"data: [DONE]\n\n"]
+    stream = chunked(*events)
+    head_end = stream.index(b"\r\n\r\n") + 4
+    async with (
+        scripted(lambda index, body: [stream[:head_end], stream[head_end:]]) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        async with connection(port) as (reader, writer):
+            writer.write(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert (answer.status, answer.headers["connection"]) == (200, "keep-alive")
+            # A streamed answer cannot be chunked for HTTP/1.0: it ends with the close.
+            body = b'{"model": "m", "stream": true}'
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.0\r\nConnection: keep-alive\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+            rest = await asyncio.wait_for(reader.read(), 20)
+    assert b"transfer-encoding" not in head.lower()
+    assert b"connection: close" in head.lower()
+    assert rest == b"".join(events)

@@ -140,3 +140,49 @@ def test_with_model_splices_the_new_name_in() -> None:
     field = scanner.finish(body, len(body))
     rewritten = with_model(body, field, 'served "name"')
     assert json.loads(rewritten) == {"input": "x", "model": 'served "name"', "n": 1}
+
+
+def _reading(body: bytes) -> tuple[Any, ...]:
+    """What `parse_small_body` makes of `body`: its result, or its refusal."""
+    try:
+        return ("read", parse_small_body(body))
+    except BadRequest as error:
+        return ("refused", str(error), error.param)
+
+
+def _reading_with_json_loads(body: bytes) -> tuple[Any, ...]:
+    """The same, as json.loads reads it (the reader before the C scanner's shortcut)."""
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        return ("refused", "The request body is nested too deeply to be read.", None)
+    except ValueError as error:
+        return ("refused", f"The request body is not valid JSON: {error}", None)
+    if not isinstance(payload, dict):
+        return ("refused", "The request body must be a JSON object.", None)
+    if "model" not in payload:
+        return ("refused", "Missing required field 'model'.", "model")
+    if not isinstance(payload["model"], str) or not payload["model"]:
+        return ("refused", "The field 'model' must be a non-empty string.", "model")
+    return ("read", (payload["model"], payload))
+
+
+@settings(deadline=None)
+@given(
+    value=json_values | st.dictionaries(st.just("model"), json_values, min_size=1),
+    before=st.sampled_from(["", " ", "\n\t", "\ufeff"]),
+    after=st.sampled_from(["", " \r\n", "x", "}", " 1", "\x00"]),
+    encoding=st.sampled_from(["utf-8", "utf-16", "utf-32"]),
+    noise=st.binary(max_size=4),
+)
+def test_the_small_body_reader_says_what_json_loads_says(
+    value: Any, before: str, after: str, encoding: str, noise: bytes
+) -> None:
+    """The C scanner's shortcut reads, refuses and words refusals as json.loads does:
+    surrounding whitespace, trailing data, a byte-order mark, UTF-16/32, stray bytes."""
+    text = before + json.dumps(value, ensure_ascii=False) + after
+    for body in (
+        text.encode(encoding, "surrogatepass"),
+        text.encode("utf-8", "surrogatepass") + noise,
+    ):
+        assert _reading(body) == _reading_with_json_loads(body)

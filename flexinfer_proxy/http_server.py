@@ -324,6 +324,20 @@ class Request:
         assert not self.answered, "answered twice"
         self.answered = True
         self.status = status
+        connection = self._connection
+        if (
+            content_length is not None
+            and self.keep_alive
+            and self.body.complete
+            and self.version == "1.1"
+            and not connection.closing
+        ):
+            # The usual answer, in one formatting: kept alive, its length known.
+            connection._write(
+                b"HTTP/1.1 %d %s\r\n%sContent-Length: %d\r\n\r\n%s"
+                % (status, reason or reason_of(status), header_lines, content_length, first)
+            )
+            return
         if content_length is not None:
             framing = b"Content-Length: %d\r\n" % content_length
             close = self._closing(False)
@@ -635,7 +649,8 @@ class _Connection(asyncio.Protocol):
             if not self._pipeline:
                 self._resume_reading()
             return
-        self._resume_reading()
+        if self._reading_paused:
+            self._resume_reading()
         now = self._loop.time()
         self._idle_since = now
         if self._head_since is not None:

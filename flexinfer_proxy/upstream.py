@@ -372,10 +372,6 @@ class UpstreamConnection(asyncio.Protocol):
             parts.append(chunk)
         return b"".join(parts)
 
-    @property
-    def reusable(self) -> bool:
-        return self.alive and self.complete and self.keep_alive and self._error is None
-
     def close(self) -> None:
         self.alive = False
         if self.transport is not None:
@@ -488,12 +484,18 @@ class UpstreamPool:
         return await self._connect(origin)
 
     def release(self, connection: UpstreamConnection) -> None:
-        """Back to the pool if another request may use it, else closed."""
-        if not connection.reusable:
+        """Back to the pool if another request may use it (its answer was read whole,
+        neither side asked to close, nothing failed), else closed."""
+        if not (connection.complete and connection.keep_alive and connection.alive) or (
+            connection._error is not None
+        ):
             connection.close()
             return
         connection.idle_since = self.loop.time()
-        self._idle.setdefault(connection.origin, []).append(connection)
+        idle = self._idle.get(connection.origin)
+        if idle is None:
+            idle = self._idle[connection.origin] = []
+        idle.append(connection)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(SWEEP_SECONDS, self._sweep)
 

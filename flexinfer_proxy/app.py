@@ -40,7 +40,7 @@ from flexinfer_proxy.connections import ConnectionGuard
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry, Resolution
 from flexinfer_proxy.forward import (
-    HOP_BY_HOP,
+    REQUEST_HOP_BY_HOP,
     BackendTimeout,
     BackendUnavailable,
     ClientGone,
@@ -111,7 +111,7 @@ REFUSED_CONNECTION = openai_errors.raw_response(
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
 # With API keys, the client's key stays with the proxy.
-_HOP_BY_HOP_AND_KEY = HOP_BY_HOP | {b"authorization"}
+_HOP_BY_HOP_AND_KEY = REQUEST_HOP_BY_HOP | {b"authorization"}
 # Backend endpoints are parsed once and kept, up to this many.
 ORIGIN_CACHE_SIZE = 1024
 
@@ -444,7 +444,7 @@ class Proxy:
         lines = upstream_header_lines(
             request.headers,
             client=request.remote,
-            skip=HOP_BY_HOP if self.api_keys is None else _HOP_BY_HOP_AND_KEY,
+            skip=REQUEST_HOP_BY_HOP if self.api_keys is None else _HOP_BY_HOP_AND_KEY,
             names_hop_headers=request.names_hop_headers,
         )
         suffix = request.target[len(API_PREFIX) :]

@@ -62,6 +62,9 @@ HOP_BY_HOP = frozenset(
         b"content-length",
     }
 )
+# Dropped from requests too: the proxy met the client's `Expect` itself (the body is
+# all here), and a backend asked for it would only add a `100 Continue`.
+REQUEST_HOP_BY_HOP = HOP_BY_HOP | {b"expect"}
 # Non-streamed JSON answers up to this size get their `model` rewritten back.
 REWRITE_LIMIT_BYTES = 1024 * 1024
 # An answer that says it is at most this long (and is not an event stream) is read
@@ -112,12 +115,12 @@ def upstream_header_lines(
     headers: list[tuple[bytes, bytes]],
     *,
     client: str | None,
-    skip: frozenset[bytes] = HOP_BY_HOP,
+    skip: frozenset[bytes] = REQUEST_HOP_BY_HOP,
     names_hop_headers: bool = True,
 ) -> bytes:
-    """The client's headers minus `skip` (hop-by-hop ones by default) and those its
-    `Connection` header names (when `names_hop_headers`), plus X-Forwarded-For, as
-    `Name: value` lines."""
+    """The client's headers minus `skip` (hop-by-hop ones and `Expect` by default) and
+    those its `Connection` header names (when `names_hop_headers`), plus
+    X-Forwarded-For, as `Name: value` lines."""
     if names_hop_headers:
         skip = skip | _connection_named(headers)
     lines = []

@@ -32,6 +32,7 @@ class Scripted:
     port: int = 0
     connections: int = 0
     requests: list[bytes] = attrs.field(factory=list)  # the bodies, in arrival order
+    heads: list[bytes] = attrs.field(factory=list)
 
     @property
     def endpoint(self) -> str:
@@ -53,6 +54,7 @@ async def scripted(
                 match = re.search(rb"(?i)content-length:\s*(\d+)", head)
                 body = await reader.readexactly(int(match.group(1)) if match else 0)
                 backend.requests.append(body)
+                backend.heads.append(head)
                 pieces = answer(len(backend.requests) - 1, body)
                 for piece in [pieces] if isinstance(pieces, bytes) else pieces:
                     writer.write(piece)
@@ -184,6 +186,24 @@ async def test_the_request_reaches_the_backend_as_sent() -> None:
         await chat(p.url, messages=[], note="é", blob=large)
     sent = json.loads(backend.requests[0])
     assert (sent["model"], sent["note"], len(sent["blob"])) == ("m", "é", len(large))
+
+
+@async_test
+async def test_expect_is_met_by_the_proxy_and_not_sent_on() -> None:
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        body = b'{"model": "m"}'
+        expect = "Expect: 100-continue\r\n"
+        async with connection(port) as (reader, writer):
+            writer.write(request_head("/v1/chat/completions", length=len(body), extra=expect))
+            assert (await asyncio.wait_for(read_answer(reader), 20)).status == 100
+            writer.write(body)
+            assert (await asyncio.wait_for(read_answer(reader), 20)).status == 200
+    assert backend.requests == [body]
+    assert b"expect" not in backend.heads[0].lower()
 
 
 # -- the server ------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Every party is its own process (2 cores here: they share them):
 - the load: this script again (`load` / `sse` sub-commands), one process, raw
   asyncio, a fixed request on each of N keep-alive connections.
 
-Figures: requests per second and latency p50/p99 at 1, 32 and 100 connections;
+Figures: requests per second, latency p50/p99 and (for the proxy and nginx) CPU per
+request, all of it and the kernel's part, at 1, 32 and 100 connections;
 server-sent-event delay (receive time - send time) p50/p99 at 200 streams; the
 ratios proxy ÷ nginx and proxy ÷ direct side by side; the added p50 at 1
 connection; and the drain time of `--queued` requests once their model is Ready.
@@ -467,14 +468,16 @@ def _streams(port: int, streams: int) -> dict[str, Any]:
     return dict(json.loads(output))
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes so far (Linux /proc)."""
-    total = 0
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU time of these processes so far (Linux /proc)."""
+    user = system = 0
     for pid in pids:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11])
+            system += int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
 
 
 def _children(pid: int) -> list[int]:
@@ -516,9 +519,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 figures = _load(port, connections, args.seconds)
                 if pids:
                     # CPU time over warm-up and measurement, per request of both.
-                    spent = cpu_seconds(pids) - before
+                    after = cpu_seconds(pids)
+                    user, system = after[0] - before[0], after[1] - before[1]
                     answered = figures["requests"] + figures.pop("warmup_requests")
-                    figures["cpu_us_per_request"] = round(spent / answered * 1e6, 1)
+                    figures["cpu_us_per_request"] = round((user + system) / answered * 1e6, 1)
+                    # The kernel's share: the socket reads and writes, the loop's polls.
+                    figures["cpu_system_us_per_request"] = round(system / answered * 1e6, 1)
                 else:
                     figures.pop("warmup_requests")
                 row[name] = figures

@@ -406,6 +406,7 @@ class _Connection(asyncio.Protocol):
         self._pipeline: deque[Request] = deque()
         self._reading_paused = False
         self._broken: bytes | None = None  # an error answer owed after the active one
+        self._parse_failed = False
         # Head being parsed.
         self._in_head = False
         self._fragmented = False
@@ -440,7 +441,7 @@ class _Connection(asyncio.Protocol):
         self._arm(now + self._server.header_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or (self.closing and self._active is None):
+        if self.transport is None or self._parse_failed or (self.closing and self._active is None):
             return
         if self._in_head:
             # A head arriving in pieces: count what this piece adds (llhttp sets no limit).
@@ -718,19 +719,25 @@ class _Connection(asyncio.Protocol):
         self._fail_parse(self._server.head_too_large)
 
     def _fail_parse(self, answer: bytes) -> None:
+        """Nothing more can be read from this connection: answer, then close."""
+        self._parse_failed = True
         self._in_head = False
         self._head_since = None
-        if self._receiving is not None:
-            self._receiving.body._fail(BodyCutOff("the request's framing is broken"))
+        receiving, self._receiving = self._receiving, None
+        if receiving is not None:
+            receiving.body._fail(BodyCutOff("the request's framing is broken"))
         self.closing = True
         if self._active is None:
             if self.transport is not None:
                 self.transport.write(answer)
             self.close()
-        else:
+            return
+        self._pause_reading()
+        if receiving is not self._active:
             # The answer in progress goes first; this one after it, then the close.
             self._broken = answer
-            self._pause_reading()
+        # else it is the active request's own body that broke: its handler answers
+        # (it sees the body cut off), then the connection closes.
 
     # -- the timer -----------------------------------------------------------------------
 

@@ -319,3 +319,21 @@ async def test_http_1_0_clients_get_keep_alive_only_when_asked() -> None:
     assert b"transfer-encoding" not in head.lower()
     assert b"connection: close" in head.lower()
     assert rest == b"".join(events)
+
+
+@async_test
+async def test_a_body_whose_framing_breaks_gets_one_answer_and_the_close() -> None:
+    async with running_proxy([entry("m", "http://127.0.0.1:9/v1")]) as p:
+        port = int(p.url.rsplit(":", 1)[1])
+        async with connection(port) as (reader, writer):
+            writer.write(
+                request_head("/v1/chat/completions", extra="Transfer-Encoding: chunked\r\n")
+            )
+            writer.write(b'6\r\n{"mode\r\nnot a chunk size\r\n')
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            rest = await asyncio.wait_for(reader.read(), 20)
+    assert answer.status == 400
+    assert "cut off" in answer.error()["message"]
+    assert rest == b"", "one answer, then the close"
+    outcome = {"model": "", "outcome": "client_disconnected"}
+    assert p.metric("flexinfer_proxy_requests_total", **outcome) == 1

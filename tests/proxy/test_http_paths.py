@@ -13,13 +13,17 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
+from prometheus_client import CollectorRegistry
 
-from flexinfer_proxy.app import ProxyConfig
+from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.directory import InMemoryDirectory
+from flexinfer_proxy.resolve_file import HostsFileResolver
 
-from .harness import async_test, entry, eventually, running_proxy
+from .harness import RecordingSink, async_test, entry, eventually, running_proxy
 from .test_hostile import Answer, connection, read_answer, request_head
 
 COMPLETION = b'{"model": "m", "choices": []}'
@@ -337,3 +341,28 @@ async def test_a_body_whose_framing_breaks_gets_one_answer_and_the_close() -> No
     assert rest == b"", "one answer, then the close"
     outcome = {"model": "", "outcome": "client_disconnected"}
     assert p.metric("flexinfer_proxy_requests_total", **outcome) == 1
+
+
+@async_test
+async def test_backend_names_are_resolved_through_the_given_resolver(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 backend.team.svc\n")
+    async with scripted(lambda index, body: json_answer()) as backend:
+        endpoint = f"http://backend.team.svc:{backend.port}/v1"
+        proxy = Proxy(
+            InMemoryDirectory(
+                [entry("m", endpoint), entry("nowhere", "http://nowhere.invalid/v1")]
+            ),
+            RecordingSink(),
+            registry=CollectorRegistry(),
+            resolver=HostsFileResolver(hosts),
+        )
+        server, port = await serve(proxy, host="127.0.0.1", port=0)
+        try:
+            answer = await chat(f"http://127.0.0.1:{port}")
+            assert (answer.status, answer.body) == (200, COMPLETION)
+            assert b"host: backend.team.svc:%d" % backend.port in backend.heads[0].lower()
+            # A name nobody knows: nothing could be sent, a 502.
+            assert (await chat(f"http://127.0.0.1:{port}", model="nowhere")).status == 502
+        finally:
+            await server.cleanup()

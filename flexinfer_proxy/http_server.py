@@ -43,9 +43,10 @@ from flexinfer_proxy.connections import ConnectionGuard
 
 log = logging.getLogger("flexinfer.proxy.http")
 
-MiB = 1024 * 1024
 DEFAULT_MAX_HEAD_BYTES = 64 * 1024
-# Reading from a client pauses while this much of its body waits to be taken.
+# Reading from a client pauses while this much of its body waits to be taken. At
+# least the largest body read whole (model_field.SMALL_BODY_BYTES): `read()` takes
+# nothing until the end, so a pause below that size would never be lifted.
 BODY_HIGH_WATER = 256 * 1024
 BODY_LOW_WATER = 64 * 1024
 
@@ -98,10 +99,6 @@ class Answer:
     def closing(self) -> Answer:
         self.close = True
         return self
-
-    def json(self) -> Any:
-        """The body decoded (for tests and logs)."""
-        return json.loads(self.body)
 
 
 def json_answer(
@@ -261,9 +258,6 @@ class Request:
             if key.lower() == name:
                 return value.decode("latin-1")
         return None
-
-    def header_values(self, name: bytes) -> list[str]:
-        return [value.decode("latin-1") for key, value in self.headers if key.lower() == name]
 
     # -- answering ---------------------------------------------------------------------
 

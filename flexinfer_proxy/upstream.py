@@ -43,9 +43,9 @@ from aiohttp.resolver import DefaultResolver
 # Bodies are written to the backend in slices of this size, draining in between.
 SEND_SLICE_BYTES = 256 * 1024
 MAX_ANSWER_HEAD_BYTES = 64 * 1024
-# Reading from a backend pauses while this much of its answer waits to be relayed.
+# Reading from a backend pauses while this much of its answer waits to be relayed
+# (and resumes once it is taken).
 BODY_HIGH_WATER = 256 * 1024
-BODY_LOW_WATER = 64 * 1024
 POOL_IDLE_SECONDS = 15.0  # aiohttp's connector kept idle connections as long
 SWEEP_SECONDS = 2.5
 DNS_CACHE_SECONDS = 10.0
@@ -121,7 +121,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.alive = True
         self.idle_since = 0.0
-        self.reused = False
         # The answer being read.
         self.status = 0
         self.reason = b""
@@ -479,7 +478,6 @@ class UpstreamPool:
             connection = idle.pop()
             transport = connection.transport
             if connection.alive and transport is not None and not transport.is_closing():
-                connection.reused = True
                 return connection
         return await self._connect(origin)
 

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 from prometheus_client import CollectorRegistry
 
+from flexinfer_proxy import http_server, model_field
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.directory import InMemoryDirectory
 from flexinfer_proxy.resolve_file import HostsFileResolver
@@ -366,3 +367,9 @@ async def test_backend_names_are_resolved_through_the_given_resolver(tmp_path: P
             assert (await chat(f"http://127.0.0.1:{port}", model="nowhere")).status == 502
         finally:
             await server.cleanup()
+
+
+def test_a_body_read_whole_never_pauses_the_reading_it_waits_for() -> None:
+    # `RequestBody.read()` takes nothing until the body's end; were reading paused
+    # below that size, a body read whole would wait forever.
+    assert http_server.BODY_HIGH_WATER >= model_field.SMALL_BODY_BYTES

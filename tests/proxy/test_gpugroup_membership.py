@@ -35,13 +35,23 @@ QUEUE_WAIT_SECONDS = 20
 
 def _create_group_and_members(c: Cluster) -> None:
     for name in MEMBERS:
-        c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
-            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
-            "metadata": {"name": name},
-            # No gpuGroupRef: the GPUGroup below lists it, and that is enough.
-            "spec": {"backend": "vllm", "model": f"test/{name}", "idleTimeoutSeconds": 300,
-                     "coldStartTimeoutSeconds": QUEUE_WAIT_SECONDS, **on_kwok()},
-        })
+        c.api.create(
+            MODEL_DEPLOYMENTS,
+            c.namespace,
+            {
+                "apiVersion": "ai.flexinfer/v1alpha1",
+                "kind": "ModelDeployment",
+                "metadata": {"name": name},
+                # No gpuGroupRef: the GPUGroup below lists it, and that is enough.
+                "spec": {
+                    "backend": "vllm",
+                    "model": f"test/{name}",
+                    "idleTimeoutSeconds": 300,
+                    "coldStartTimeoutSeconds": QUEUE_WAIT_SECONDS,
+                    **on_kwok(),
+                },
+            },
+        )
     c.api.create(GPU_GROUPS, c.namespace, {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
         "metadata": {"name": GROUP},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from prometheus_client import CollectorRegistry
 
 from flexinfer_proxy import http_server, model_field
@@ -373,3 +375,34 @@ def test_a_body_read_whole_never_pauses_the_reading_it_waits_for() -> None:
     # `RequestBody.read()` takes nothing until the body's end; were reading paused
     # below that size, a body read whole would wait forever.
     assert http_server.BODY_HIGH_WATER >= model_field.SMALL_BODY_BYTES
+
+
+@async_test
+async def test_the_access_log_has_a_line_per_request_when_asked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="flexinfer.proxy.access")
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)], config=ProxyConfig(access_log=True)) as p,
+    ):
+        await chat(p.url)
+        async with p.session.get(f"{p.url}/nowhere?x=1") as answer:
+            assert answer.status == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "flexinfer.proxy.access"]
+    assert len(lines) == 2, lines
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in lines[0]
+    assert '"GET /nowhere?x=1 HTTP/1.1" 404' in lines[1]
+
+
+@async_test
+async def test_without_the_flag_nothing_is_logged_per_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="flexinfer.proxy.access")
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        await chat(p.url)
+    assert not [r for r in caplog.records if r.name == "flexinfer.proxy.access"]

@@ -7,7 +7,9 @@ which alone is more than the proxy may spend per request to keep up with nginx. 
 this module owns:
 
 - parsing: a request head larger than `max_head_bytes` is answered 431, anything that is
-  not HTTP/1.x 400 (one INFO log line, no traceback); either closes the connection;
+  not HTTP/1.x (or a CONNECT) 400 (one INFO log line, no traceback); either closes the
+  connection. An offer to upgrade (curl's h2c) is declined: the request is served in
+  HTTP/1.1, then the connection closes;
 - bodies as they arrive (`RequestBody`), with backpressure: reading from the client
   pauses while more than `BODY_HIGH_WATER` bytes wait to be taken; `Expect:
   100-continue` is answered when the handler first waits for the body;
@@ -401,6 +403,7 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._broken: bytes | None = None  # an error answer owed after the active one
         self._parse_failed = False
+        self._raw_left: int | None = None  # after a declined upgrade: body bytes to come
         # Head being parsed.
         self._in_head = False
         self._fragmented = False
@@ -437,6 +440,9 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self._parse_failed or (self.closing and self._active is None):
             return
+        if self._raw_left is not None:
+            self._take_raw_body(data)
+            return
         if self._in_head:
             # A head arriving in pieces: count what this piece adds (llhttp sets no limit).
             end = data.find(b"\r\n\r\n")
@@ -455,8 +461,8 @@ class _Connection(asyncio.Protocol):
             else:
                 self._bad_request(f"{error.__context__ or error}")
             return
-        except httptools.HttpParserUpgrade:  # CONNECT
-            self._bad_request("protocol upgrades are not supported")
+        except httptools.HttpParserUpgrade as upgrade:  # an upgrade offer, declined
+            self._take_raw_body(data[upgrade.args[0] :])
             return
         except httptools.HttpParserError as error:
             self._bad_request(str(error))
@@ -560,8 +566,15 @@ class _Connection(asyncio.Protocol):
                 expects_continue = value.lower() == b"100-continue"
             elif size == 10 and name.lower() == b"connection":
                 named = True
+        keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
-            raise _Upgrade()
+            if raw_method == b"CONNECT" or content_length is None:
+                raise _Upgrade()
+            # An offer to switch protocols (curl's h2c): declined, the request is served
+            # in HTTP/1.1 (RFC 9110 7.8 lets a server ignore it). llhttp stops at the head,
+            # so the body is taken as it comes and the connection closes after the answer.
+            self._raw_left = content_length
+            keep_alive = False
         version = parser.get_http_version()
         url = self._url
         if url[:1] == b"/" and b"?" not in url and b"%" not in url:
@@ -576,7 +589,7 @@ class _Connection(asyncio.Protocol):
             version,
             self._headers,
             content_length,
-            parser.should_keep_alive(),
+            keep_alive,
             expects_continue and version == "1.1",
         )
         request.names_hop_headers = named
@@ -597,6 +610,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._read_done += self._message_bytes
+        if self._raw_left:
+            return  # a declined upgrade's body: not parsed, taken as it comes
         request = self._receiving
         if request is not None:
             self._receiving = None
@@ -652,6 +667,20 @@ class _Connection(asyncio.Protocol):
             self._arm(self._head_since + self._server.header_timeout)
         else:
             self._arm(now + self._server.idle_timeout)
+
+    def _take_raw_body(self, data: bytes) -> None:
+        """The body of a request whose upgrade offer was declined (`_raw_left` bytes
+        more); anything after it is not read: the connection closes after the answer."""
+        left = self._raw_left or 0
+        if not left or not data:
+            return
+        piece = data[:left]
+        self._raw_left = left - len(piece)
+        self.on_body(piece)
+        if self._raw_left == 0:
+            request, self._receiving = self._receiving, None
+            if request is not None:
+                request.body._finish()
 
     def _body_taken(self) -> None:
         if self._reading_paused and not self._pipeline:

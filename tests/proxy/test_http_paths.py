@@ -406,3 +406,35 @@ async def test_without_the_flag_nothing_is_logged_per_request(
     ):
         await chat(p.url)
     assert not [r for r in caplog.records if r.name == "flexinfer.proxy.access"]
+
+
+@async_test
+async def test_an_upgrade_offer_is_declined_and_the_request_served() -> None:
+    # curl --http2 on http:// offers h2c this way; RFC 9110 7.8 lets a server ignore it.
+    offer = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABk\r\n"
+    async with (
+        scripted(lambda index, body: json_answer(body)) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        port = int(p.url.rsplit(":", 1)[1])
+        async with connection(port) as (reader, writer):
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: proxy\r\n{offer}\r\n".encode())
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert (answer.status, answer.headers["connection"]) == (200, "close")
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+        body = b'{"model": "m", "n": 1}'
+        async with connection(port) as (reader, writer):
+            head = request_head("/v1/chat/completions", length=len(body), extra=offer)
+            writer.write(head + body[:5])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(body[5:] + b"GET /healthz HTTP/1.1\r\n\r\n")  # not read: closes
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+        assert (answer.status, json.loads(answer.body)["n"]) == (200, 1)
+        assert backend.requests == [body]
+        assert b"upgrade" not in backend.heads[0].lower()
+        # CONNECT asks for a tunnel: refused.
+        async with connection(port) as (reader, writer):
+            writer.write(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+            assert (await asyncio.wait_for(read_answer(reader), 20)).status == 400

@@ -100,11 +100,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda g: demand(member(g, 0)), range(args.groups)))
+        def all_ready(index: int) -> bool:
+            listing = c.api.list(MODELS, NAMESPACE).get("items") or []
+            ready = {m["metadata"]["name"] for m in listing
+                     if (m.get("status") or {}).get("phase") == "Ready"}
+            return all(member(g, index) in ready for g in range(args.groups))
+
         deadline = time.monotonic() + args.timeout
-        while not all(c.status(member(g, 0)).get("phase") == "Ready"
-                      for g in range(0, args.groups, max(1, args.groups // 20))):
+        while not all_ready(0):  # every group serves its first member before the burst
             if time.monotonic() > deadline:
-                raise TimeoutError("the first members did not become Ready")
+                raise TimeoutError("the first members did not all become Ready")
             time.sleep(1)
         warm = time.monotonic() - created
         time.sleep(DEMAND_WINDOW_SECONDS + 1)  # every leader idle: equal priority may swap
@@ -115,7 +120,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              strict=True))
         deadline = time.monotonic() + args.timeout
         while True:
-            done = sum(1 for g in swapping if c.status(member(g, 1)).get("phase") == "Ready")
+            listing = c.api.list(MODELS, NAMESPACE).get("items") or []
+            ready = {m["metadata"]["name"] for m in listing
+                     if (m.get("status") or {}).get("phase") == "Ready"}
+            done = sum(1 for g in swapping if member(g, 1) in ready)
             if done == len(swapping):
                 break
             if time.monotonic() > deadline:

@@ -2,9 +2,9 @@
 
 `--groups` shared groups of `--per-group` Models each (1,000 Models in 200 groups by
 default), rendered by the controller (a `python -m flexinfer_k8s` process with
-`--workers`); every group's first member is asked for and becomes Ready; once the
-leaders are idle, the second member of `--swapping` groups (100 by default) is asked
-for at the same moment, as a proxy would. From watches on Models, Deployments and
+`--workers`, the default 2m demand window); every group's first member is asked for
+and becomes Ready; then the second member, more important, of `--swapping` groups (100
+by default) is asked for at the same moment, as a proxy would, and preempts it. From watches on Models, Deployments and
 Pods, per swapping group:
 
 - demand -> decision: the demand PATCH to the challenger's status saying Active;
@@ -43,7 +43,6 @@ from tests.k8s.harness import Cluster, ControllerProcess, model_body, now_text  
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 NAMESPACE = "scale"
-DEMAND_WINDOW_SECONDS = 4  # ControllerProcess's --demand-window
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -85,10 +84,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda gi: c.api.create(MODELS, NAMESPACE, model_body(
                 member(*gi), group=f"g{gi[0]:03d}", swap_cooldown="0s", idle_timeout="10m",
-                ready_delay=args.load_time, terminate_delay="200ms")), names))
+                priority=100 + 100 * gi[1], ready_delay=args.load_time,
+                terminate_delay="200ms")), names))
         created = time.monotonic()
-        controller = ControllerProcess(local, NAMESPACE, log=work / "controller.log",
-                                       extra=("--workers", str(args.workers)))
+        controller = ControllerProcess(
+            local, NAMESPACE, log=work / "controller.log",
+            extra=("--workers", str(args.workers), "--demand-window", "2m",
+                   "--recent-window", "5m", "--default-swap-cooldown", "0s"),
+        )
         models = Recorder(c.api, MODELS, NAMESPACE)
         deployments = Recorder(c.api, DEPLOYMENTS, NAMESPACE)
         pods = Recorder(c.api, PODS, NAMESPACE)
@@ -112,7 +115,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise TimeoutError("the first members did not all become Ready")
             time.sleep(1)
         warm = time.monotonic() - created
-        time.sleep(DEMAND_WINDOW_SECONDS + 1)  # every leader idle: equal priority may swap
 
         swapping = list(range(args.swapping))
         with ThreadPoolExecutor(32) as pool:

@@ -4,8 +4,8 @@
 default), rendered by the controller (a `python -m flexinfer_k8s` process with
 `--workers`, the default 2m demand window); every group's first member is asked for
 and becomes Ready; then the second member, more important, of `--swapping` groups (100
-by default) is asked for at the same moment, as a proxy would, and preempts it. From watches on Models, Deployments and
-Pods, per swapping group:
+by default) is asked for at the same moment, as a proxy would, and preempts it. From
+watches on Models, Deployments and Pods, per swapping group:
 
 - demand -> decision: the demand PATCH to the challenger's status saying Active;
 - decision -> scale-down: to the old holder's Deployment at `replicas: 0`;

@@ -87,6 +87,16 @@ def is_demanded(model: ModelState, now: datetime, *, policy: Policy = DEFAULT_PO
     return age is not None and age < policy.demand_window
 
 
+def is_idle(model: ModelState, now: datetime, *, policy: Policy = DEFAULT_POLICY) -> bool:
+    """Never demanded, or last demanded strictly longer ago than the demand window.
+
+    "Demanded" and "idle" are both strict ("younger than", "older than"), so at exactly
+    the window a member is neither: an equal-priority challenger waits one tick more.
+    """
+    age = idle_for(model, now)
+    return age is None or age > policy.demand_window
+
+
 def is_recent(model: ModelState, now: datetime, *, policy: Policy = DEFAULT_POLICY) -> bool:
     age = idle_for(model, now)
     return age is not None and age < policy.recent_window
@@ -373,7 +383,7 @@ def _elect(
                     f"the ready leader {ready.name} (priority {ready.priority})",
                 ),
             )
-        if not is_demanded(ready, now, policy=policy) and demanded.priority >= ready.priority:
+        if is_idle(ready, now, policy=policy) and demanded.priority >= ready.priority:
             return _decided(
                 notes,
                 7,
@@ -528,6 +538,12 @@ def _why_no_preemption(
         return (
             f"{demanded.name} (priority {demanded.priority}) does not outrank the ready "
             f"{ready.name} (priority {ready.priority}), which is busy (demanded within {window})"
+        )
+    if not is_idle(ready, now, policy=policy):
+        return (
+            f"{demanded.name} (priority {demanded.priority}) does not outrank the ready "
+            f"{ready.name} (priority {ready.priority}), last demanded exactly {window} ago: "
+            "neither busy nor yet idle"
         )
     return (
         f"{demanded.name} (priority {demanded.priority}) ranks below the idle ready "

@@ -516,6 +516,7 @@ class Threshold(enum.StrEnum):
 
     LEASE_EXPIRY = "lease expiry"
     DEMAND_WINDOW = "demand window"
+    IDLE = "idle past the demand window"
     RECENT_WINDOW = "recent window"
     LOAD_GRACE = "load grace"
     IDLE_TIMEOUT = "idle timeout"
@@ -532,11 +533,11 @@ def next_change_at(
     """The earliest instant after `now` at which the decision could change unaided.
 
     Every threshold the decision reads is listed (`_instants`): demand and recent
-    windows, the loading grace and idle timeout (both inclusive, so they lapse one
-    tick later), the cooldown and lease expiry. The decision is constant between
-    consecutive thresholds, so nothing changes before the earliest future one.
-    Unreadable lease sources add no threshold: only the leases that were read can
-    expire.
+    windows, the start of idleness (one tick past the demand window), the loading
+    grace and idle timeout (both inclusive, so they lapse one tick later), the
+    cooldown and lease expiry. The decision is constant between consecutive
+    thresholds, so nothing changes before the earliest future one. Unreadable lease
+    sources add no threshold: only the leases that were read can expire.
     """
     future = [at for at in _instants(models, now=now, leases=leases, policy=policy) if at > now]
     return min(future, default=None)
@@ -588,6 +589,8 @@ def _instants(
         if model.last_active is not None:
             candidates += [
                 model.last_active + policy.demand_window,
+                # A member is idle only once strictly older than the window.
+                model.last_active + policy.demand_window + _TICK,
                 model.last_active + policy.recent_window,
                 model.last_active + loading_grace(model, policy) + _TICK,
                 model.last_active + model.serverless.idle_timeout + _TICK,
@@ -595,6 +598,7 @@ def _instants(
             if labels is not None:
                 labels += [
                     (Threshold.DEMAND_WINDOW, model.name),
+                    (Threshold.IDLE, model.name),
                     (Threshold.RECENT_WINDOW, model.name),
                     (Threshold.LOAD_GRACE, model.name),
                     (Threshold.IDLE_TIMEOUT, model.name),

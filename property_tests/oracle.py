@@ -37,6 +37,12 @@ def demanded(model: ModelState, now: datetime) -> bool:
     return model.last_active is not None and now - model.last_active < DEMAND_WINDOW
 
 
+def idle(model: ModelState, now: datetime) -> bool:
+    """lastActiveTime absent or older than the demand window (strictly: at exactly the
+    window a member is neither demanded nor idle)."""
+    return model.last_active is None or now - model.last_active > DEMAND_WINDOW
+
+
 def cooldown(models: Iterable[ModelState]) -> timedelta:
     """The largest swapCooldown; a member without one contributes the 5m default."""
     return max(

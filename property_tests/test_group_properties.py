@@ -187,7 +187,8 @@ def spec_thresholds(sc: GroupScenario) -> set[datetime]:
     """Every instant at which some input of spec 1.2–1.3 crosses a boundary, from the spec.
 
     Windows are exclusive ("younger than"): the state flips at the boundary itself.
-    The loading grace and idle timeout are inclusive: they flip one tick later.
+    Idleness ("older than" the demand window), the loading grace and the idle timeout
+    flip one tick later.
     """
     tick = timedelta(microseconds=1)
     out: set[datetime] = set()
@@ -197,6 +198,7 @@ def spec_thresholds(sc: GroupScenario) -> set[datetime]:
             grace = max(oracle.RECENT_WINDOW, m.serverless.cold_start_timeout)
             out |= {
                 m.last_active + oracle.DEMAND_WINDOW,
+                m.last_active + oracle.DEMAND_WINDOW + tick,
                 m.last_active + oracle.RECENT_WINDOW,
                 m.last_active + grace + tick,
                 m.last_active + m.serverless.idle_timeout + tick,
@@ -253,6 +255,42 @@ def test_equal_priority_demand_never_displaces_a_busy_ready_leader(
     assert oracle.demanded(sc.member(leader), sc.now)
     decision = sc.decide()
     assert decision.leader == leader
+
+
+_TICK = timedelta(microseconds=1)
+
+
+@given(
+    ready_leader_scenarios("equal"),
+    st.sampled_from([timedelta(0), _TICK, timedelta(seconds=1), timedelta(minutes=20)]),
+)
+def test_equal_priority_demand_takes_the_card_only_from_an_idle_leader(
+    case: tuple[GroupScenario, str, str], past_the_window: timedelta
+) -> None:
+    """Rule 7: at equal priority the demanded member takes over from an idle Ready
+    leader; idle is strictly older than the demand window, so at exactly the window the
+    leader keeps the card."""
+    sc, leader, _ = case
+    now = sc.now
+    window = oracle.cooldown(sc.models)
+    models = []
+    for m in sc.models:
+        if m.name == leader:
+            m = attrs.evolve(m, last_active=now - oracle.DEMAND_WINDOW - past_the_window)
+        elif m.phase is Phase.READY:
+            m = attrs.evolve(m, phase=Phase.PREEMPTED)  # the leader stays the best Ready one
+        if m.preempted_at is not None and now - m.preempted_at < window:
+            m = attrs.evolve(m, preempted_at=now - window)  # no cooldown (rule 4)
+        models.append(m)
+    aged = attrs.evolve(sc, models=tuple(models))
+    assert not oracle.cooldown_holds(aged.models, now)
+    decision = aged.decide()
+    if oracle.idle(aged.member(leader), now):
+        assert decision.leader != leader
+        assert decision.reason == reasons.DEMAND_PREEMPTION
+    else:
+        assert past_the_window == timedelta(0)
+        assert decision.leader == leader
 
 
 @given(ready_leader_scenarios("higher"))

@@ -51,8 +51,11 @@ def timing_demand_window() -> None:
     leader = member("leader", phase=READY, shared_state=ACTIVE)
     asker = member("asker", last_active=ago(1))
     busy = [member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(119)), asker]
-    idle = [member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(120)), asker]
+    edge = [member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(120)), asker]
+    idle = [member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(120.001)), asker]
     assert elect_leader(busy, now=T0).leader_name == "leader"
+    # Demanded is "younger than" the window and idle "older than" it: at 2m, neither.
+    assert elect_leader(edge, now=T0).leader_name == "leader"
     assert elect_leader(idle, now=T0).leader_name == "asker"
     assert leader.name == "leader"
 

@@ -293,11 +293,22 @@ def test_rule7_lower_priority_never_preempts_ready_leader_even_idle() -> None:
     assert election.reason == reasons.READY_LEADER
 
 
-def test_rule7_demand_window_is_two_minutes_exclusive() -> None:
-    leader = member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(minutes=2))
+def test_rule7_at_exactly_the_demand_window_the_leader_is_neither_busy_nor_idle() -> None:
+    """spec 1.2: demanded is "younger than" the window, idle "older than" it; both strict."""
     asker = member("asker", last_active=ago(1))
-    # Exactly 2 minutes old is no longer "inside the demand window": leader is idle.
-    assert elect_leader([leader, asker], now=T0).leader_name == "asker"
+
+    def leader_aged(age: timedelta) -> str | None:
+        leader = member("leader", phase=READY, shared_state=ACTIVE, last_active=T0 - age)
+        return elect_leader([leader, asker], now=T0).leader_name
+
+    tick = timedelta(microseconds=1)
+    assert leader_aged(timedelta(minutes=2) - tick) == "leader"  # busy
+    assert leader_aged(timedelta(minutes=2)) == "leader"  # neither: no preemption yet
+    assert leader_aged(timedelta(minutes=2) + tick) == "asker"  # idle
+    asker_at_edge = member("asker", last_active=ago(minutes=2))
+    idle = member("leader", phase=READY, shared_state=ACTIVE, last_active=ago(minutes=3))
+    # A challenger exactly at the window is no longer demanded either.
+    assert elect_leader([idle, asker_at_edge], now=T0).leader_name == "leader"
 
 
 def test_rule8_ready_member_leads_without_demand() -> None:

@@ -6,9 +6,10 @@ message or passes to the next. `better` is a total order, so the result never
 depends on the order of the input.
 
 Leases fail open here too (spec section 2): the adapter passes the leases it could
-read and the names of the sources it could not. A readable active lease parks the
-group whatever else is unreadable; with none, an unreadable source means the
-election proceeds as unleased and its message says which sources and why.
+read and the names of the sources it could not; a lease whose fields could not be
+read carries its `problem`. A readable active lease parks the group whatever else is
+unreadable; with none, an unreadable source or lease means the election proceeds as
+unleased and its message says which and why.
 
 `explain_election` runs the very same rules and also records, for each one, whether
 it decided and why (or why not): what `flexinfer explain` prints. The notes are
@@ -26,7 +27,7 @@ import attrs
 from flexinfer_core import reasons
 from flexinfer_core.durations import format_duration
 from flexinfer_core.errors import InconsistentGroupError
-from flexinfer_core.leases import governing_lease, lease_holder_label
+from flexinfer_core.leases import governing_lease, lease_holder_label, unreadable_leases
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     GpuLease,
@@ -120,8 +121,9 @@ class Election:
     message: str
     lease: GpuLease | None = None
     # Set only when the election failed open: no readable lease parks the group and
-    # these sources could not be read.
+    # these sources could not be read, or these leases of the group could not be.
     unreadable_lease_sources: tuple[str, ...] = ()
+    unreadable_leases: tuple[GpuLease, ...] = ()
 
     @property
     def leader_name(self) -> str | None:
@@ -130,7 +132,7 @@ class Election:
     @property
     def lease_unreadable(self) -> bool:
         """The election proceeded as unleased because leases could not be read."""
-        return bool(self.unreadable_lease_sources)
+        return bool(self.unreadable_lease_sources or self.unreadable_leases)
 
 
 @attrs.frozen
@@ -192,11 +194,14 @@ def elect_leader(
     """Apply spec/election.md 1.2 in order and return the first rule that decides.
 
     `unreadable_lease_sources` names the lease carriers the adapter could not read
-    (e.g. "gpuleases", "configmaps"); see the module docstring for what they change.
+    (e.g. "gpuleases", "configmaps"), and a lease with a `problem` (its `expiresAt`
+    does not parse) could not be read either; see the module docstring for what they
+    change.
     """
+    leases = tuple(leases)
     key = check_one_group(models)
     election = _elect(models, key, now=now, leases=leases, policy=policy)
-    return _failed_open(election, key, unreadable_lease_sources)
+    return _failed_open(election, key, leases, unreadable_lease_sources)
 
 
 def explain_election(
@@ -208,6 +213,7 @@ def explain_election(
     policy: Policy = DEFAULT_POLICY,
 ) -> ElectionTrace:
     """`elect_leader`, plus each rule's outcome in order (for `flexinfer explain`)."""
+    leases = tuple(leases)
     key = check_one_group(models)
     notes: list[RuleCheck] = []
     election = _elect(
@@ -219,7 +225,7 @@ def explain_election(
         notes=notes,
         unreadable=tuple(sorted(set(unreadable_lease_sources))),
     )
-    election = _failed_open(election, key, unreadable_lease_sources)
+    election = _failed_open(election, key, leases, unreadable_lease_sources)
     decided = next(rule.number for rule in notes if rule.applied)
     skipped = tuple(
         RuleCheck(number, name, False, f"not reached: rule {decided} decided")
@@ -230,17 +236,28 @@ def explain_election(
 
 
 def _failed_open(
-    election: Election, key: tuple[str, str] | None, unreadable_lease_sources: Collection[str]
+    election: Election,
+    key: tuple[str, str] | None,
+    leases: Sequence[GpuLease],
+    unreadable_lease_sources: Collection[str],
 ) -> Election:
-    if election.lease is None and key is not None and key[1] and unreadable_lease_sources:
-        sources = tuple(sorted(set(unreadable_lease_sources)))
-        return attrs.evolve(
-            election,
-            unreadable_lease_sources=sources,
-            message=f"GPU leases could not be read ({', '.join(sources)}); proceeding as "
-            f"unleased (fail open): {election.message}",
-        )
-    return election
+    if election.lease is not None or key is None or not key[1]:
+        return election
+    sources = tuple(sorted(set(unreadable_lease_sources)))
+    broken = unreadable_leases(leases, namespace=key[0], group=key[1])
+    if not sources and not broken:
+        return election
+    why = [f"GPU leases could not be read ({', '.join(sources)})"] if sources else []
+    why += [
+        f"GPU lease {lease.source.value} {lease.name} cannot be read ({lease.problem})"
+        for lease in broken
+    ]
+    return attrs.evolve(
+        election,
+        unreadable_lease_sources=sources,
+        unreadable_leases=broken,
+        message=f"{'; '.join(why)}; proceeding as unleased (fail open): {election.message}",
+    )
 
 
 def _note(notes: list[RuleCheck] | None, number: int, applied: bool, why: str) -> None:
@@ -468,6 +485,12 @@ def _why_no_lease(
     )
     if not ours:
         return f"no GPU lease names group {group}"
+    broken = [lease for lease in ours if lease.problem]
+    if broken:
+        return "; ".join(
+            f"GPU lease {lease.name} cannot be read ({lease.problem}) and parks nothing (fail open)"
+            for lease in broken
+        )
     expired = ", ".join(
         f"{lease.name} expired at {lease.expires_at.isoformat()}"
         for lease in ours

@@ -24,8 +24,31 @@ LEASE_TTL_MARGIN_SECONDS = 600
 
 
 def lease_is_active(lease: GpuLease, now: datetime) -> bool:
-    """Active ⇔ no expiry, or `now` is strictly before it."""
+    """Active ⇔ readable, and no expiry or `now` strictly before it.
+
+    A lease that cannot be read (`problem`) is never active: an `expiresAt` that does
+    not parse must not read as "no expiry", which would park the group forever (the
+    spec's fail-open rule points the other way).
+    """
+    if lease.problem:
+        return False
     return lease.expires_at is None or now < lease.expires_at
+
+
+def unreadable_leases(
+    leases: Iterable[GpuLease], *, namespace: str, group: str
+) -> tuple[GpuLease, ...]:
+    """The leases on `group` that could not be read, by name (they govern nothing)."""
+    return tuple(
+        sorted(
+            (
+                lease
+                for lease in leases
+                if lease.problem and lease.namespace == namespace and lease.group == group
+            ),
+            key=lambda lease: (lease.source.value, lease.name),
+        )
+    )
 
 
 def governing_lease(
@@ -59,9 +82,20 @@ def finetune_lease_name(cache_name: str) -> str:
     return f"{cache_name}-gpu-lease"
 
 
+MAX_HOLDER_LABEL_BYTES = 512
+"""`sharedGroup.preemptedBy`'s bound in the CRD. A legacy ConfigMap's `owner` has none;
+a label beyond it would be refused (422), so it is cut (by UTF-8 bytes, which also
+keeps it within 512 characters however they are counted)."""
+
+
 def lease_holder_label(lease: GpuLease) -> str:
-    """What `sharedGroup.preemptedBy` says under a lease: ``gpu-lease/<owner>``."""
-    return f"gpu-lease/{lease.owner or lease.name}"
+    """What `sharedGroup.preemptedBy` says under a lease: ``gpu-lease/<owner>``, cut to
+    `MAX_HOLDER_LABEL_BYTES` with a trailing "..." when the owner is longer."""
+    label = f"gpu-lease/{lease.owner or lease.name}"
+    encoded = label.encode()
+    if len(encoded) <= MAX_HOLDER_LABEL_BYTES:
+        return label
+    return encoded[: MAX_HOLDER_LABEL_BYTES - 3].decode(errors="ignore") + "..."
 
 
 MAX_LEASE_SECONDS = 2_592_000

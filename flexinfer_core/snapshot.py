@@ -212,6 +212,9 @@ class GpuLease:
     node: str = ""
     expires_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     source: LeaseSource = attrs.field(default=LeaseSource.GPU_LEASE, converter=LeaseSource)
+    # Why the lease cannot be read ("" when it can), e.g. an `expiresAt` that does not
+    # parse. Such a lease governs nothing: the election fails open and says why.
+    problem: str = ""
 
 
 def _positive_window(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:

@@ -1,7 +1,8 @@
 """GPU leases from Kubernetes JSON: a `GPULease`, or the legacy ConfigMap carrier.
 
 Pure readers (spec/election.md section 2): an object that names no group is not a
-lease and reads as None. Which lease governs a group, and what an unreadable
+lease and reads as None; one whose `expiresAt` does not parse reads with its
+`problem` said. Which lease governs a group, and what an unreadable
 source means, is the core's to decide.
 """
 
@@ -35,13 +36,24 @@ def gpu_lease_from_config_map(obj: Mapping[str, Any]) -> GpuLease | None:
 def _lease(
     obj: Mapping[str, Any], fields: Mapping[str, Any], *, group: str, source: LeaseSource
 ) -> GpuLease:
-    """Both carriers name the same fields (`owner`, `node`, `expiresAt`)."""
+    """Both carriers name the same fields (`owner`, `node`, `expiresAt`).
+
+    An `expiresAt` that is present but does not parse is the lease's `problem` (the
+    core then lets it govern nothing), never "no expiry".
+    """
+    raw_expiry = fields.get("expiresAt")
+    expires_at = parse_rfc3339(raw_expiry)
+    problem = ""
+    if expires_at is None and raw_expiry not in (None, ""):
+        where = "data" if source is LeaseSource.CONFIG_MAP else "spec"
+        problem = f"{where}.expiresAt: {raw_expiry!r} is not an RFC 3339 time"
     return GpuLease(
         name=name_of(obj),
         group=group,
         namespace=namespace_of(obj) or "default",
         owner=str(fields.get("owner") or ""),
         node=str(fields.get("node") or ""),
-        expires_at=parse_rfc3339(fields.get("expiresAt")),
+        expires_at=expires_at,
         source=source,
+        problem=problem,
     )

@@ -121,6 +121,29 @@ def test_rule2_a_lease_that_was_read_parks_even_when_another_source_is_unreadabl
     assert "fail open" not in election.message
 
 
+def test_rule2_a_lease_whose_expiry_does_not_parse_fails_open_and_says_why() -> None:
+    """Read as "no expiry" it would park the group forever; the spec says fail open."""
+    broken = GpuLease(
+        name="gpu-lease-homelab-gpu",
+        group="homelab-gpu",
+        source=LeaseSource.CONFIG_MAP,
+        problem="data.expiresAt: 'tomorrow' is not an RFC 3339 time",
+    )
+    election = elect_leader([member("a", phase=READY)], now=T0, leases=[broken])
+    assert (election.leader_name, election.reason) == ("a", reasons.READY_LEADER)
+    assert election.unreadable_leases == (broken,)
+    assert election.lease_unreadable
+    assert election.message == (
+        "GPU lease ConfigMap gpu-lease-homelab-gpu cannot be read (data.expiresAt: "
+        "'tomorrow' is not an RFC 3339 time); proceeding as unleased (fail open): a is ready "
+        "and keeps the card"
+    )
+    # A readable lease beside it still parks the group.
+    held = GpuLease(name="train", group="homelab-gpu")
+    parked = elect_leader([member("a", phase=READY)], now=T0, leases=[broken, held])
+    assert (parked.leader, parked.lease, parked.lease_unreadable) == (None, held, False)
+
+
 def test_rule2_a_model_outside_any_shared_group_never_fails_open() -> None:
     solo = member("solo", group="", phase=READY)
     election = elect_leader([solo], now=T0, unreadable_lease_sources=["gpuleases"])

@@ -18,6 +18,7 @@ from flexinfer_core import (
     lease_is_active,
     plan_finetune_lease,
 )
+from flexinfer_core.leases import lease_holder_label
 
 from .builders import T0
 
@@ -141,3 +142,25 @@ def test_a_lease_ttl_beyond_thirty_days_names_the_field() -> None:
     with pytest.raises(InvalidFieldError, match=r"ttlSeconds: 4611686018427387904 must be between"):
         finetune_lease_ttl(2**62)
     assert finetune_lease_ttl(2_592_000) == timedelta(days=30)
+
+
+def test_an_unreadable_lease_is_never_active() -> None:
+    broken = GpuLease(name="l", group="g", problem="data.expiresAt: 'x' is not an RFC 3339 time")
+    assert not lease_is_active(broken, T0)
+    assert governing_lease([broken], namespace="default", group="g", now=T0) is None
+
+
+@pytest.mark.parametrize(
+    ("owner", "expected_bytes"),
+    [("job", len("gpu-lease/job")), ("o" * 502, 512), ("o" * 503, 512), ("é" * 600, 511)],
+)
+def test_the_holder_label_fits_preempted_by(owner: str, expected_bytes: int) -> None:
+    """A legacy ConfigMap's owner has no bound; `preemptedBy` has 512 (a longer one was
+    refused with 422, and the member kept its pods next to the lease holder)."""
+    label = lease_holder_label(GpuLease(name="l", group="g", owner=owner))
+    assert len(label.encode()) == expected_bytes
+    assert label.startswith("gpu-lease/")
+    if len(f"gpu-lease/{owner}".encode()) > 512:
+        assert label.endswith("...")
+    else:
+        assert label == f"gpu-lease/{owner}"

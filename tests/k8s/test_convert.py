@@ -7,6 +7,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
     Condition,
@@ -260,6 +262,21 @@ def test_gpu_lease_and_config_map() -> None:
     assert legacy is not None
     assert (legacy.group, legacy.source, legacy.expires_at) == ("g", LeaseSource.CONFIG_MAP, None)
     assert gpu_lease_from_k8s({"metadata": {"name": "x"}, "spec": {}}) is None
+    assert legacy.problem == ""
+
+
+@pytest.mark.parametrize("expiry", ["tomorrow", "2026-13-01T00:00:00Z", "10000-01-01T00:00:00Z"])
+def test_a_lease_expiry_that_does_not_parse_is_the_lease_s_problem(expiry: str) -> None:
+    """Not "no expiry" (which parks the group forever): the core fails open on it."""
+    legacy = gpu_lease_from_config_map(
+        {
+            "metadata": {"name": "gpu-lease-g", "namespace": "ns"},
+            "data": {"group": "g", "owner": "job", "expiresAt": expiry},
+        }
+    )
+    assert legacy is not None
+    assert legacy.expires_at is None
+    assert legacy.problem == f"data.expiresAt: {expiry!r} is not an RFC 3339 time"
 
 
 def test_gpu_group_state_and_status_round_trip() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from flexinfer_core.errors import DurationError
+from flexinfer_core.errors import DurationError, InvalidFieldError
 
 _UNIT_SECONDS: dict[str, float] = {
     "ns": 1e-9,
@@ -24,6 +24,11 @@ _UNIT_SECONDS: dict[str, float] = {
 MAX_SECONDS = (2**63 - 1) / 1e9
 """Go's longest duration (int64 nanoseconds, about 292 years): longer strings do not
 parse in Go either, and would overflow Python's timedelta."""
+MAX_WINDOW = timedelta(days=3650)
+"""The longest window or timeout the core accepts. The CRDs allow at most 720h (30 days);
+objects stored before that bound may hold more, and anything up to ten years still
+decides correctly, while longer ones would overflow `now + window` (datetime ends in
+year 9999) in the middle of a decision."""
 _TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
@@ -59,6 +64,43 @@ def parse_duration(text: str, *, field: str = "duration") -> timedelta:
             field, text, "is longer than the longest duration Go can hold (2562047h47m16s)"
         )
     return timedelta(seconds=total)
+
+
+def check_window(value: timedelta, *, field: str, attribute: str = "") -> timedelta:
+    """`value` if it is a usable window or timeout (zero up to `MAX_WINDOW`), else an
+    `InvalidFieldError` naming `field`."""
+    if value < timedelta(0):
+        raise InvalidFieldError(
+            field, value, "is negative; durations must be zero or more", attribute=attribute
+        )
+    if value > MAX_WINDOW:
+        raise InvalidFieldError(
+            field,
+            value,
+            "is too long: at most 3650 days (the CRDs allow 720h)",
+            attribute=attribute,
+        )
+    return value
+
+
+def seconds_window(value: int, *, field: str) -> timedelta:
+    """A window given as whole seconds (`idleTimeoutSeconds`, `drainTimeoutSeconds`, ...).
+
+    Checked before it becomes a timedelta: 2**62 seconds would overflow one, and the
+    error must name `field` and the number as written, not an `OverflowError`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidFieldError(field, value, "is not a whole number of seconds")
+    if value < 0:
+        raise InvalidFieldError(field, value, "is negative; durations must be zero or more")
+    if value > MAX_WINDOW.total_seconds():
+        raise InvalidFieldError(
+            field,
+            value,
+            f"is too long: at most {int(MAX_WINDOW.total_seconds())} seconds (3650 days; the "
+            "CRDs allow 2592000)",
+        )
+    return timedelta(seconds=value)
 
 
 def format_duration(value: timedelta) -> str:

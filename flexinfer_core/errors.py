@@ -16,13 +16,23 @@ class FlexinferError(Exception):
 
 
 class InvalidFieldError(FlexinferError, ValueError):
-    """A snapshot field holds a value outside its documented range or form."""
+    """A snapshot field holds a value outside its documented range or form.
 
-    def __init__(self, field: str, value: Any, problem: str) -> None:
+    `attribute` is the snapshot attribute a validator rejected (empty otherwise): an
+    adapter uses it to name the same field in its user's terms (`spec.gpu.priority`
+    rather than `ModelState(a).priority`); see `renamed`.
+    """
+
+    def __init__(self, field: str, value: Any, problem: str, *, attribute: str = "") -> None:
         self.field = field
         self.value = value
         self.problem = problem
+        self.attribute = attribute
         super().__init__(f"{field}: {_show(value)} {problem}")
+
+    def renamed(self, field: str, value: Any) -> InvalidFieldError:
+        """The same problem, said of `field` holding `value` (as the user wrote them)."""
+        return type(self)(field, value, self.problem, attribute=self.attribute)
 
 
 def _show(value: Any) -> str:

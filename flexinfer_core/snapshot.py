@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from flexinfer_core.durations import check_window
 from flexinfer_core.errors import InvalidFieldError
 
 DEFAULT_PRIORITY = 100
@@ -60,18 +61,18 @@ def aware_or_none(instance: Any, attribute: attrs.Attribute[Any], value: datetim
     if value is None:
         return
     if not isinstance(value, datetime):
-        raise InvalidFieldError(_qualified(instance, attribute), value, "is not a datetime")
+        raise InvalidFieldError(
+            _qualified(instance, attribute), value, "is not a datetime", attribute=attribute.name
+        )
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidFieldError(
-            _qualified(instance, attribute), value, "is a naive datetime; give a timezone (UTC)"
+            _qualified(instance, attribute),
+            value,
+            "is a naive datetime; give a timezone (UTC)",
+            attribute=attribute.name,
         )
 
 
-MAX_WINDOW = timedelta(days=3650)
-"""The longest window or timeout the core accepts. The CRDs allow at most 720h (30 days);
-objects stored before that bound may hold more, and anything up to ten years still
-decides correctly, while longer ones would overflow `now + window` (datetime ends in
-year 9999) in the middle of a decision."""
 MAX_REPLICAS = 2**31 - 1
 """What the API server's scale subresource can hold (int32)."""
 
@@ -82,26 +83,29 @@ def non_negative_duration(
     if value is None:
         return
     if not isinstance(value, timedelta):
-        raise InvalidFieldError(_qualified(instance, attribute), value, "is not a duration")
-    if value < timedelta(0):
         raise InvalidFieldError(
-            _qualified(instance, attribute), value, "is negative; durations must be zero or more"
+            _qualified(instance, attribute), value, "is not a duration", attribute=attribute.name
         )
-    if value > MAX_WINDOW:
-        raise InvalidFieldError(
-            _qualified(instance, attribute),
-            value,
-            "is too long: at most 3650 days (the CRDs allow 720h)",
-        )
+    check_window(value, field=_qualified(instance, attribute), attribute=attribute.name)
 
 
 def int_between(low: int, high: int | None) -> Any:
     def check(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidFieldError(_qualified(instance, attribute), value, "is not an integer")
+            raise InvalidFieldError(
+                _qualified(instance, attribute),
+                value,
+                "is not an integer",
+                attribute=attribute.name,
+            )
         if value < low or (high is not None and value > high):
             bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise InvalidFieldError(_qualified(instance, attribute), value, f"must be {bound}")
+            raise InvalidFieldError(
+                _qualified(instance, attribute),
+                value,
+                f"must be {bound}",
+                attribute=attribute.name,
+            )
 
     return check
 

@@ -79,6 +79,7 @@ class StandaloneDeployment:
                 f"StandaloneDeployment({self.name}).min_replicas",
                 self.min_replicas,
                 f"must not exceed replicas ({self.replicas})",
+                attribute="min_replicas",
             )
 
     @property

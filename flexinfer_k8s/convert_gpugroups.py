@@ -21,10 +21,14 @@ from flexinfer_core import (
     GpuGroupMember,
     GpuGroupPhase,
     GpuGroupState,
+    InvalidFieldError,
     demand_annotation_key,
     parse_demand,
 )
+from flexinfer_core.durations import seconds_window
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.convert_model_deployments import idle_timeout_of
+from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import live_pods, pod_is_ready
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
@@ -40,10 +44,12 @@ def gpu_group_state_from_k8s(
 ) -> GpuGroupState:
     """A GPUGroup with its members' ModelDeployments, pods and the proxy's demand.
 
-    `conflicts` maps a listed member whose GPUGroup membership is in conflict to the
-    reason (flexinfer_core.membership): the decision leaves it out, as it does a member
-    in `caches_not_ready` (its ModelCache is not complete: a pod would mount a partial
-    copy).
+    `conflicts` maps a listed member the decision leaves out to the reason: its
+    GPUGroup membership is in conflict (flexinfer_core.membership), or its own spec
+    cannot be read (`InvalidSpec`, see `unreadable_members`). The decision leaves out a
+    member in `caches_not_ready` too (its ModelCache is not complete: a pod would mount
+    a partial copy). A value of the group's own that no decision can use raises
+    `InvalidFieldError` naming the GPUGroup's field.
     """
     spec = get_path(group, "spec") or {}
     status = get_path(group, "status") or {}
@@ -54,7 +60,7 @@ def gpu_group_state_from_k8s(
         str(s.get("name")): s for s in status.get("modelStatuses") or [] if isinstance(s, Mapping)
     }
     members = []
-    for entry in spec.get("models") or []:
+    for index, entry in enumerate(spec.get("models") or []):
         name = str(entry.get("name") or "")
         if not name:
             continue
@@ -62,48 +68,86 @@ def gpu_group_state_from_k8s(
         demand = parse_demand(annotations.get(demand_annotation_key(name))) or DemandReport(0)
         pods = live_pods(member_pods.get(name, ()))
         row = recorded.get(name) or {}
-        members.append(
-            GpuGroupMember(
-                name=name,
-                priority=int_or(entry.get("priority"), 100),
-                queued=demand.queued,
-                oldest_waiting=demand.oldest_waiting,
-                reported_at=demand.reported_at,
-                last_request=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
-                idle_timeout=timedelta(
-                    seconds=int_or(get_path(md, "spec", "idleTimeoutSeconds"), 300)
-                ),
-                preempted_at=parse_rfc3339(row.get("preemptedAt")),
-                preempted_by=str(row.get("preemptedBy") or ""),
-                exists=md is not None,
-                conflict=(conflicts or {}).get(name, ""),
-                cache_ready=name not in caches_not_ready,
-                has_pods=bool(pods),
-                ready=any(pod_is_ready(p) for p in pods),
+        conflict = (conflicts or {}).get(name, "")
+        try:
+            members.append(
+                GpuGroupMember(
+                    name=name,
+                    priority=int_or(entry.get("priority"), 100),
+                    queued=demand.queued,
+                    oldest_waiting=demand.oldest_waiting,
+                    reported_at=demand.reported_at,
+                    last_request=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
+                    # A member left out of the decision is never asked how long it idles
+                    # (its own spec may be what cannot be read).
+                    idle_timeout=(
+                        idle_timeout_of(md) if md is not None and not conflict else _IDLE_DEFAULT
+                    ),
+                    preempted_at=parse_rfc3339(row.get("preemptedAt")),
+                    preempted_by=str(row.get("preemptedBy") or ""),
+                    exists=md is not None,
+                    conflict=conflict,
+                    cache_ready=name not in caches_not_ready,
+                    has_pods=bool(pods),
+                    ready=any(pod_is_ready(p) for p in pods),
+                )
             )
+        except InvalidFieldError as error:
+            if error.attribute != "priority":
+                raise
+            raise error.renamed(f"spec.models[{index}].priority", entry.get("priority")) from None
+    with user_fields(group, GPU_GROUP_FIELDS):
+        return GpuGroupState(
+            name=name_of(group),
+            namespace=namespace_of(group) or "default",
+            members=tuple(members),
+            current_model=str(status.get("activeModel") or "") or None,
+            last_swap_time=parse_rfc3339(status.get("lastSwapTime")),
+            last_swap_reason=str(status.get("lastSwapReason") or ""),
+            swap_count=int_or(status.get("swapCount"), 0),
+            preemption_policy=str(policy.get("preemptionPolicy") or "Graceful"),
+            drain_timeout=_seconds(policy, "spec.scalingPolicy.drainTimeoutSeconds", 60),
+            anti_thrashing=AntiThrashing(
+                enabled=bool(anti.get("enabled", True)),
+                hysteresis_window=_seconds(anti, "spec.antiThrashing.hysteresisWindowSeconds", 10),
+                request_queue_threshold=int_or(anti.get("requestQueueThreshold"), 3),
+                minimum_run_duration=_seconds(
+                    anti, "spec.antiThrashing.minimumRunDurationSeconds", 30
+                ),
+                cooldown_after_preemption=_seconds(
+                    anti, "spec.antiThrashing.cooldownAfterPreemptionSeconds", 60
+                ),
+            ),
         )
-    return GpuGroupState(
-        name=name_of(group),
-        namespace=namespace_of(group) or "default",
-        members=tuple(members),
-        current_model=str(status.get("activeModel") or "") or None,
-        last_swap_time=parse_rfc3339(status.get("lastSwapTime")),
-        last_swap_reason=str(status.get("lastSwapReason") or ""),
-        swap_count=int_or(status.get("swapCount"), 0),
-        preemption_policy=str(policy.get("preemptionPolicy") or "Graceful"),
-        drain_timeout=timedelta(seconds=int_or(policy.get("drainTimeoutSeconds"), 60)),
-        anti_thrashing=AntiThrashing(
-            enabled=bool(anti.get("enabled", True)),
-            hysteresis_window=timedelta(seconds=int_or(anti.get("hysteresisWindowSeconds"), 10)),
-            request_queue_threshold=int_or(anti.get("requestQueueThreshold"), 3),
-            minimum_run_duration=timedelta(
-                seconds=int_or(anti.get("minimumRunDurationSeconds"), 30)
-            ),
-            cooldown_after_preemption=timedelta(
-                seconds=int_or(anti.get("cooldownAfterPreemptionSeconds"), 60)
-            ),
-        ),
-    )
+
+
+_IDLE_DEFAULT = timedelta(seconds=300)
+# Where each `GpuGroupState` (and `AntiThrashing`) attribute is written on a GPUGroup.
+GPU_GROUP_FIELDS = {
+    "request_queue_threshold": "spec.antiThrashing.requestQueueThreshold",
+    "swap_count": "status.swapCount",
+}
+
+
+def _seconds(block: Mapping[str, Any], path: str, default: int) -> timedelta:
+    value = block.get(path.rsplit(".", 1)[1])
+    if isinstance(value, bool) or not isinstance(value, int):
+        value = default
+    return seconds_window(value, field=path)
+
+
+def unreadable_members(
+    model_deployments: Mapping[str, Mapping[str, Any]],
+) -> dict[str, InvalidFieldError]:
+    """The member ModelDeployments whose own spec the decision cannot read, with why
+    (their field named): the group leaves them out, like a membership conflict."""
+    problems: dict[str, InvalidFieldError] = {}
+    for name, md in model_deployments.items():
+        try:
+            idle_timeout_of(md)
+        except InvalidFieldError as error:
+            problems[name] = error
+    return problems
 
 
 def gpu_group_status(

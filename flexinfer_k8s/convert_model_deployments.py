@@ -21,7 +21,9 @@ from flexinfer_core import (
     member_ready_condition,
     model_deployment_phase,
 )
+from flexinfer_core.durations import seconds_window
 from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
@@ -42,6 +44,27 @@ def _observed_status(md: Mapping[str, Any], *, replicas: int | None, pods: Seque
     return status
 
 
+# Where each `StandaloneDeployment` attribute is written on a ModelDeployment.
+MODEL_DEPLOYMENT_FIELDS = {
+    "replicas": "spec.replicas",
+    "min_replicas": "spec.minReplicas",
+    "last_access_time": "status.lastAccessTime",
+}
+
+
+def idle_timeout_of(md: Mapping[str, Any]) -> timedelta:
+    """`spec.idleTimeoutSeconds` (default 300); an `InvalidFieldError` naming it when no
+    decision could use it (what a GPUGroup reads of its members' own specs)."""
+    return _seconds(md, "idleTimeoutSeconds", 300)
+
+
+def _seconds(md: Mapping[str, Any], name: str, default: int) -> timedelta:
+    value = get_path(md, "spec", name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        value = default  # absent (the CRD defaults it) or not a number: the default
+    return seconds_window(value, field=f"spec.{name}")
+
+
 def standalone_from_k8s(
     md: Mapping[str, Any],
     *,
@@ -51,21 +74,26 @@ def standalone_from_k8s(
     cache_ready: bool = True,
 ) -> StandaloneDeployment:
     """A ModelDeployment no GPUGroup governs, with its Deployment's replicas and ready
-    pods (`conflict`: the membership conflict that holds it at zero, if any)."""
+    pods (`conflict`: the membership conflict that holds it at zero, if any).
+
+    A value no decision can use raises `InvalidFieldError` naming the ModelDeployment's
+    field (`spec.replicas`, `spec.idleTimeoutSeconds`) and the value stored there.
+    """
     spec = get_path(md, "spec") or {}
-    return StandaloneDeployment(
-        name=name_of(md),
-        namespace=namespace_of(md) or "default",
-        replicas=int_or(spec.get("replicas"), 1),
-        min_replicas=int_or(spec.get("minReplicas"), 0),
-        idle_timeout=timedelta(seconds=int_or(spec.get("idleTimeoutSeconds"), 300)),
-        cold_start_timeout=timedelta(seconds=int_or(spec.get("coldStartTimeoutSeconds"), 60)),
-        last_access_time=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
-        current_replicas=deployment_replicas(deployment),
-        ready_replicas=serving_pod_count(pods),
-        conflict=conflict,
-        cache_ready=cache_ready,
-    )
+    with user_fields(md, MODEL_DEPLOYMENT_FIELDS):
+        return StandaloneDeployment(
+            name=name_of(md),
+            namespace=namespace_of(md) or "default",
+            replicas=int_or(spec.get("replicas"), 1),
+            min_replicas=int_or(spec.get("minReplicas"), 0),
+            idle_timeout=idle_timeout_of(md),
+            cold_start_timeout=_seconds(md, "coldStartTimeoutSeconds", 60),
+            last_access_time=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
+            current_replicas=deployment_replicas(deployment),
+            ready_replicas=serving_pod_count(pods),
+            conflict=conflict,
+            cache_ready=cache_ready,
+        )
 
 
 def standalone_status(

@@ -4,7 +4,8 @@
 core's `ModelState` (its phase observed from the workload); `model_status` turns a
 `MemberDecision` into the status merge patch. Pure: no client, no clock (callers
 pass `now`). Unreadable optional values fall back to the spec's defaults; a value
-the core rejects raises the core's `FlexinferError` naming the field.
+the core rejects raises the core's `InvalidFieldError` naming the Model's field
+(`spec.gpu.swapCooldown`) and the value stored there.
 """
 
 from __future__ import annotations
@@ -24,12 +25,23 @@ from flexinfer_core import (
     parse_duration,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
 # The conditions the controller owns on a Model; others are left as they are.
 MODEL_CONDITIONS = ("Active", "Ready")
+# Where each `ModelState` (and `Serverless`) attribute is written on a Model.
+MODEL_FIELDS = {
+    "priority": "spec.gpu.priority",
+    "swap_cooldown": "spec.gpu.swapCooldown",
+    "min_replicas": "spec.serverless.minReplicas",
+    "idle_timeout": "spec.serverless.idleTimeout",
+    "cold_start_timeout": "spec.serverless.coldStartTimeout",
+    "last_active": "status.lastActiveTime",
+    "preempted_at": "status.sharedGroup.preemptedAt",
+}
 
 
 def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:
@@ -84,52 +96,53 @@ def model_state_from_k8s(
     shared_state = state_value if state_value in ("Active", "Queued") else None
     queue_position = shared.get("queuePosition")
     annotations = get_path(service, "metadata", "annotations") or {}
-    return ModelState(
-        name=name,
-        namespace=namespace_of(model) or "default",
-        group=str(gpu.get("shared") or ""),
-        priority=int_or(gpu.get("priority"), 100),
-        phase=phase,
-        last_active=parse_rfc3339(status.get("lastActiveTime")),
-        shared_state=shared_state,
-        preempted_at=parse_rfc3339(shared.get("preemptedAt")),
-        swap_cooldown=(
-            None
-            if gpu.get("swapCooldown") in (None, "")
-            else parse_duration(str(gpu["swapCooldown"]), field=f"{name}.spec.gpu.swapCooldown")
-        ),
-        force_promotion=bool(gpu.get("forcePromotion", False)),
-        serverless=Serverless(
-            enabled=bool(serverless.get("enabled", True)),
-            min_replicas=int_or(serverless.get("minReplicas"), 0),
-            idle_timeout=_duration(
-                serverless.get("idleTimeout"),
-                timedelta(minutes=5),
-                field=f"{name}.spec.serverless.idleTimeout",
+    with user_fields(model, MODEL_FIELDS):
+        return ModelState(
+            name=name,
+            namespace=namespace_of(model) or "default",
+            group=str(gpu.get("shared") or ""),
+            priority=int_or(gpu.get("priority"), 100),
+            phase=phase,
+            last_active=parse_rfc3339(status.get("lastActiveTime")),
+            shared_state=shared_state,
+            preempted_at=parse_rfc3339(shared.get("preemptedAt")),
+            swap_cooldown=(
+                None
+                if gpu.get("swapCooldown") in (None, "")
+                else parse_duration(str(gpu["swapCooldown"]), field="spec.gpu.swapCooldown")
             ),
-            cold_start_timeout=_duration(
-                serverless.get("coldStartTimeout"),
-                timedelta(seconds=60),
-                field=f"{name}.spec.serverless.coldStartTimeout",
+            force_promotion=bool(gpu.get("forcePromotion", False)),
+            serverless=Serverless(
+                enabled=bool(serverless.get("enabled", True)),
+                min_replicas=int_or(serverless.get("minReplicas"), 0),
+                idle_timeout=_duration(
+                    serverless.get("idleTimeout"),
+                    timedelta(minutes=5),
+                    field="spec.serverless.idleTimeout",
+                ),
+                cold_start_timeout=_duration(
+                    serverless.get("coldStartTimeout"),
+                    timedelta(seconds=60),
+                    field="spec.serverless.coldStartTimeout",
+                ),
             ),
-        ),
-        service_labels=tuple(str(s) for s in spec.get("serviceLabels") or ()),
-        cache_ready=cache_ready,
-        queue_position=queue_position if isinstance(queue_position, int) else None,
-        preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
-        conditions=_conditions_from_k8s(status.get("conditions")),
-        replicas=deployment_replicas(deployment),
-        active_services=(
-            str(annotations[ACTIVE_SERVICES_ANNOTATION])
-            if service is not None and ACTIVE_SERVICES_ANNOTATION in annotations
-            else None
-        ),
-        recorded_phase=recorded,
-        recorded_message=_str_or_none(status.get("message")),
-        recorded_group=_str_or_none(shared.get("groupName")),
-        generation=generation_of(model),
-        observed_generation=_int_or_none(status.get("observedGeneration")),
-    )
+            service_labels=tuple(str(s) for s in spec.get("serviceLabels") or ()),
+            cache_ready=cache_ready,
+            queue_position=queue_position if isinstance(queue_position, int) else None,
+            preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
+            conditions=_conditions_from_k8s(status.get("conditions")),
+            replicas=deployment_replicas(deployment),
+            active_services=(
+                str(annotations[ACTIVE_SERVICES_ANNOTATION])
+                if service is not None and ACTIVE_SERVICES_ANNOTATION in annotations
+                else None
+            ),
+            recorded_phase=recorded,
+            recorded_message=_str_or_none(status.get("message")),
+            recorded_group=_str_or_none(shared.get("groupName")),
+            generation=generation_of(model),
+            observed_generation=_int_or_none(status.get("observedGeneration")),
+        )
 
 
 def _phase_or_none(value: Any) -> Phase | None:

@@ -13,6 +13,7 @@ from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
     Condition,
     GpuGroupPhase,
+    InvalidFieldError,
     LeaseSource,
     Phase,
     SharedState,
@@ -26,6 +27,7 @@ from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_gpugroups import (
     gpu_group_state_from_k8s,
     gpu_group_status,
+    unreadable_members,
 )
 from flexinfer_k8s.convert_leases import (
     GPU_LEASE_LABEL,
@@ -439,3 +441,92 @@ def test_a_members_status_names_its_group_and_replaces_a_conflict() -> None:
     [ready] = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "GPUGroupMember")
     assert "member of GPUGroup gg" in ready["message"]
+
+
+# --- values no decision can use: the error names the object's field and its value ------
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "message"),
+    [
+        ({"gpu": {"shared": "g", "swapCooldown": "99999999999h"}}, {},
+         "spec.gpu.swapCooldown: '99999999999h' is longer than the longest duration Go can"),
+        ({"gpu": {"shared": "g", "swapCooldown": "90000h"}}, {},
+         "spec.gpu.swapCooldown: '90000h' is too long: at most 3650 days"),
+        ({"gpu": {"shared": "g", "priority": 5000}}, {},
+         "spec.gpu.priority: 5000 must be between 0 and 1000"),
+        ({"serverless": {"idleTimeout": "-5m"}}, {},
+         "spec.serverless.idleTimeout: '-5m' is negative"),
+        ({"serverless": {"minReplicas": 11}}, {},
+         "spec.serverless.minReplicas: 11 must be between 0 and 10"),
+    ],
+)
+def test_a_model_value_no_decision_can_use_names_its_field(
+    spec: dict[str, Any], status: dict[str, Any], message: str
+) -> None:
+    obj = model("a")
+    obj["spec"].update(spec)
+    obj["status"] = status
+    with pytest.raises(InvalidFieldError) as caught:
+        model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"replicas": 3_000_000_000}, "spec.replicas: 3000000000 must be between 0 and"),
+        ({"idleTimeoutSeconds": 10**12},
+         "spec.idleTimeoutSeconds: 1000000000000 is too long: at most 315360000 seconds"),
+        ({"coldStartTimeoutSeconds": 2**62},
+         "spec.coldStartTimeoutSeconds: 4611686018427387904 is too long"),
+        ({"replicas": 1, "minReplicas": 2}, "spec.minReplicas: 2 must not exceed replicas (1)"),
+    ],
+)
+def test_a_model_deployment_value_no_decision_can_use_names_its_field(
+    spec: dict[str, Any], message: str
+) -> None:
+    md = {"metadata": {"name": "d", "namespace": "ns"}, "spec": spec}
+    with pytest.raises(InvalidFieldError) as caught:
+        standalone_from_k8s(md, deployment=None, pods=[])
+    assert str(caught.value).startswith(message)
+
+
+def test_a_gpu_group_reads_around_a_member_whose_spec_it_cannot_read() -> None:
+    group = {
+        "metadata": {"name": "gg", "namespace": "ns"},
+        "spec": {"models": [{"name": "a"}, {"name": "b"}]},
+    }
+    mds = {
+        "a": {"metadata": {"name": "a"}, "spec": {"idleTimeoutSeconds": 10**12}},
+        "b": {"metadata": {"name": "b"}, "spec": {"idleTimeoutSeconds": 60}},
+    }
+    problems = unreadable_members(mds)
+    assert list(problems) == ["a"]
+    assert str(problems["a"]).startswith("spec.idleTimeoutSeconds: 1000000000000 is too long")
+    with pytest.raises(InvalidFieldError):
+        gpu_group_state_from_k8s(group, model_deployments=mds, member_pods={})
+    state = gpu_group_state_from_k8s(
+        group, model_deployments=mds, member_pods={}, conflicts={"a": reasons.INVALID_SPEC}
+    )
+    assert [(m.name, m.eligible) for m in state.members] == [("a", False), ("b", True)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"models": [{"name": "a"}, {"name": "b", "priority": 5000}]},
+         "spec.models[1].priority: 5000 must be between 0 and 1000"),
+        ({"models": [{"name": "a"}], "scalingPolicy": {"drainTimeoutSeconds": 2**62}},
+         "spec.scalingPolicy.drainTimeoutSeconds: 4611686018427387904 is too long"),
+        ({"models": [{"name": "a"}], "antiThrashing": {"requestQueueThreshold": 0}},
+         "spec.antiThrashing.requestQueueThreshold: 0 must be between 1 and 100"),
+    ],
+)
+def test_a_gpu_group_value_no_decision_can_use_names_its_field(
+    spec: dict[str, Any], message: str
+) -> None:
+    group = {"metadata": {"name": "gg", "namespace": "ns"}, "spec": spec}
+    with pytest.raises(InvalidFieldError) as caught:
+        gpu_group_state_from_k8s(group, model_deployments={}, member_pods={})
+    assert str(caught.value).startswith(message)

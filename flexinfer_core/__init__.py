@@ -48,6 +48,7 @@ from flexinfer_core.group import (
     next_change_at,
     standalone_models,
 )
+from flexinfer_core.invalid import Scope, SpecProblem, reports_spec_problem, spec_problem
 from flexinfer_core.leases import (
     FinetuneLeaseInput,
     FinetuneLeasePlan,
@@ -137,8 +138,10 @@ __all__ = [
     "Phase",
     "Policy",
     "PreemptionPolicy",
+    "Scope",
     "Serverless",
     "SharedState",
+    "SpecProblem",
     "StandaloneDecision",
     "StandaloneDeployment",
     "VramEstimate",
@@ -171,5 +174,7 @@ __all__ = [
     "parse_duration",
     "plan_finetune_lease",
     "reasons",
+    "reports_spec_problem",
+    "spec_problem",
     "standalone_models",
 ]

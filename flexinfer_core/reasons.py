@@ -62,6 +62,8 @@ LEASE_REFRESH: Final = "LeaseRefresh"
 LEASE_CURRENT: Final = "LeaseCurrent"
 LEASE_RELEASE: Final = "LeaseRelease"
 LEASE_NOT_NEEDED: Final = "LeaseNotNeeded"
+# A lease (ConfigMap or GPULease) whose fields cannot be read: it parks nothing.
+GPU_LEASE_UNREADABLE: Final = "GPULeaseUnreadable"
 
 # GPUGroup membership of a ModelDeployment (flexinfer_core.membership).
 GPU_GROUP_MEMBER: Final = "GPUGroupMember"

@@ -22,6 +22,7 @@ from flexinfer_core import (
     GpuGroupPhase,
     GpuGroupState,
     InvalidFieldError,
+    SpecProblem,
     demand_annotation_key,
     parse_demand,
 )
@@ -180,6 +181,27 @@ def gpu_group_status(
         "conditions": merge_conditions(
             get_path(group, "status", "conditions"),
             [Condition("Ready", ready, decision.reason, decision.message)],
+            now=now,
+            generation=generation,
+        ),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def unreadable_group_status(
+    group: Mapping[str, Any], problem: SpecProblem, *, now: datetime
+) -> JSON:
+    """The status of a GPUGroup whose own spec cannot be read: `Failed` and `Ready=False`
+    saying which field and why; what it recorded of its members is left as it is."""
+    generation = generation_of(group)
+    status: JSON = {
+        "phase": GpuGroupPhase.FAILED.value,
+        "message": problem.message,
+        "conditions": merge_conditions(
+            get_path(group, "status", "conditions"),
+            problem.conditions,
             now=now,
             generation=generation,
         ),

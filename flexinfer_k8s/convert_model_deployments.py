@@ -16,6 +16,7 @@ from flexinfer_core import (
     Condition,
     DeploymentPhase,
     Membership,
+    SpecProblem,
     StandaloneDecision,
     StandaloneDeployment,
     member_ready_condition,
@@ -132,6 +133,28 @@ def member_status(
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
         [member_ready_condition(membership, serving=serving)],
+        now=now,
+        generation=generation_of(md),
+    )
+    return status
+
+
+def unreadable_status(
+    md: Mapping[str, Any],
+    problem: SpecProblem,
+    *,
+    replicas: int | None,
+    pods: Sequence[JSON],
+    now: datetime,
+) -> JSON:
+    """The status of a ModelDeployment whose spec cannot be read: `Failed`, its ready
+    pods counted while they go, and `Ready=False` saying which field and why."""
+    status = _observed_status(md, replicas=replicas, pods=pods)
+    status["phase"] = DeploymentPhase.FAILED.value
+    status["message"] = problem.message
+    status["conditions"] = merge_conditions(
+        get_path(md, "status", "conditions"),
+        problem.conditions,
         now=now,
         generation=generation_of(md),
     )

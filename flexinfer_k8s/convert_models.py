@@ -16,18 +16,18 @@ from typing import Any
 
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
-    Condition,
     MemberDecision,
     ModelState,
     Phase,
     Serverless,
+    SpecProblem,
     observed_phase,
     parse_duration,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready
-from flexinfer_k8s.status_diff import generation_of, merge_conditions
+from flexinfer_k8s.status_diff import generation_of, merge_conditions, recorded_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
 # The conditions the controller owns on a Model; others are left as they are.
@@ -48,22 +48,6 @@ def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:
     if value is None or value == "":
         return default
     return parse_duration(str(value), field=field)
-
-
-def _conditions_from_k8s(items: Any) -> tuple[Condition, ...]:
-    out = []
-    for item in items or []:
-        if not isinstance(item, Mapping) or item.get("type") not in MODEL_CONDITIONS:
-            continue
-        out.append(
-            Condition(
-                str(item.get("type")),
-                item.get("status") == "True",
-                str(item.get("reason") or ""),
-                str(item.get("message") or ""),
-            )
-        )
-    return tuple(out)
 
 
 def model_state_from_k8s(
@@ -130,7 +114,7 @@ def model_state_from_k8s(
             cache_ready=cache_ready,
             queue_position=queue_position if isinstance(queue_position, int) else None,
             preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
-            conditions=_conditions_from_k8s(status.get("conditions")),
+            conditions=recorded_conditions(model, MODEL_CONDITIONS),
             replicas=deployment_replicas(deployment),
             active_services=(
                 str(annotations[ACTIVE_SERVICES_ANNOTATION])
@@ -193,6 +177,33 @@ def model_status(
             "queuePosition": member.queue_position,
             "preemptedBy": member.preempted_by,
             "preemptedAt": format_rfc3339(member.preempted_at),
+        },
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def unreadable_model_status(
+    model: Mapping[str, Any], problem: SpecProblem, *, group: str, now: datetime
+) -> JSON:
+    """The status of a Model whose spec cannot be read: `Failed`, out of the queue, and
+    `Active`/`Ready` False saying which field and why (flexinfer_core.invalid)."""
+    generation = generation_of(model)
+    status: JSON = {
+        "phase": Phase.FAILED.value,
+        "message": problem.message,
+        "conditions": merge_conditions(
+            get_path(model, "status", "conditions"),
+            problem.conditions,
+            now=now,
+            generation=generation,
+        ),
+        "sharedGroup": {
+            "groupName": group or None,
+            "state": "Queued",
+            "queuePosition": None,
+            "preemptedBy": None,
         },
     }
     if generation is not None:

@@ -1,9 +1,10 @@
 """Status documents as merge patches: conditions merged in, and "would this change anything".
 
 `merge_conditions` replaces the conditions the controller owns and keeps the others,
-preserving `lastTransitionTime` while a condition's status holds. `status_differs`
-tells whether a merge patch would change the stored status, so that a reconcile that
-changes nothing writes nothing. Pure functions over JSON; callers pass `now`.
+preserving `lastTransitionTime` while a condition's status holds; `recorded_conditions`
+reads them back. `status_differs` tells whether a merge patch would change the stored
+status, so that a reconcile that changes nothing writes nothing. Pure functions over
+JSON; callers pass `now`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from flexinfer_core import Condition
 from flexinfer_core.timestamps import format_rfc3339
-from flexinfer_kube.objects import JSON
+from flexinfer_kube.objects import JSON, get_path
 
 
 def merge_conditions(
@@ -82,3 +83,21 @@ def generation_of(obj: Mapping[str, Any]) -> int | None:
     """`metadata.generation` when it is an integer (what `observedGeneration` records)."""
     generation = (obj.get("metadata") or {}).get("generation")
     return generation if isinstance(generation, int) else None
+
+
+def recorded_conditions(obj: Mapping[str, Any], types: Iterable[str]) -> tuple[Condition, ...]:
+    """The object's conditions of `types` as it records them (without transition times)."""
+    wanted = set(types)
+    out = []
+    for item in get_path(obj, "status", "conditions") or []:
+        if not isinstance(item, Mapping) or item.get("type") not in wanted:
+            continue
+        out.append(
+            Condition(
+                str(item.get("type")),
+                item.get("status") == "True",
+                str(item.get("reason") or ""),
+                str(item.get("message") or ""),
+            )
+        )
+    return tuple(out)

@@ -15,8 +15,9 @@ follows, and the GPU lease around that finetune.
 4. Status: `phase` Pending → Downloading → (Finetuning →) Ready, or Failed; `ready`,
    `path`, `jobName`, `message`, a `Ready` condition with the reason.
 
-Bad input (a NodeLocal cache without a node, a finetune without a trainer image) is a
-condition naming the field; nothing is created for it.
+Bad input (a NodeLocal cache without a node, a finetune without a trainer image, a
+`gpuLease.ttlSeconds` no lease can carry) is a condition naming the field, with a
+Warning Event; nothing is created for it.
 """
 
 from __future__ import annotations
@@ -237,6 +238,7 @@ class CacheReconciler:
     ) -> tuple[CacheStatus, datetime | None, bool]:
         namespace, name = spec.namespace, spec.name
         finetune = get_path(obj, "spec", "finetune") or {}
+        group = str(get_path(finetune, "gpuLease", "group") or "")
         try:
             job_body = finetune_job(
                 spec,
@@ -245,24 +247,30 @@ class CacheReconciler:
                 video_gid=self.settings.video_gid,
                 render_gid=self.settings.render_gid,
             )
+            # Read before anything is created: a TTL no lease can carry (2**62 seconds,
+            # stored before the CRD's bound) takes no lease and starts no Job.
+            ttl = (
+                finetune_lease_ttl(
+                    get_path(finetune, "gpuLease", "ttlSeconds"),
+                    timeout_seconds=finetune.get("timeoutSeconds"),
+                )
+                if group
+                else None
+            )
         except InvalidFieldError as error:
             return CacheStatus("Failed", False, reasons.INVALID_SPEC, str(error)), None, False
         job = self.cache.get(JOBS, namespace, job_name(name))
         phase = job_phase(job)
         wrote = False
         next_at: datetime | None = None
-        group = str(get_path(finetune, "gpuLease", "group") or "")
         create_job = phase is JobPhase.ABSENT
-        if group:
+        if group and ttl is not None:
             plan = plan_finetune_lease(
                 FinetuneLeaseInput(
                     cache_name=name,
                     namespace=namespace,
                     group=group,
-                    ttl=finetune_lease_ttl(
-                        get_path(finetune, "gpuLease", "ttlSeconds"),
-                        timeout_seconds=finetune.get("timeoutSeconds"),
-                    ),
+                    ttl=ttl,
                     node=dict(spec.node_selector).get("kubernetes.io/hostname", ""),
                     job=phase,
                     lease_expires_at=parse_rfc3339(get_path(lease, "spec", "expiresAt")),

@@ -16,13 +16,20 @@ the reconciler's `next_change_at` arms that key's timer. Keys:
   runs as (its rendered Deployment and Service, `reconcile_workload`).
 
 A slow resync (default 5 min) re-queues every key as a safety net; correctness
-never depends on it. Failures back off per key. The controller owns threads and
-wiring; decisions are the core's, writes are `apply`'s.
+never depends on it. Failures back off per key (doubling from 0.1 s up to 30 s, each
+delay ±20 % so that keys failing together do not retry together), logged once per
+change of error and once on recovery, never a traceback per retry. A status conflict
+(`RetryNow`: the decision was made on a stale object, now re-read) is retried at once
+up to `MAX_IMMEDIATE_RETRIES` times; after that the key backs off, and its next
+attempts `insist`: the scale-downs that park members go out even if a status write
+conflicts again. The controller owns threads and wiring; decisions are the core's,
+writes are `apply`'s.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -70,7 +77,17 @@ log = logging.getLogger("flexinfer.controller")
 
 WorkKey = tuple[str, str, str]
 TIMER_SLACK = timedelta(milliseconds=5)
+FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 30.0
+BACKOFF_JITTER = 0.2
+MAX_IMMEDIATE_RETRIES = 3
+
+
+def backoff_delay(failures: int, *, jitter: float) -> float:
+    """Seconds before retrying a key after its `failures`-th failure in a row: doubling
+    from `FIRST_BACKOFF`, times (1 + `jitter`), never more than `MAX_BACKOFF`."""
+    base = FIRST_BACKOFF * 2 ** min(failures - 1, 32)
+    return float(min(min(base, MAX_BACKOFF) * (1 + jitter), MAX_BACKOFF))
 
 
 class Controller:
@@ -108,6 +125,8 @@ class Controller:
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}
+        self._failing_with: dict[WorkKey, str] = {}
+        self._conflicts: dict[WorkKey, int] = {}
         self._threads: list[threading.Thread] = []
         self._stopped = threading.Event()
         self._started = threading.Event()
@@ -343,26 +362,36 @@ class Controller:
         queued_at = self.queue.queued_since(key)
         began = time.monotonic()
         outcome: Outcome | None = None
+        insist = self._conflicts.get(key, 0) >= MAX_IMMEDIATE_RETRIES
         try:
-            outcome = self._reconcile(kind, namespace, name)
+            outcome = self._reconcile(kind, namespace, name, insist=insist)
         except RetryNow as retry:
-            self.metrics.reconcile_errors.labels(kind=kind, error="Conflict").inc()
-            log.info(
-                "conflict; reconciling again",
-                extra={"fields": {"key": list(key), "why": str(retry)}},
-            )
-            self.queue.add(key)
+            conflicts = self._conflicts.get(key, 0) + 1
+            self._conflicts[key] = conflicts
+            if conflicts <= MAX_IMMEDIATE_RETRIES:
+                self.metrics.reconcile_errors.labels(kind=kind, error="Conflict").inc()
+                log.debug(
+                    "conflict; reconciling again",
+                    extra={"fields": {"key": list(key), "why": str(retry)}},
+                )
+                self.queue.add(key)
+            else:
+                self._failed(key, retry)
             return None
         except (KubeError, FlexinferError) as error:
             self._failed(key, error)
             return None
         except Exception as error:
-            log.exception("reconcile crashed", extra={"fields": {"key": list(key)}})
-            self._failed(key, error)
+            self._failed(key, error, unexpected=True)
             return None
         finally:
             self.metrics.reconcile_seconds.labels(kind=kind).observe(time.monotonic() - began)
-        self._failures.pop(key, None)
+        self._conflicts.pop(key, None)
+        if self._failures.pop(key, None) is not None:
+            log.info(
+                "reconcile recovered",
+                extra={"fields": {"key": list(key), "after": self._failing_with.pop(key, "")}},
+            )
         if outcome.wrote and queued_at is not None:
             self.metrics.decision_applied_seconds.labels(kind=kind).observe(
                 time.monotonic() - queued_at
@@ -371,13 +400,13 @@ class Controller:
         self.queue.arm(key, None if when is None else when + TIMER_SLACK)
         return outcome
 
-    def _reconcile(self, kind: str, namespace: str, name: str) -> Outcome:
+    def _reconcile(self, kind: str, namespace: str, name: str, *, insist: bool) -> Outcome:
         if kind == "shared":
-            return self.shared.reconcile_group(namespace, name)
+            return self.shared.reconcile_group(namespace, name, insist=insist)
         if kind == "model":
-            return self.shared.reconcile_standalone(namespace, name)
+            return self.shared.reconcile_standalone(namespace, name, insist=insist)
         if kind == "gpugroup":
-            return self.gpugroups.reconcile(namespace, name)
+            return self.gpugroups.reconcile(namespace, name, insist=insist)
         if kind == "modelcache":
             return self.caches.reconcile(namespace, name)
         if kind == "modeldeployment":
@@ -388,15 +417,25 @@ class Controller:
             return self.workloads.reconcile_model_deployment(namespace, name)
         raise ValueError(f"unknown key kind {kind!r}")
 
-    def _failed(self, key: WorkKey, error: Exception) -> None:
+    def _failed(self, key: WorkKey, error: Exception, *, unexpected: bool = False) -> None:
+        """Back the key off; log only when its error changes (a stored value that no
+        decision can use fails the same way at every retry)."""
         count = self._failures.get(key, 0) + 1
         self._failures[key] = count
-        delay = min(0.1 * 2 ** (count - 1), MAX_BACKOFF)
-        self.metrics.reconcile_errors.labels(kind=key[0], error=type(error).__name__).inc()
-        log.warning(
-            "reconcile failed; retrying",
-            extra={"fields": {"key": list(key), "error": str(error), "retry_in": delay}},
-        )
+        delay = backoff_delay(count, jitter=random.uniform(-BACKOFF_JITTER, BACKOFF_JITTER))
+        label = "Conflict" if isinstance(error, RetryNow) else type(error).__name__
+        self.metrics.reconcile_errors.labels(kind=key[0], error=label).inc()
+        why = f"{type(error).__name__}: {error}"
+        fields = {"key": list(key), "error": str(error), "retry_in": round(delay, 3)}
+        if self._failing_with.get(key) != why:
+            self._failing_with[key] = why
+            log.warning(
+                "reconcile crashed; retrying" if unexpected else "reconcile failed; retrying",
+                exc_info=error if unexpected else None,
+                extra={"fields": fields},
+            )
+        else:
+            log.debug("reconcile failed again; retrying", extra={"fields": fields})
         self.queue.arm(key, self.clock.now() + timedelta(seconds=delay))
 
     def _timers(self) -> None:

@@ -4,9 +4,11 @@ The reconcilers and `flexinfer explain` take their snapshots from here, so the
 command explains exactly the inputs the controller decides on: a shared group's
 members as `ModelState`s (each with its Deployment, pods, Service and cache
 readiness), the group's leases and the lease sources that could not be read, and
-which members (present or departed) still have pods; a GPUGroup's `GpuGroupState`
-with its members' memberships, replicas and pods; a standalone ModelDeployment's
-`StandaloneDeployment`. Reads only: no writes, no decisions, no clock.
+which members (present or departed) still have pods, and the members whose spec
+cannot be read (left out of the decision); a GPUGroup's `GpuGroupState` with its
+members' memberships, replicas and pods (a member whose spec cannot be read left out
+like a conflict); a standalone ModelDeployment's `StandaloneDeployment`. Reads only:
+no writes, no decisions, no clock.
 """
 
 from __future__ import annotations
@@ -16,15 +18,34 @@ from collections.abc import Set as AbstractSet
 
 import attrs
 
-from flexinfer_core import GpuGroupState, GpuLease, Membership, ModelState, StandaloneDeployment
+from flexinfer_core import (
+    GpuGroupState,
+    GpuLease,
+    InvalidFieldError,
+    Membership,
+    ModelState,
+    StandaloneDeployment,
+    reasons,
+)
 from flexinfer_k8s.cache import ClusterCache
-from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s
+from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, unreadable_members
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s
 from flexinfer_k8s.convert_models import model_cache_ref, model_state_from_k8s
 from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import gpu_group_member_names, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS, SERVICES
+
+
+@attrs.frozen
+class UnreadableModel:
+    """A member Model whose spec cannot be read (flexinfer_core.invalid): left out of the
+    decision, with what the writes for it need."""
+
+    obj: JSON
+    error: InvalidFieldError
+    deployment: JSON | None
+    service: JSON | None
 
 
 @attrs.frozen
@@ -37,7 +58,9 @@ class SharedGroupSnapshot:
     leases: tuple[GpuLease, ...]
     # Lease carriers that cannot be listed; the core fails open on them.
     unreadable_lease_sources: tuple[str, ...]
+    # Members present or departed that still have pods (the unreadable ones included).
     running: frozenset[str]
+    unreadable: tuple[UnreadableModel, ...] = ()
 
 
 def shared_group_snapshot(
@@ -53,6 +76,7 @@ def shared_group_snapshot(
     `departed` names former members whose pods still hold the card.
     """
     states: list[ModelState] = []
+    unreadable: list[UnreadableModel] = []
     running: set[str] = set(departed)
     if group:
         running |= cache.group_occupants(namespace, group=group, kind=MODELS.kind)
@@ -60,17 +84,21 @@ def shared_group_snapshot(
         name = name_of(obj)
         deployment = cache.workload_of(MODELS, namespace, name)
         pods = cache.pods_of(deployment)
+        service = cache.get(SERVICES, namespace, name)
         if live_pods(pods):
-            running.add(name)
-        states.append(
-            model_state_from_k8s(
-                obj,
-                deployment=deployment,
-                pods=pods,
-                service=cache.get(SERVICES, namespace, name),
-                cache_ready=cache.model_cache_ready(namespace, model_cache_ref(obj)),
+            running.add(name)  # whether or not its spec can be read
+        try:
+            states.append(
+                model_state_from_k8s(
+                    obj,
+                    deployment=deployment,
+                    pods=pods,
+                    service=service,
+                    cache_ready=cache.model_cache_ready(namespace, model_cache_ref(obj)),
+                )
             )
-        )
+        except InvalidFieldError as error:
+            unreadable.append(UnreadableModel(obj, error, deployment, service))
     # A Model outside any shared group has no lease to read.
     return SharedGroupSnapshot(
         namespace=namespace,
@@ -79,6 +107,7 @@ def shared_group_snapshot(
         leases=tuple(cache.leases(namespace)) if group else (),
         unreadable_lease_sources=tuple(cache.unreadable_lease_sources(namespace)) if group else (),
         running=frozenset(running),
+        unreadable=tuple(unreadable),
     )
 
 
@@ -99,9 +128,13 @@ class GpuGroupSnapshot:
     memberships: dict[str, Membership]
     member_pods: dict[str, list[JSON]]
     replicas: dict[str, int | None]
+    # Members whose own spec cannot be read, with why: left out like a conflict.
+    unreadable: dict[str, InvalidFieldError] = attrs.field(factory=dict)
 
 
 def gpu_group_snapshot(cache: ClusterCache, group: JSON) -> GpuGroupSnapshot:
+    """The GPUGroup with its members; raises `InvalidFieldError` when the group's own
+    spec or status cannot be read (a member's leaves just that member out)."""
     namespace = namespace_of(group)
     members = tuple(gpu_group_member_names(group))
     model_deployments: dict[str, JSON] = {}
@@ -116,11 +149,16 @@ def gpu_group_snapshot(cache: ClusterCache, group: JSON) -> GpuGroupSnapshot:
         deployment = cache.workload_of(MODEL_DEPLOYMENTS, namespace, member)
         member_pods[member] = cache.pods_of(deployment)
         replicas[member] = deployment_replicas(deployment)
+    left_out = {m: ms.reason for m, ms in memberships.items() if ms.in_conflict}
+    unreadable = unreadable_members(
+        {m: md for m, md in model_deployments.items() if m not in left_out}
+    )
+    left_out |= {m: reasons.INVALID_SPEC for m in unreadable}
     state = gpu_group_state_from_k8s(
         group,
         model_deployments=model_deployments,
         member_pods=member_pods,
-        conflicts={m: ms.reason for m, ms in memberships.items() if ms.in_conflict},
+        conflicts=left_out,
         caches_not_ready={
             m for m, md in model_deployments.items() if not cache.model_deployment_cache_ready(md)
         },
@@ -132,6 +170,7 @@ def gpu_group_snapshot(cache: ClusterCache, group: JSON) -> GpuGroupSnapshot:
         memberships=memberships,
         member_pods=member_pods,
         replicas=replicas,
+        unreadable=unreadable,
     )
 
 
@@ -146,6 +185,8 @@ class StandaloneSnapshot:
 def standalone_snapshot(
     cache: ClusterCache, md: JSON, membership: Membership
 ) -> StandaloneSnapshot:
+    """The ModelDeployment as the core sees it; raises `InvalidFieldError` naming the
+    field when its spec cannot be read."""
     deployment = cache.workload_of(MODEL_DEPLOYMENTS, namespace_of(md), name_of(md))
     pods = cache.pods_of(deployment)
     state = standalone_from_k8s(

@@ -4,6 +4,12 @@ Members are ModelDeployments named in `spec.models`; each runs as the Deployment
 the same name. A listed ModelDeployment whose membership is in conflict (another
 group lists it too, or its `gpuGroupRef` names another group) is left out of the
 decision (its pods still hold the card), and its status is its own key's to write.
+A listed ModelDeployment whose own spec cannot be read (flexinfer_core.invalid) is
+left out the same way, held at zero by the decision, and told why (`Ready=False`,
+`InvalidSpec`, one Warning Event when that is news); a GPUGroup whose own spec cannot
+be read decides nothing and says so. A status write that fails never holds back the
+scale-downs (a refused one is raised after everything else is written; a conflict
+decides again first, and writes them anyway once the key's attempts all conflicted).
 Demand is the `demand.ai.flexinfer/<member>` annotations the proxy writes
 (docs/resources.md). The decision records a swap at once in the status
 (`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
@@ -19,15 +25,29 @@ written; a reconcile that changes nothing writes nothing.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
-from flexinfer_core import decide_gpu_group
+from flexinfer_core import (
+    InvalidFieldError,
+    Membership,
+    Scope,
+    decide_gpu_group,
+    reports_spec_problem,
+    spec_problem,
+)
 from flexinfer_k8s import observe
+from flexinfer_k8s.apply import RetryNow
 from flexinfer_k8s.cache import live_occupants
-from flexinfer_k8s.convert_gpugroups import gpu_group_status
-from flexinfer_k8s.convert_model_deployments import member_status
+from flexinfer_k8s.convert_gpugroups import (
+    gpu_group_status,
+    unreadable_group_status,
+)
+from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
 from flexinfer_k8s.outcome import Outcome, Wiring, recheck_soon, record_events
 from flexinfer_k8s.pods import live_pods
-from flexinfer_k8s.status_diff import status_differs
+from flexinfer_k8s.status_diff import recorded_conditions, status_differs
+from flexinfer_kube.kubeapi import JSON, Rejected
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -39,46 +59,65 @@ class GpuGroupReconciler:
         self.cache = wiring.cache
         self.writer = wiring.writer
 
-    def reconcile(self, namespace: str, name: str) -> Outcome:
+    def reconcile(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
+        """One GPUGroup. `insist`: this key's last attempts all ended in a status
+        conflict; write the scale-downs even if the status conflicts again."""
         group = self.cache.get(GPU_GROUPS, namespace, name)
         if group is None:
             return Outcome(None, False)
         now = self.wiring.clock.now()
-        snapshot = observe.gpu_group_snapshot(self.cache, group)
+        try:
+            snapshot = observe.gpu_group_snapshot(self.cache, group)
+        except InvalidFieldError as error:
+            return self._unreadable_group(group, error, now=now)
         state, members = snapshot.state, list(snapshot.members)
         model_deployments, memberships = snapshot.model_deployments, snapshot.memberships
         member_pods, replicas = snapshot.member_pods, snapshot.replicas
+        unreadable = snapshot.unreadable
         decision = decide_gpu_group(state, now=now)
         wrote = False
+        stale: RetryNow | None = None
+        refused: Rejected | None = None
 
         wanted = gpu_group_status(group, decision, now=now)
-        if (
-            status_differs(group.get("status"), wanted)
-            and self.writer.patch_status(GPU_GROUPS, group, wanted) is not None
-        ):
-            wrote = True
-            # The Events of a swap are the decision's; a retry after a conflict decides
-            # again, so they are recorded only once the status that holds them is written.
-            record_events(
-                self.wiring,
-                [
-                    *((group, event) for event in decision.group_events),
-                    *(
-                        (model_deployments.get(event.model), event)
-                        for event in decision.member_events
-                    ),
-                ],
-                namespace=namespace,
-                group=name,
-                kind="gpugroup",
-                now=now,
-            )
+        if status_differs(group.get("status"), wanted):
+            written = None
+            try:
+                written = self.writer.patch_status(GPU_GROUPS, group, wanted)
+            except RetryNow as conflict:
+                if not insist:
+                    raise
+                stale = conflict
+            except Rejected as error:
+                refused = error
+            if written is not None:
+                wrote = True
+                # The Events of a swap are the decision's; a retry after a conflict
+                # decides again, so they are recorded only once the status that holds
+                # them is written.
+                record_events(
+                    self.wiring,
+                    [
+                        *((group, event) for event in decision.group_events),
+                        *(
+                            (model_deployments.get(event.model), event)
+                            for event in decision.member_events
+                        ),
+                    ],
+                    namespace=namespace,
+                    group=name,
+                    kind="gpugroup",
+                    now=now,
+                )
 
+        # Scale-downs whatever became of the status: they are what frees the card.
         for member in members:
             want = decision.replicas_for(member)
             have = replicas[member]
             if have is not None and want < have:
                 wrote = self.writer.scale(namespace, member, want) or wrote
+        if stale is not None:
+            raise stale  # scale-ups wait for a decision on a fresh view
 
         ups = [
             m
@@ -107,15 +146,21 @@ class GpuGroupReconciler:
         for member, md in model_deployments.items():
             if memberships[member].in_conflict:
                 continue  # held at zero by its own key, which writes why
-            wanted = member_status(
-                md,
-                memberships[member],
-                replicas=replicas[member],
-                pods=member_pods[member],
-                now=now,
-            )
-            if status_differs(md.get("status"), wanted):
-                wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
+            try:
+                wrote = (
+                    self._member_status(
+                        md,
+                        memberships[member],
+                        unreadable.get(member),
+                        replicas=replicas[member],
+                        pods=member_pods[member],
+                        group=name,
+                        now=now,
+                    )
+                    or wrote
+                )
+            except Rejected as error:
+                refused = refused or error
 
         next_at = decision.next_change_at
         if deferred:
@@ -133,7 +178,99 @@ class GpuGroupReconciler:
                         "reason": decision.reason,
                         "message": decision.message,
                         "replicas": dict(decision.desired_replicas),
+                        "unreadable": sorted(unreadable) or None,
                     }
                 },
             )
+        if refused is not None:
+            raise refused
         return Outcome(next_at, wrote, decision.reason)
+
+    def _member_status(
+        self,
+        md: JSON,
+        membership: Membership,
+        error: InvalidFieldError | None,
+        *,
+        replicas: int | None,
+        pods: list[JSON],
+        group: str,
+        now: datetime,
+    ) -> bool:
+        """A member's observed status with a Ready condition naming its group, or, when
+        its spec cannot be read, why (with one Warning Event when that is news)."""
+        recorded = recorded_conditions(md, ("Ready",))
+        if error is None:
+            if reports_spec_problem(recorded):
+                log.info(
+                    "spec readable again",
+                    extra={"fields": {"gpugroup": group, "modeldeployment": name_of(md)}},
+                )
+            wanted = member_status(md, membership, replicas=replicas, pods=pods, now=now)
+            return status_differs(md.get("status"), wanted) and (
+                self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None
+            )
+        problem = spec_problem(name_of(md), error, recorded=recorded, scope=Scope.MEMBER)
+        if problem.event is not None:
+            log.warning(
+                "spec cannot be read; the member runs nothing until it is fixed",
+                extra={
+                    "fields": {
+                        "namespace": namespace_of(md),
+                        "gpugroup": group,
+                        "modeldeployment": name_of(md),
+                        "field": problem.field,
+                        "error": str(error),
+                    }
+                },
+            )
+        wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
+        if not status_differs(md.get("status"), wanted):
+            return False
+        if self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is None:
+            return False
+        if problem.event is not None:
+            self.writer.event(
+                md,
+                reason=problem.event.reason,
+                message=problem.event.message,
+                type=problem.event.type,
+                now=now,
+            )
+        return True
+
+    def _unreadable_group(self, group: JSON, error: InvalidFieldError, *, now: datetime) -> Outcome:
+        """A GPUGroup whose own spec (or status) cannot be read decides nothing: its
+        members keep their replicas, and its status says which field and why."""
+        problem = spec_problem(
+            name_of(group),
+            error,
+            recorded=recorded_conditions(group, ("Ready",)),
+            scope=Scope.GROUP,
+        )
+        if problem.event is not None:
+            log.warning(
+                "GPUGroup spec cannot be read; it decides nothing until it is fixed",
+                extra={
+                    "fields": {
+                        "namespace": namespace_of(group),
+                        "gpugroup": name_of(group),
+                        "field": problem.field,
+                        "error": str(error),
+                    }
+                },
+            )
+        wanted = unreadable_group_status(group, problem, now=now)
+        if not status_differs(group.get("status"), wanted):
+            return Outcome(None, False, problem.reason)
+        if self.writer.patch_status(GPU_GROUPS, group, wanted) is None:
+            return Outcome(None, False, problem.reason)
+        if problem.event is not None:
+            self.writer.event(
+                group,
+                reason=problem.event.reason,
+                message=problem.event.message,
+                type=problem.event.type,
+                now=now,
+            )
+        return Outcome(None, True, problem.reason)

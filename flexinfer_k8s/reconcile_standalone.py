@@ -11,18 +11,34 @@ are: the Deployment's replicas through the scale subresource when they differ
 `readyReplicas`, `message` and a `Ready` condition carrying the decision's
 reason) when it differs, conditional on the resourceVersion it was decided on.
 Nothing else is written; a reconcile that changes nothing writes nothing. The
-caller arms a timer at the returned `next_change_at` (the idle-timeout lapse).
+caller arms a timer at the returned `next_change_at` (the idle-timeout lapse). One
+whose spec cannot be read (flexinfer_core.invalid: `spec.replicas` beyond int32 stored
+before the CRD bound, ...) is scaled to 0 and its `Ready=False` condition, reason
+`InvalidSpec`, names the field; one Warning Event and one log line when that is news.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
-from flexinfer_core import decide_standalone
+from flexinfer_core import (
+    InvalidFieldError,
+    Scope,
+    decide_standalone,
+    reports_spec_problem,
+    spec_problem,
+)
 from flexinfer_k8s import observe
-from flexinfer_k8s.convert_model_deployments import standalone_status
+from flexinfer_k8s.convert_model_deployments import (
+    standalone_status,
+    unreadable_status,
+)
 from flexinfer_k8s.outcome import Outcome, Wiring
-from flexinfer_k8s.status_diff import status_differs
+from flexinfer_k8s.pods import deployment_replicas
+from flexinfer_k8s.status_diff import recorded_conditions, status_differs
+from flexinfer_kube.kubeapi import JSON
+from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.standalone")
@@ -40,8 +56,18 @@ class StandaloneReconciler:
             return Outcome(None, False)  # gone, or its GPUGroup decides for it
         md, membership = found
         now = self.clock.now()
-        snapshot = observe.standalone_snapshot(self.cache, md, membership)
+        try:
+            snapshot = observe.standalone_snapshot(self.cache, md, membership)
+        except InvalidFieldError as error:
+            deployment = self.cache.workload_of(MODEL_DEPLOYMENTS, namespace, name)
+            pods = self.cache.pods_of(deployment)
+            return self._unreadable(md, error, deployment=deployment, pods=pods, now=now)
         state, pods = snapshot.state, snapshot.pods
+        if reports_spec_problem(recorded_conditions(md, ("Ready",))):
+            log.info(
+                "spec readable again",
+                extra={"fields": {"namespace": namespace, "modeldeployment": name}},
+            )
         decision = decide_standalone(state, now=now)
         wrote = False
 
@@ -79,3 +105,50 @@ class StandaloneReconciler:
                 },
             )
         return Outcome(decision.next_change_at, wrote, decision.reason)
+
+    def _unreadable(
+        self,
+        md: JSON,
+        error: InvalidFieldError,
+        *,
+        deployment: JSON | None,
+        pods: list[JSON],
+        now: datetime,
+    ) -> Outcome:
+        """A ModelDeployment whose spec cannot be read runs nothing: scaled to 0, told
+        why, with one Warning Event and one log line when that is news."""
+        namespace, name = namespace_of(md), name_of(md)
+        problem = spec_problem(
+            name, error, recorded=recorded_conditions(md, ("Ready",)), scope=Scope.ALONE
+        )
+        if problem.event is not None:
+            log.warning(
+                "spec cannot be read; it runs nothing until it is fixed",
+                extra={
+                    "fields": {
+                        "namespace": namespace,
+                        "modeldeployment": name,
+                        "field": problem.field,
+                        "error": str(error),
+                    }
+                },
+            )
+        wrote = False
+        replicas = deployment_replicas(deployment)
+        if replicas and self.writer.scale(namespace, name, 0):
+            wrote, replicas = True, 0
+        wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
+        if (
+            status_differs(md.get("status"), wanted)
+            and self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None
+        ):
+            wrote = True
+            if problem.event is not None:
+                self.writer.event(
+                    md,
+                    reason=problem.event.reason,
+                    message=problem.event.message,
+                    type=problem.event.type,
+                    now=now,
+                )
+        return Outcome(None, wrote, problem.reason)

@@ -1,0 +1,516 @@
+"""The reconcilers without a cluster: a fake API server, the controller's real stores and
+work queue, and a manual clock.
+
+What a real cluster cannot stage on demand: the exact order of writes, a status write
+that conflicts (again and again) or is refused, and a scale-up held back by a pod the
+live list still shows.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flexinfer_core import ACTIVE_SERVICES_ANNOTATION
+from flexinfer_core.timestamps import format_rfc3339
+from flexinfer_k8s.controller import (
+    MAX_BACKOFF,
+    MAX_IMMEDIATE_RETRIES,
+    Controller,
+    WorkKey,
+    backoff_delay,
+)
+from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.outcome import Outcome
+from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
+from flexinfer_kube.clock import ManualClock
+from flexinfer_kube.kubeapi import Conflict, Rejected
+from flexinfer_kube.resources import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    PODS,
+    SERVICES,
+    Resource,
+)
+
+from .fake_api import FakeApi
+from .harness import metric_value
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+NS = "ns"
+KEY: WorkKey = ("shared", NS, "g")
+JSON = dict[str, Any]
+
+
+def model(
+    name: str, *, priority: int = 100, status: JSON | None = None, swap_cooldown: str = "2s"
+) -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": NS, "generation": 1, "uid": f"uid-{name}"},
+        "spec": {
+            "gpu": {"shared": "g", "priority": priority, "swapCooldown": swap_cooldown},
+            "serverless": {"idleTimeout": "5m", "coldStartTimeout": "10s"},
+            "serviceLabels": [f"{name}-svc"],
+        },
+        "status": status or {},
+    }
+
+
+def holding(name: str) -> JSON:
+    """The status of a member that holds the card and serves."""
+    return {
+        "phase": "Ready",
+        "observedGeneration": 1,
+        "lastActiveTime": format_rfc3339(T0 - timedelta(minutes=10)),
+        "sharedGroup": {"groupName": "g", "state": "Active", "queuePosition": 0, "preemptedBy": ""},
+    }
+
+
+def asking(name: str, *, behind: str) -> JSON:
+    """The status of a parked member a request just arrived for."""
+    return {
+        "phase": "Idle",
+        "observedGeneration": 1,
+        "lastActiveTime": format_rfc3339(T0 - timedelta(seconds=1)),
+        "sharedGroup": {
+            "groupName": "g",
+            "state": "Queued",
+            "queuePosition": 1,
+            "preemptedBy": behind,
+        },
+    }
+
+
+def owner(kind: str, name: str) -> JSON:
+    """The controller reference rendering puts on a workload (whose replicas the
+    reconcilers then scale, and no other Deployment's)."""
+    return {
+        "apiVersion": "ai.flexinfer/v1",
+        "kind": kind,
+        "name": name,
+        "uid": f"uid-{name}",
+        "controller": True,
+    }
+
+
+def deployment(name: str, replicas: int) -> JSON:
+    labels = {MODEL_LABEL: name, KIND_LABEL: "Model"}
+    return {
+        "metadata": {"name": name, "namespace": NS, "ownerReferences": [owner("Model", name)]},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": {**labels, GROUP_LABEL: "g"}}},
+        },
+    }
+
+
+def pod(name: str) -> JSON:
+    return {
+        "metadata": {
+            "name": f"{name}-0",
+            "namespace": NS,
+            "labels": {MODEL_LABEL: name, KIND_LABEL: "Model", GROUP_LABEL: "g"},
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def service(name: str, active: str) -> JSON:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "annotations": {ACTIVE_SERVICES_ANNOTATION: active},
+        }
+    }
+
+
+class World:
+    """The fake API server and a controller over it whose informers never start: the
+    test puts objects in both, as a watch would, and runs keys one at a time."""
+
+    def __init__(self) -> None:
+        self.api = FakeApi()
+        self.clock = ManualClock(T0)
+        self.metrics = ControllerMetrics(CollectorRegistry())
+        self.controller = Controller(
+            self.api,  # type: ignore[arg-type]
+            metrics=self.metrics,
+            namespaces=[NS],
+            clock=self.clock,
+            resync_seconds=0,
+        )
+        for informer in self.controller.cache.informers:
+            informer.healthy = True  # listed: nothing fails open unless a test says so
+
+    def put(self, resource: Resource, obj: JSON) -> None:
+        self.controller.cache.store(resource).write_through(self.api.put(resource, obj))
+
+    def delete(self, resource: Resource, name: str) -> None:
+        self.api.remove(resource, NS, name)
+        self.controller.cache.store(resource).forget(NS, name)
+
+    def run(self, key: WorkKey = KEY) -> Outcome | None:
+        """One worker pass over `key`, as the controller's workers do it."""
+        self.controller.queue.add(key)
+        picked = self.controller.queue.get(timeout=0)
+        assert picked == key
+        try:
+            return self.controller.process(key)
+        finally:
+            self.controller.queue.done(key)
+
+    def requeued(self, key: WorkKey = KEY) -> bool:
+        return len(self.controller.queue) == 1
+
+    def status(self, resource: Resource, name: str) -> JSON:
+        return dict(self.api.objects[(resource.plural, NS, name)].get("status") or {})
+
+    def replicas(self, name: str) -> int:
+        return int(self.api.objects[("deployments", NS, name)]["spec"]["replicas"])
+
+
+def a_holds_b_asks(world: World, *, a_priority: int = 100, b_priority: int = 200) -> None:
+    """a serves with one pod; b, of higher priority, was just asked for."""
+    world.put(MODELS, model("a", priority=a_priority, status=holding("a")))
+    world.put(MODELS, model("b", priority=b_priority, status=asking("b", behind="a")))
+    world.put(DEPLOYMENTS, deployment("a", 1))
+    world.put(DEPLOYMENTS, deployment("b", 0))
+    world.put(PODS, pod("a"))
+    world.put(SERVICES, service("a", "a-svc"))
+    world.put(SERVICES, service("b", ""))
+    world.api.calls.clear()
+
+
+# --- the write order and a deferred scale-up ------------------------------------------------
+
+
+def test_a_swap_writes_status_then_scale_down_then_events_then_annotations() -> None:
+    world = World()
+    a_holds_b_asks(world)
+
+    outcome = world.run()
+
+    assert world.api.verbs() == [
+        ("PATCH", "models", "a", "status"),
+        ("PATCH", "models", "b", "status"),
+        ("PATCH", "deployments", "a", "scale"),
+        ("POST", "events", "Preempted", ""),
+        ("POST", "events", "Promoted", ""),
+        ("PATCH", "services", "a", ""),
+        ("PATCH", "services", "b", ""),
+    ]
+    assert world.status(MODELS, "a")["phase"] == "Preempted"
+    b = world.status(MODELS, "b")
+    assert b["sharedGroup"]["state"] == "Active"
+    # b waits for a's pod (the decision knows it from the cache): its scale-up is not
+    # even tried; a's pod going away is the watched change that reconciles again.
+    assert {c["type"]: c for c in b["conditions"]}["Active"]["reason"] == "WaitingForGPU"
+    assert world.replicas("b") == 0
+    assert outcome is not None and outcome.wrote
+
+
+def test_a_scale_up_the_live_pod_list_contradicts_is_deferred_then_done() -> None:
+    """The cache says a's pod is gone; the live list (what a watch a little behind
+    cannot see) still has it: b's scale-up waits, then goes once the pod is gone."""
+    world = World()
+    a_holds_b_asks(world)
+    world.run()
+    world.controller.cache.store(PODS).forget(NS, "a-0")  # the cache: gone
+    world.api.calls.clear()
+
+    deferred = world.run()
+
+    assert ("LIST", "pods", "", "") in world.api.calls
+    assert ("PATCH", "deployments", "b", "scale") not in world.api.calls
+    assert world.replicas("b") == 0
+    assert deferred is not None and deferred.next_change_at is not None
+    assert deferred.next_change_at <= T0 + timedelta(seconds=1)
+
+    world.api.remove(PODS, NS, "a-0")  # the API server: gone too
+    world.clock.advance(timedelta(seconds=1))
+    world.api.calls.clear()
+    world.run()
+    calls = world.api.verbs()
+    assert calls.index(("LIST", "pods", "", "")) < calls.index(
+        ("PATCH", "deployments", "b", "scale")
+    )
+    assert world.replicas("b") == 1
+
+
+# --- a status write that fails --------------------------------------------------------------
+
+
+def test_a_conflict_decides_again_at_once_a_few_times_then_parks_anyway_and_backs_off() -> None:
+    """Someone keeps changing a (the proxy writing lastActiveTime): each attempt re-reads
+    and decides again without scaling; after MAX_IMMEDIATE_RETRIES the scale-down that
+    parks a goes out even though a's status conflicts again, and the key backs off."""
+    world = World()
+    a_holds_b_asks(world)
+    world.api.fail_next(MODELS, "a", Conflict(409, "modified"), subresource="status", times=99)
+
+    for attempt in range(MAX_IMMEDIATE_RETRIES):
+        assert world.run() is None
+        assert world.requeued(), f"attempt {attempt + 1} is retried at once"
+        assert world.controller.queue.timer(KEY) is None
+        assert ("GET", "models", "a", "") in world.api.calls  # re-read for the next decision
+        assert not [c for c in world.api.verbs() if c[1] != "models"], "nothing but statuses"
+        world.controller.queue.get(timeout=0)
+        world.controller.queue.done(KEY)
+        world.api.calls.clear()
+
+    assert world.run() is None
+    assert ("PATCH", "deployments", "a", "scale") in world.api.calls
+    assert world.replicas("a") == 0
+    assert world.api.events == []  # no status was written, so no Event either
+    assert ("PATCH", "deployments", "b", "scale") not in world.api.calls
+    assert not world.requeued()
+    timer = world.controller.queue.timer(KEY)
+    assert timer is not None and T0 < timer <= T0 + timedelta(seconds=1)
+
+
+def test_a_refused_status_write_never_holds_back_the_scale_down() -> None:
+    world = World()
+    a_holds_b_asks(world)
+    world.api.fail_next(MODELS, "a", Rejected(422, "refused"), subresource="status")
+
+    assert world.run() is None  # the failure is reported, after the rest is written
+
+    assert world.replicas("a") == 0
+    assert [e["reason"] for e in world.api.events] == ["Promoted"]  # b's status was written
+    assert world.status(MODELS, "b")["sharedGroup"]["state"] == "Active"
+    errors = metric_value(
+        _scrape(world), "flexinfer_reconcile_errors_total", kind="shared", error="Rejected"
+    )
+    assert errors == 1
+    assert world.controller.queue.timer(KEY) is not None  # retried after a back-off
+
+
+def test_a_legacy_lease_whose_owner_is_longer_than_preempted_by_still_parks_the_group() -> None:
+    world = World()
+    world.api.max_length[("models", "status.sharedGroup.preemptedBy")] = 512
+    a_holds_b_asks(world)
+    owner = "trainer-" + "x" * 600
+    world.put(
+        CONFIG_MAPS,
+        {
+            "metadata": {"name": "gpu-lease-g", "namespace": NS, "labels": {GPU_LEASE_LABEL: "g"}},
+            "data": {"group": "g", "owner": owner},
+        },
+    )
+
+    world.run()
+
+    assert world.replicas("a") == 0
+    preempted_by = world.status(MODELS, "a")["sharedGroup"]["preemptedBy"]
+    assert preempted_by.startswith("gpu-lease/trainer-x") and len(preempted_by) == 512
+    assert "GPULeaseHeld" in [e["reason"] for e in world.api.events]
+
+
+# --- a member whose spec cannot be read -----------------------------------------------------
+
+
+def test_a_member_whose_spec_cannot_be_read_is_left_out_told_once_and_scaled_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """swapCooldown "99999999999h" (stored before the CRD's bound): the group goes on
+    without a, a's pods still hold the card, a is scaled to 0 and told why, once."""
+    world = World()
+    world.put(MODELS, model("a", status=holding("a"), swap_cooldown="99999999999h"))
+    world.put(MODELS, model("b", status=asking("b", behind="a")))
+    world.put(DEPLOYMENTS, deployment("a", 1))
+    world.put(DEPLOYMENTS, deployment("b", 0))
+    world.put(PODS, pod("a"))
+    world.put(SERVICES, service("a", "a-svc"))
+    world.put(SERVICES, service("b", ""))
+    world.api.calls.clear()
+    caplog.set_level(logging.DEBUG, logger="flexinfer")
+
+    for _ in range(3):
+        world.run()
+        world.clock.advance(timedelta(milliseconds=100))
+
+    a = world.status(MODELS, "a")
+    ready = {c["type"]: c for c in a["conditions"]}["Ready"]
+    assert (a["phase"], ready["status"], ready["reason"]) == ("Failed", "False", "InvalidSpec")
+    assert ready["message"].startswith(
+        "spec.gpu.swapCooldown: '99999999999h' is longer than the longest duration Go can hold"
+    )
+    assert sorted((e["reason"], e["involvedObject"]["name"]) for e in world.api.events) == [
+        ("InvalidSpec", "a"),
+        ("Promoted", "b"),
+    ]
+    assert world.replicas("a") == 0
+    # b leads, and waits for a's pod: the unreadable member still holds the card.
+    b = world.status(MODELS, "b")
+    assert b["sharedGroup"]["state"] == "Active"
+    assert {c["type"]: c for c in b["conditions"]}["Active"]["reason"] == "WaitingForGPU"
+    assert world.replicas("b") == 0
+    unreadable = [r for r in caplog.records if "spec cannot be read" in r.getMessage()]
+    assert len(unreadable) == 1
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback, ever
+
+    world.delete(PODS, "a-0")
+    world.api.remove(PODS, NS, "a-0")
+    world.api.calls.clear()
+    world.run()
+    assert world.replicas("b") == 1
+
+
+def test_a_standalone_model_deployment_whose_replicas_overflow_is_held_at_zero() -> None:
+    """replicas 3e9 (stored before the CRD's bound): scaled to 0, Ready=False naming
+    spec.replicas, one Event; the next passes write nothing."""
+    world = World()
+    world.put(
+        MODEL_DEPLOYMENTS,
+        {
+            "metadata": {"name": "d", "namespace": NS, "generation": 1},
+            "spec": {"replicas": 3_000_000_000},
+            "status": {"lastAccessTime": format_rfc3339(T0)},
+        },
+    )
+    world.put(
+        DEPLOYMENTS,
+        {
+            "metadata": {
+                "name": "d",
+                "namespace": NS,
+                "ownerReferences": [owner("ModelDeployment", "d")],
+            },
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"x": "d"}}},
+        },
+    )
+    world.api.calls.clear()
+    key: WorkKey = ("modeldeployment", NS, "d")
+
+    world.run(key)
+    first = world.api.verbs()
+    world.run(key)
+
+    assert first == [
+        ("PATCH", "deployments", "d", "scale"),
+        ("PATCH", "modeldeployments", "d", "status"),
+        ("POST", "events", "InvalidSpec", ""),
+    ]
+    assert world.api.verbs() == first  # nothing more the second time
+    ready = world.status(MODEL_DEPLOYMENTS, "d")["conditions"][0]
+    assert (ready["reason"], ready["status"]) == ("InvalidSpec", "False")
+    assert ready["message"].startswith("spec.replicas: 3000000000 must be between 0 and")
+    assert world.replicas("d") == 0
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def a_holds(world: World) -> None:
+    """a serves with one pod and was just used; b, of equal priority, asks for nothing."""
+    a_holds_b_asks(world, b_priority=100)
+    busy = holding("a") | {"lastActiveTime": format_rfc3339(T0 - timedelta(seconds=1))}
+    world.put(MODELS, model("a", status=busy))
+    world.put(MODELS, model("b", status={}))
+
+
+def test_a_deleted_member_s_series_goes_so_a_group_never_reads_two_holders() -> None:
+    world = World()
+    a_holds(world)
+    world.run()
+    assert metric_value(_scrape(world), "flexinfer_shared_group_member_active", model="a") == 1
+
+    world.delete(MODELS, "a")  # a's pod still holds the card until it is gone
+    world.run()
+    text = _scrape(world)
+    assert metric_value(text, "flexinfer_shared_group_member_active", model="a") is None
+    assert metric_value(text, "flexinfer_shared_group_member_active", model="b") == 1
+
+
+def test_lease_series_follow_the_holder_and_an_owner_changed_in_place_is_an_acquisition() -> None:
+    world = World()
+    a_holds(world)
+
+    def lease(owner: str) -> JSON:
+        return {
+            "metadata": {"name": "gpu-lease-g", "namespace": NS, "labels": {GPU_LEASE_LABEL: "g"}},
+            "data": {"group": "g", "owner": owner},
+        }
+
+    def series(name: str, owner: str) -> float | None:
+        return metric_value(_scrape(world), name, group="g", namespace=NS, owner=owner)
+
+    world.put(CONFIG_MAPS, lease("first"))
+    world.run()
+    world.run()
+    assert series("flexinfer_gpu_lease_active", "first") == 1
+    assert series("flexinfer_gpu_lease_acquired_total", "first") == 1
+
+    world.put(CONFIG_MAPS, lease("second"))  # the same ConfigMap, a new owner
+    world.run()
+    assert series("flexinfer_gpu_lease_active", "first") is None
+    assert series("flexinfer_gpu_lease_acquired_total", "first") is None
+    assert series("flexinfer_gpu_lease_active", "second") == 1
+    assert series("flexinfer_gpu_lease_acquired_total", "second") == 1
+
+    world.delete(CONFIG_MAPS, "gpu-lease-g")
+    world.run()
+    assert series("flexinfer_gpu_lease_active", "second") is None
+    assert series("flexinfer_gpu_lease_acquired_total", "second") is None
+
+
+def test_a_lease_whose_expiry_does_not_parse_fails_open_warns_once_and_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = World()
+    a_holds(world)
+    world.put(
+        CONFIG_MAPS,
+        {
+            "metadata": {"name": "gpu-lease-g", "namespace": NS, "labels": {GPU_LEASE_LABEL: "g"}},
+            "data": {"group": "g", "owner": "trainer", "expiresAt": "tomorrow"},
+        },
+    )
+    caplog.set_level(logging.INFO, logger="flexinfer")
+
+    for _ in range(3):
+        world.run()
+        world.clock.advance(timedelta(seconds=1))
+
+    assert world.replicas("a") == 1  # not parked: the lease cannot be read
+    active = {c["type"]: c for c in world.status(MODELS, "a")["conditions"]}["Active"]
+    assert active["message"].startswith(
+        "GPU lease ConfigMap gpu-lease-g cannot be read (data.expiresAt: 'tomorrow' is not an "
+        "RFC 3339 time); proceeding as unleased (fail open)"
+    )
+    warned = [e for e in world.api.events if e["reason"] == "GPULeaseUnreadable"]
+    assert [e["involvedObject"]["name"] for e in warned] == ["gpu-lease-g"]
+    assert "data.expiresAt: 'tomorrow'" in warned[0]["message"]
+    logged = [r for r in caplog.records if "failing open" in r.getMessage()]
+    assert len(logged) == 1
+    errors = metric_value(
+        _scrape(world), "flexinfer_gpu_lease_read_errors_total", namespace=NS, source="configmaps"
+    )
+    assert errors == 3
+
+
+# --- back-off ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failures", [1, 2, 5, 9, 12, 40])
+def test_back_off_doubles_with_twenty_percent_jitter_up_to_thirty_seconds(failures: int) -> None:
+    base = min(0.1 * 2 ** (failures - 1), MAX_BACKOFF)
+    low, high = backoff_delay(failures, jitter=-0.2), backoff_delay(failures, jitter=0.2)
+    assert low == pytest.approx(base * 0.8)
+    assert high == pytest.approx(min(base * 1.2, MAX_BACKOFF))
+    assert high <= MAX_BACKOFF
+
+
+def _scrape(world: World) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(world.metrics.registry).decode()

@@ -4,9 +4,12 @@ Spec: spec/election.md 1.3. Given the members as observed, the leases, which
 members still have pods and `now`, this module says, per member: the target
 `sharedGroup` status, phase change, conditions, desired replicas (with
 break-before-make), the `ai.flexinfer/active-services` value and the Events to
-emit; and for the group, `next_change_at`. It also says exactly which of those
-differ from what was observed, so an adapter writes only those, and applying a
-decision then deciding again at the same `now` yields no writes.
+emit; and for the group, `next_change_at`. A recorded `lastActiveTime` or
+`preemptedAt` after `now` is read as `now` (`read_as_now`); one far ahead is also
+said in the member's message and a Warning Event, and its `lastActiveTime` rewritten.
+It also says exactly which of those differ from what was observed, so an adapter
+writes only those, and applying a decision then deciding again at the same `now`
+yields no writes (after such a rewrite, one: the message no longer has it to say).
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ from flexinfer_core.snapshot import (
 CONDITION_ACTIVE = "Active"
 CONDITION_READY = "Ready"
 _TICK = timedelta(microseconds=1)
+FUTURE_TOLERANCE = timedelta(minutes=1)
+"""How far past `now` a recorded `lastActiveTime` or `preemptedAt` may be and pass
+without comment (a proxy whose clock runs a little ahead); either is read as `now`
+regardless, and beyond this the member says so and the value is rewritten."""
 
 
 @attrs.frozen
@@ -68,6 +75,9 @@ class MemberDecision:
     message: str
     conditions: tuple[Condition, ...]
     events: tuple[Event, ...] = ()
+    # Set when the recorded `lastActiveTime` lay in the future: the value to write
+    # instead (`now`), so that it ages from here rather than win until that date.
+    rewrite_last_active: datetime | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -165,6 +175,8 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
     """Whether the member's status as written differs from the decision's."""
     if model.generation is not None and model.observed_generation != model.generation:
         return True
+    if target.rewrite_last_active is not None:
+        return True
     return (
         model.shared_state,
         model.queue_position,
@@ -237,6 +249,7 @@ def decide_group(
     included); the leader is not scaled up while another member is in it.
     """
     leases = tuple(leases)
+    models, from_the_future = read_as_now(models, now=now)
     election = elect_leader(
         models,
         now=now,
@@ -267,12 +280,97 @@ def decide_group(
                     _held_because(member, again) if member.is_leader else member
                     for member in members
                 )
+    if from_the_future:
+        members = tuple(
+            _from_the_future(member, from_the_future[member.name], now=now)
+            if member.name in from_the_future
+            else member
+            for member in members
+        )
     return GroupDecision(
         namespace=namespace,
         group=group,
         election=election,
         members=members,
         next_change_at=next_change_at(models, now=now, leases=leases, policy=policy),
+    )
+
+
+@attrs.frozen
+class FutureInstants:
+    """A member's recorded instants that lay beyond `FUTURE_TOLERANCE` ahead of `now`."""
+
+    last_active: datetime | None = None
+    preempted_at: datetime | None = None
+
+    def notes(self) -> list[str]:
+        said = []
+        for field, value in (
+            ("status.lastActiveTime", self.last_active),
+            ("status.sharedGroup.preemptedAt", self.preempted_at),
+        ):
+            if value is not None:
+                said.append(f"{field} {value.isoformat()} is in the future and is read as now")
+        return said
+
+
+def read_as_now(
+    models: Sequence[ModelState], *, now: datetime
+) -> tuple[list[ModelState], dict[str, FutureInstants]]:
+    """The members with every `lastActiveTime` and `preemptedAt` after `now` read as
+    `now`, and those that lay more than `FUTURE_TOLERANCE` ahead, by member.
+
+    Read as recorded, a far-future `lastActiveTime` would keep its member demanded (and
+    a `preemptedAt` its group in cooldown) until that date.
+    """
+    out: list[ModelState] = []
+    future: dict[str, FutureInstants] = {}
+    limit = now + FUTURE_TOLERANCE
+    for model in models:
+        last_active, preempted_at = model.last_active, model.preempted_at
+        if (last_active is None or last_active <= now) and (
+            preempted_at is None or preempted_at <= now
+        ):
+            out.append(model)
+            continue
+        far = FutureInstants(
+            last_active=last_active if last_active is not None and last_active > limit else None,
+            preempted_at=preempted_at
+            if preempted_at is not None and preempted_at > limit
+            else None,
+        )
+        if far.notes():
+            future[model.name] = far
+        out.append(
+            attrs.evolve(
+                model,
+                last_active=min(last_active, now) if last_active is not None else None,
+                preempted_at=min(preempted_at, now) if preempted_at is not None else None,
+            )
+        )
+    return out, future
+
+
+def _from_the_future(
+    member: MemberDecision, instants: FutureInstants, *, now: datetime
+) -> MemberDecision:
+    """The member's decision saying that its recorded instants lay in the future and are
+    read as now, with a Warning Event; its `lastActiveTime` is rewritten (its
+    `preemptedAt` is already the decision's to write)."""
+    note = "; ".join(instants.notes())
+    message = f"{member.message}; {note}"
+    return attrs.evolve(
+        member,
+        message=message,
+        conditions=tuple(
+            attrs.evolve(c, message=message) if c.type == CONDITION_ACTIVE else c
+            for c in member.conditions
+        ),
+        events=(
+            *member.events,
+            Event(member.name, reasons.TIMESTAMP_IN_FUTURE, f"{member.name}: {note}", "Warning"),
+        ),
+        rewrite_last_active=now if instants.last_active is not None else None,
     )
 
 
@@ -624,6 +722,7 @@ def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tup
                 preempted_by=target.preempted_by,
                 phase=target.phase,
                 preempted_at=target.preempted_at,
+                last_active=target.rewrite_last_active or model.last_active,
                 conditions=target.conditions,
                 replicas=target.desired_replicas,
                 active_services=target.active_services,

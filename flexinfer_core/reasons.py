@@ -42,6 +42,8 @@ PROMOTED: Final = "Promoted"
 WAITING_FOR_GPU: Final = "WaitingForGPU"
 QUEUED: Final = "Queued"
 ACTIVE: Final = "Active"
+# A recorded lastActiveTime or preemptedAt that lay in the future, read as now.
+TIMESTAMP_IN_FUTURE: Final = "TimestampInFuture"
 
 # GPUGroup decisions (spec/election.md section 3).
 KEEP_CURRENT: Final = "KeepCurrent"

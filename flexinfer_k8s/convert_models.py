@@ -179,6 +179,8 @@ def model_status(
             "preemptedAt": format_rfc3339(member.preempted_at),
         },
     }
+    if member.rewrite_last_active is not None:
+        status["lastActiveTime"] = format_rfc3339(member.rewrite_last_active)
     if generation is not None:
         status["observedGeneration"] = generation
     return status

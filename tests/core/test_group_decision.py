@@ -331,3 +331,66 @@ def test_a_leader_whose_cache_is_not_ready_runs_nothing() -> None:
     assert again.changes(apply_decision([waiting], decision)) == ()
     ready = decide_group([member("a", last_active=ago(1))], now=T0)
     assert ready.member("a").desired_replicas == 1
+
+
+# --- instants recorded in the future ------------------------------------------------------
+
+
+def test_a_far_future_last_active_is_read_as_now_said_and_rewritten() -> None:
+    """Read as recorded, a lastActiveTime a year ahead keeps its member busy (and
+    holding the card at equal priority) for a year."""
+    future = T0 + timedelta(days=365)
+    holder = member("chat", phase=READY, shared_state=ACTIVE, last_active=future, replicas=1)
+    asker = member("code", last_active=ago(1), replicas=0)
+    decision = decide_group([holder, asker], now=T0)
+
+    chat = decision.member("chat")
+    assert decision.leader == "chat"  # busy as of now, not as of next year
+    assert chat.rewrite_last_active == T0
+    assert "status.lastActiveTime 2027-" in chat.message
+    assert chat.message.endswith("is in the future and is read as now")
+    active = next(c for c in chat.conditions if c.type == "Active")
+    assert active.message == chat.message
+    assert [(e.reason, e.type) for e in chat.events] == [(reasons.TIMESTAMP_IN_FUTURE, "Warning")]
+    assert [c.name for c in decision.changes([holder, asker]) if c.status] == ["chat", "code"]
+
+    # Written back, it ages from now. The next decision drops the note from the message
+    # (one more status write, no Event), then nothing changes; once chat is idle the
+    # member that keeps asking takes the card.
+    applied = apply_decision([holder, asker], decision)
+    assert applied[0].last_active == T0
+    again = decide_group(applied, now=T0)
+    assert [(c.name, c.status, c.events) for c in again.changes(applied)] == [("chat", True, ())]
+    assert "future" not in again.member("chat").message
+    applied = apply_decision(applied, again)
+    assert decide_group(applied, now=T0).changes(applied) == ()
+    later = T0 + timedelta(minutes=3)
+    still_asking = [applied[0], attrs.evolve(applied[1], last_active=later - timedelta(seconds=1))]
+    assert decide_group(still_asking, now=later).leader == "code"
+
+
+def test_a_far_future_preempted_at_starts_the_cooldown_now_not_next_year() -> None:
+    holder = member("chat", phase=READY, shared_state=ACTIVE, last_active=ago(minutes=10))
+    victim = member("old", phase=Phase.PREEMPTED, preempted_at=T0 + timedelta(days=365))
+    vip = member("vip", priority=500, last_active=ago(1))
+    now_decision = decide_group([holder, victim, vip], now=T0)
+    assert now_decision.reason == reasons.SWAP_COOLDOWN
+    old = now_decision.member("old")
+    assert old.preempted_at == T0  # what the status will say from now on
+    assert "status.sharedGroup.preemptedAt 2027-" in old.message
+    assert old.rewrite_last_active is None
+    applied = apply_decision([holder, victim, vip], now_decision)
+    later = T0 + timedelta(minutes=5)
+    vip_again = attrs.evolve(applied[2], last_active=later - timedelta(seconds=1))
+    assert decide_group([applied[0], applied[1], vip_again], now=later).leader == "vip"
+
+
+def test_a_clock_a_little_ahead_is_read_as_now_without_comment() -> None:
+    skewed = member(
+        "chat", phase=READY, shared_state=ACTIVE, last_active=T0 + timedelta(seconds=5)
+    )
+    decision = decide_group([skewed, member("code")], now=T0)
+    chat = decision.member("chat")
+    assert (chat.rewrite_last_active, chat.events) == (None, ())
+    assert "future" not in chat.message
+    assert decision.next_change_at == T0 + timedelta(minutes=2)  # the demand window, from now

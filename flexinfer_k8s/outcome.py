@@ -4,24 +4,34 @@
 writer, the API client for live reads, metrics and the clock); `Outcome` is a
 reconcile's result (when to look again, whether it wrote, the deciding reason);
 `Applied` says how applying a decision went. `record_events` writes a decision's
-Events and counts the swaps and preemptions among them. No decisions here.
+Events and counts the swaps and preemptions among them; `Refusals` remembers which
+status writes the API server refused, so that each is logged (and its Events
+recorded) once rather than at every reconcile; `write_spec_problem` writes what an
+object whose spec cannot be read is told. No decisions here.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 
-from flexinfer_core import Event, reasons
+from flexinfer_core import Event, SpecProblem, reasons
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.clock import Clock
-from flexinfer_kube.kubeapi import KubeApi
+from flexinfer_kube.kubeapi import JSON, KubeApi, Rejected
+from flexinfer_kube.objects import name_of, namespace_of
+from flexinfer_kube.resources import Resource
+
+log = logging.getLogger("flexinfer.outcome")
 
 # How soon to look again after a scale-up was held back for pods the cache had not
 # seen go (or come): long enough for a watch event, short enough not to delay.
@@ -96,3 +106,97 @@ def record_events(
             ).inc()
         if event.reason in SWAP_REASONS:
             wiring.metrics.swaps.labels(namespace=namespace, group=group, kind=kind).inc()
+
+
+class Refusals:
+    """Status writes the API server refused (422), per object, until one is accepted.
+
+    Retrying a refused write changes nothing until the object does (which queues its key
+    anyway), so a refusal is not a reconcile failure: the rest of the decision is
+    written and the key's timer armed as usual. What it must not do is repeat itself:
+    `refused` counts every refusal but says True (log it, record the write's Events)
+    only for a new one, e.g. an object whose stored spec the real CRD no longer accepts
+    refuses every status write, and its Events are then the only place the user reads
+    why.
+    """
+
+    def __init__(self, wiring: Wiring, *, kind: str) -> None:
+        self._metrics = wiring.metrics
+        self._kind = kind
+        self._said: dict[tuple[str, str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, resource: Resource, obj: Mapping[str, Any], error: Rejected) -> bool:
+        """Count the refusal; True (and one log line) when it is news for this object."""
+        self._metrics.reconcile_errors.labels(kind=self._kind, error="Rejected").inc()
+        key = (resource.plural, namespace_of(obj), name_of(obj))
+        with self._lock:
+            if self._said.get(key) == str(error):
+                return False
+            self._said[key] = str(error)
+        log.warning(
+            "status write refused; the rest is written",
+            extra={
+                "fields": {
+                    "kind": resource.kind,
+                    "namespace": key[1],
+                    "name": key[2],
+                    "error": str(error),
+                }
+            },
+        )
+        return True
+
+    def accepted(self, resource: Resource, obj: Mapping[str, Any]) -> None:
+        """A status write of this object went through: a later refusal is news again."""
+        with self._lock:
+            self._said.pop((resource.plural, namespace_of(obj), name_of(obj)), None)
+
+
+def write_spec_problem(
+    wiring: Wiring,
+    refusals: Refusals,
+    resource: Resource,
+    obj: Mapping[str, Any],
+    problem: SpecProblem,
+    status: JSON,
+    *,
+    now: datetime,
+) -> bool:
+    """Write the status of an object whose spec cannot be read (flexinfer_core.invalid),
+    and say it once: the Warning Event and one log line go with the status write that
+    records it, or with that write's first refusal (an object whose stored spec the
+    real CRD no longer accepts refuses every status write). True when it wrote."""
+    if not status_differs(obj.get("status"), status):
+        return False
+    try:
+        written = wiring.writer.patch_status(resource, obj, status)
+    except Rejected as error:
+        if not refusals.refused(resource, obj, error):
+            return False
+        written = None
+    else:
+        if written is None:
+            return False
+        refusals.accepted(resource, obj)
+    if problem.event is not None:
+        log.warning(
+            "spec cannot be read; it runs nothing until it is fixed",
+            extra={
+                "fields": {
+                    "kind": resource.kind,
+                    "namespace": namespace_of(obj),
+                    "name": name_of(obj),
+                    "field": problem.field,
+                    "message": problem.message,
+                }
+            },
+        )
+        wiring.writer.event(
+            obj,
+            reason=problem.event.reason,
+            message=problem.event.message,
+            type=problem.event.type,
+            now=now,
+        )
+    return written is not None

@@ -8,8 +8,8 @@ A listed ModelDeployment whose own spec cannot be read (flexinfer_core.invalid) 
 left out the same way, held at zero by the decision, and told why (`Ready=False`,
 `InvalidSpec`, one Warning Event when that is news); a GPUGroup whose own spec cannot
 be read decides nothing and says so. A status write that fails never holds back the
-scale-downs (a refused one is raised after everything else is written; a conflict
-decides again first, and writes them anyway once the key's attempts all conflicted).
+scale-downs (a refused one is logged once and the rest written; a conflict decides
+again first, and writes them anyway once the key's attempts all conflicted).
 Demand is the `demand.ai.flexinfer/<member>` annotations the proxy writes
 (docs/resources.md). The decision records a swap at once in the status
 (`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
@@ -43,11 +43,18 @@ from flexinfer_k8s.convert_gpugroups import (
     unreadable_group_status,
 )
 from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
-from flexinfer_k8s.outcome import Outcome, Wiring, recheck_soon, record_events
+from flexinfer_k8s.outcome import (
+    Outcome,
+    Refusals,
+    Wiring,
+    recheck_soon,
+    record_events,
+    write_spec_problem,
+)
 from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_kube.kubeapi import JSON, Rejected
-from flexinfer_kube.objects import name_of, namespace_of
+from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -58,6 +65,7 @@ class GpuGroupReconciler:
         self.wiring = wiring
         self.cache = wiring.cache
         self.writer = wiring.writer
+        self.refusals = Refusals(wiring, kind="gpugroup")
 
     def reconcile(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """One GPUGroup. `insist`: this key's last attempts all ended in a status
@@ -77,11 +85,10 @@ class GpuGroupReconciler:
         decision = decide_gpu_group(state, now=now)
         wrote = False
         stale: RetryNow | None = None
-        refused: Rejected | None = None
 
         wanted = gpu_group_status(group, decision, now=now)
         if status_differs(group.get("status"), wanted):
-            written = None
+            news = False
             try:
                 written = self.writer.patch_status(GPU_GROUPS, group, wanted)
             except RetryNow as conflict:
@@ -89,12 +96,16 @@ class GpuGroupReconciler:
                     raise
                 stale = conflict
             except Rejected as error:
-                refused = error
-            if written is not None:
-                wrote = True
+                news = self.refusals.refused(GPU_GROUPS, group, error)
+            else:
+                news = written is not None
+                if news:
+                    self.refusals.accepted(GPU_GROUPS, group)
+                    wrote = True
+            if news:
                 # The Events of a swap are the decision's; a retry after a conflict
                 # decides again, so they are recorded only once the status that holds
-                # them is written.
+                # them is written (or, refused, once).
                 record_events(
                     self.wiring,
                     [
@@ -146,21 +157,18 @@ class GpuGroupReconciler:
         for member, md in model_deployments.items():
             if memberships[member].in_conflict:
                 continue  # held at zero by its own key, which writes why
-            try:
-                wrote = (
-                    self._member_status(
-                        md,
-                        memberships[member],
-                        unreadable.get(member),
-                        replicas=replicas[member],
-                        pods=member_pods[member],
-                        group=name,
-                        now=now,
-                    )
-                    or wrote
+            wrote = (
+                self._member_status(
+                    md,
+                    memberships[member],
+                    unreadable.get(member),
+                    replicas=replicas[member],
+                    pods=member_pods[member],
+                    group=name,
+                    now=now,
                 )
-            except Rejected as error:
-                refused = refused or error
+                or wrote
+            )
 
         next_at = decision.next_change_at
         if deferred:
@@ -182,8 +190,6 @@ class GpuGroupReconciler:
                     }
                 },
             )
-        if refused is not None:
-            raise refused
         return Outcome(next_at, wrote, decision.reason)
 
     def _member_status(
@@ -207,37 +213,21 @@ class GpuGroupReconciler:
                     extra={"fields": {"gpugroup": group, "modeldeployment": name_of(md)}},
                 )
             wanted = member_status(md, membership, replicas=replicas, pods=pods, now=now)
-            return status_differs(md.get("status"), wanted) and (
-                self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None
-            )
+            if not status_differs(md.get("status"), wanted):
+                return False
+            try:
+                written = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted)
+            except Rejected as refused:
+                self.refusals.refused(MODEL_DEPLOYMENTS, md, refused)
+                return False
+            if written is not None:
+                self.refusals.accepted(MODEL_DEPLOYMENTS, md)
+            return written is not None
         problem = spec_problem(name_of(md), error, recorded=recorded, scope=Scope.MEMBER)
-        if problem.event is not None:
-            log.warning(
-                "spec cannot be read; the member runs nothing until it is fixed",
-                extra={
-                    "fields": {
-                        "namespace": namespace_of(md),
-                        "gpugroup": group,
-                        "modeldeployment": name_of(md),
-                        "field": problem.field,
-                        "error": str(error),
-                    }
-                },
-            )
         wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
-        if not status_differs(md.get("status"), wanted):
-            return False
-        if self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is None:
-            return False
-        if problem.event is not None:
-            self.writer.event(
-                md,
-                reason=problem.event.reason,
-                message=problem.event.message,
-                type=problem.event.type,
-                now=now,
-            )
-        return True
+        return write_spec_problem(
+            self.wiring, self.refusals, MODEL_DEPLOYMENTS, md, problem, wanted, now=now
+        )
 
     def _unreadable_group(self, group: JSON, error: InvalidFieldError, *, now: datetime) -> Outcome:
         """A GPUGroup whose own spec (or status) cannot be read decides nothing: its
@@ -248,29 +238,8 @@ class GpuGroupReconciler:
             recorded=recorded_conditions(group, ("Ready",)),
             scope=Scope.GROUP,
         )
-        if problem.event is not None:
-            log.warning(
-                "GPUGroup spec cannot be read; it decides nothing until it is fixed",
-                extra={
-                    "fields": {
-                        "namespace": namespace_of(group),
-                        "gpugroup": name_of(group),
-                        "field": problem.field,
-                        "error": str(error),
-                    }
-                },
-            )
         wanted = unreadable_group_status(group, problem, now=now)
-        if not status_differs(group.get("status"), wanted):
-            return Outcome(None, False, problem.reason)
-        if self.writer.patch_status(GPU_GROUPS, group, wanted) is None:
-            return Outcome(None, False, problem.reason)
-        if problem.event is not None:
-            self.writer.event(
-                group,
-                reason=problem.event.reason,
-                message=problem.event.message,
-                type=problem.event.type,
-                now=now,
-            )
-        return Outcome(None, True, problem.reason)
+        wrote = write_spec_problem(
+            self.wiring, self.refusals, GPU_GROUPS, group, problem, wanted, now=now
+        )
+        return Outcome(None, wrote, problem.reason)

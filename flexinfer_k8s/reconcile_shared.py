@@ -14,9 +14,9 @@ what `GroupDecision.changes` says differs, nothing it does not:
    few milliseconds behind, nor on a memory of deletions a restart would lose.
 
 A status write that fails never holds back the scale-downs that park members: a
-refused one (422) is raised after the rest is written; a conflict decides again on a
-fresh read, and once the key's last attempts all conflicted the scale-downs go out
-anyway. Scale-ups wait for a decision whose statuses were all written.
+refused one (422) is logged once and the rest is written; a conflict decides again on
+a fresh read, and once the key's last attempts all conflicted the scale-downs go out
+anyway. Scale-ups wait for a decision whose statuses were written (or refused).
 
 Who occupies the card is read from the cluster at every reconcile: pods labelled with
 the group (a deleted member's included, until they are gone), and Deployments of
@@ -51,6 +51,7 @@ from flexinfer_core import (
     ModelState,
     Policy,
     Scope,
+    SpecProblem,
     decide_group,
     lease_is_active,
     reasons,
@@ -71,6 +72,7 @@ from flexinfer_k8s.outcome import (
     RECHECK_AFTER,
     Applied,
     Outcome,
+    Refusals,
     Wiring,
     recheck_soon,
     record_events,
@@ -78,7 +80,7 @@ from flexinfer_k8s.outcome import (
 from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_kube.kubeapi import JSON, Rejected
-from flexinfer_kube.objects import get_path, name_of, namespace_of
+from flexinfer_kube.objects import get_path, name_of
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS, SERVICES
 
 log = logging.getLogger("flexinfer.shared")
@@ -97,6 +99,9 @@ class MemberWrites:
     replicas_from: int | None
     replicas_to: int
     active_services: str | None
+    # Why the member's spec cannot be read (flexinfer_core.invalid), said in one log
+    # line when its Events are recorded (when that is news).
+    unreadable: SpecProblem | None = None
 
     @property
     def scale_down(self) -> bool:
@@ -121,6 +126,7 @@ class SharedGroupReconciler:
         self._governing: dict[tuple[str, str], tuple[str, str]] = {}
         self._member_series: dict[tuple[str, str], set[str]] = {}
         self._failing_open: dict[tuple[str, str], str] = {}
+        self.refusals = Refusals(wiring, kind="shared")
 
     def reconcile_standalone(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """A Model outside any shared group, decided as a group of one. `insist`: see
@@ -291,20 +297,6 @@ class SharedGroupReconciler:
             condition_types=MODEL_CONDITIONS,
             scope=Scope.MEMBER if group else Scope.ALONE,
         )
-        if problem.event is not None:
-            # Logged when it becomes news, not at every reconcile while it lasts.
-            log.warning(
-                "spec cannot be read; the model runs nothing until it is fixed",
-                extra={
-                    "fields": {
-                        "namespace": namespace_of(obj),
-                        "group": group or None,
-                        "model": name,
-                        "field": problem.field,
-                        "error": str(error),
-                    }
-                },
-            )
         status = unreadable_model_status(obj, problem, group=group, now=now)
         annotations = get_path(service, "metadata", "annotations") or {}
         return MemberWrites(
@@ -319,6 +311,7 @@ class SharedGroupReconciler:
                 if service is not None and annotations.get(ACTIVE_SERVICES_ANNOTATION) != ""
                 else None
             ),
+            unreadable=problem,
         )
 
     def _apply(
@@ -334,21 +327,39 @@ class SharedGroupReconciler:
         annotations, then scale-ups after a live check.
 
         A status write that fails never holds back the scale-downs that park members: a
-        refused one (422) is raised once everything else is written; a conflict re-reads
-        and decides again first (the decision may be stale), and only when the key's
-        last attempts all conflicted (`insist`) are the scale-downs written anyway.
-        Scale-ups always wait for a decision whose statuses were written.
+        refused one (422) is logged once (its Events recorded then, since no status will
+        hold them) and the rest is written; a conflict re-reads and decides again first
+        (the decision may be stale), and only when the key's last attempts all conflicted
+        (`insist`) are the scale-downs written anyway. Scale-ups wait for a decision
+        whose statuses were written, or refused.
         """
         applied = Applied.NOTHING
         events: list[tuple[JSON | None, Event]] = []
         stale: RetryNow | None = None
-        refused: Rejected | None = None
 
         def record() -> None:
             record_events(
                 self.wiring, events, namespace=namespace, group=group, kind="shared", now=now
             )
             events.clear()
+
+        def news(write: MemberWrites) -> None:
+            events.extend((write.obj, event) for event in write.events)
+            problem = write.unreadable
+            if problem is not None and problem.event is not None:
+                # Logged when it becomes news, not at every reconcile while it lasts.
+                log.warning(
+                    "spec cannot be read; the model runs nothing until it is fixed",
+                    extra={
+                        "fields": {
+                            "namespace": namespace,
+                            "group": group or None,
+                            "model": write.name,
+                            "field": problem.field,
+                            "message": problem.message,
+                        }
+                    },
+                )
 
         # 1. status (conditional on the observed resourceVersion), then its Events.
         for write in writes:
@@ -360,12 +371,14 @@ class SharedGroupReconciler:
                 stale = conflict
                 break
             except Rejected as error:
-                refused = refused or error
+                if self.refusals.refused(MODELS, write.obj, error):
+                    news(write)  # no status will hold them: said once, here
                 continue
             if written is None:
                 continue
+            self.refusals.accepted(MODELS, write.obj)
             applied = Applied.WROTE
-            events.extend((write.obj, event) for event in write.events)
+            news(write)
         if stale is not None and not insist:
             record()  # the statuses written so far keep their Events
             raise stale
@@ -421,8 +434,6 @@ class SharedGroupReconciler:
                     break
                 if self.writer.scale(namespace, write.name, write.replicas_to):
                     applied = Applied.WROTE
-        if refused is not None:
-            raise refused
         return applied
 
     def _write_lease_statuses(self, namespace: str, group: str, *, now: datetime) -> bool:

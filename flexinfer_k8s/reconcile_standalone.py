@@ -34,7 +34,7 @@ from flexinfer_k8s.convert_model_deployments import (
     standalone_status,
     unreadable_status,
 )
-from flexinfer_k8s.outcome import Outcome, Wiring
+from flexinfer_k8s.outcome import Outcome, Refusals, Wiring, write_spec_problem
 from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_kube.kubeapi import JSON
@@ -46,9 +46,11 @@ log = logging.getLogger("flexinfer.standalone")
 
 class StandaloneReconciler:
     def __init__(self, wiring: Wiring) -> None:
+        self.wiring = wiring
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.clock = wiring.clock
+        self.refusals = Refusals(wiring, kind="modeldeployment")
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         found = self.cache.model_deployment_on_its_own(namespace, name)
@@ -121,34 +123,15 @@ class StandaloneReconciler:
         problem = spec_problem(
             name, error, recorded=recorded_conditions(md, ("Ready",)), scope=Scope.ALONE
         )
-        if problem.event is not None:
-            log.warning(
-                "spec cannot be read; it runs nothing until it is fixed",
-                extra={
-                    "fields": {
-                        "namespace": namespace,
-                        "modeldeployment": name,
-                        "field": problem.field,
-                        "error": str(error),
-                    }
-                },
-            )
         wrote = False
         replicas = deployment_replicas(deployment)
         if replicas and self.writer.scale(namespace, name, 0):
             wrote, replicas = True, 0
         wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
-        if (
-            status_differs(md.get("status"), wanted)
-            and self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None
-        ):
-            wrote = True
-            if problem.event is not None:
-                self.writer.event(
-                    md,
-                    reason=problem.event.reason,
-                    message=problem.event.message,
-                    type=problem.event.type,
-                    now=now,
-                )
+        wrote = (
+            write_spec_problem(
+                self.wiring, self.refusals, MODEL_DEPLOYMENTS, md, problem, wanted, now=now
+            )
+            or wrote
+        )
         return Outcome(None, wrote, problem.reason)

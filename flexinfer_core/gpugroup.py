@@ -35,6 +35,7 @@ from flexinfer_core.snapshot import (
     non_empty_name,
     non_negative_duration,
 )
+from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
 
 class PreemptionPolicy(enum.StrEnum):
@@ -185,6 +186,9 @@ class GpuGroupDecision:
     # group), and on member ModelDeployments.
     group_events: tuple[Event, ...] = ()
     member_events: tuple[Event, ...] = ()
+    # Members whose ModelDeployment's `lastAccessTime` lay far in the future: to be
+    # written back as `now` (the member statuses are the adapter's to write).
+    rewrite_last_access_time: tuple[str, ...] = ()
 
     def replicas_for(self, name: str) -> int:
         return dict(self.desired_replicas)[name]
@@ -375,11 +379,67 @@ def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupSta
 
 
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
-    """Decide which member holds the group's GPU (spec/election.md 3)."""
+    """Decide which member holds the group's GPU (spec/election.md 3).
+
+    Recorded instants after `now` (a member's `lastAccessTime` or `preemptedAt`, the
+    `lastSwapTime`) are read as `now`: read as recorded, one from the year 9999 would
+    keep a model in use, a cooldown or a minimum run going, until then. Beyond
+    `FUTURE_TOLERANCE` the decision's message and a Warning say so; the status the
+    decision describes writes the group's own instants back, and
+    `rewrite_last_access_time` names the members whose `lastAccessTime` to rewrite.
+    """
     return _decide(state, now=now)
 
 
 def _decide(
+    state: GpuGroupState, *, now: datetime, notes: list[RuleCheck] | None = None
+) -> GpuGroupDecision:
+    clamped, future, rewrite = _instants_not_after(state, now=now)
+    decision = _decide_read_as_now(clamped, now=now, notes=notes)
+    if not future:
+        return decision
+    said = "; ".join(future)
+    return attrs.evolve(
+        decision,
+        message=f"{decision.message}; {said}",
+        group_events=(
+            *decision.group_events,
+            Event(state.name, reasons.TIMESTAMP_IN_FUTURE, said, type="Warning"),
+        ),
+        rewrite_last_access_time=rewrite,
+    )
+
+
+def _instants_not_after(
+    state: GpuGroupState, *, now: datetime
+) -> tuple[GpuGroupState, list[str], tuple[str, ...]]:
+    """`state` with every recorded instant after `now` read as `now`; the notes for those
+    far ahead, and the members whose `lastAccessTime` was."""
+    notes: list[str] = []
+    rewrite: list[str] = []
+    if far_ahead(state.last_swap_time, now) and state.last_swap_time is not None:
+        notes.append(future_note("status.lastSwapTime", state.last_swap_time))
+    members = []
+    for m in state.members:
+        if far_ahead(m.last_request, now) and m.last_request is not None:
+            notes.append(future_note(f"{m.name}'s status.lastAccessTime", m.last_request))
+            rewrite.append(m.name)
+        if far_ahead(m.preempted_at, now) and m.preempted_at is not None:
+            notes.append(future_note(f"{m.name}'s preemptedAt", m.preempted_at))
+        members.append(
+            attrs.evolve(
+                m,
+                last_request=not_after(m.last_request, now),
+                preempted_at=not_after(m.preempted_at, now),
+            )
+        )
+    clamped = attrs.evolve(
+        state, members=tuple(members), last_swap_time=not_after(state.last_swap_time, now)
+    )
+    return clamped, notes, tuple(rewrite)
+
+
+def _decide_read_as_now(
     state: GpuGroupState, *, now: datetime, notes: list[RuleCheck] | None = None
 ) -> GpuGroupDecision:
     # Each step either decides or, when notes are asked for, says why not.

@@ -39,14 +39,11 @@ from flexinfer_core.snapshot import (
     Policy,
     SharedState,
 )
+from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
 CONDITION_ACTIVE = "Active"
 CONDITION_READY = "Ready"
 _TICK = timedelta(microseconds=1)
-FUTURE_TOLERANCE = timedelta(minutes=1)
-"""How far past `now` a recorded `lastActiveTime` or `preemptedAt` may be and pass
-without comment (a proxy whose clock runs a little ahead); either is read as `now`
-regardless, and beyond this the member says so and the value is rewritten."""
 
 
 @attrs.frozen
@@ -304,14 +301,14 @@ class FutureInstants:
     preempted_at: datetime | None = None
 
     def notes(self) -> list[str]:
-        said = []
-        for field, value in (
-            ("status.lastActiveTime", self.last_active),
-            ("status.sharedGroup.preemptedAt", self.preempted_at),
-        ):
-            if value is not None:
-                said.append(f"{field} {value.isoformat()} is in the future and is read as now")
-        return said
+        return [
+            future_note(field, value)
+            for field, value in (
+                ("status.lastActiveTime", self.last_active),
+                ("status.sharedGroup.preemptedAt", self.preempted_at),
+            )
+            if value is not None
+        ]
 
 
 def read_as_now(
@@ -325,29 +322,19 @@ def read_as_now(
     """
     out: list[ModelState] = []
     future: dict[str, FutureInstants] = {}
-    limit = now + FUTURE_TOLERANCE
     for model in models:
-        last_active, preempted_at = model.last_active, model.preempted_at
-        if (last_active is None or last_active <= now) and (
-            preempted_at is None or preempted_at <= now
-        ):
+        last_active = not_after(model.last_active, now)
+        preempted_at = not_after(model.preempted_at, now)
+        if (last_active, preempted_at) == (model.last_active, model.preempted_at):
             out.append(model)
             continue
         far = FutureInstants(
-            last_active=last_active if last_active is not None and last_active > limit else None,
-            preempted_at=preempted_at
-            if preempted_at is not None and preempted_at > limit
-            else None,
+            last_active=model.last_active if far_ahead(model.last_active, now) else None,
+            preempted_at=model.preempted_at if far_ahead(model.preempted_at, now) else None,
         )
         if far.notes():
             future[model.name] = far
-        out.append(
-            attrs.evolve(
-                model,
-                last_active=min(last_active, now) if last_active is not None else None,
-                preempted_at=min(preempted_at, now) if preempted_at is not None else None,
-            )
-        )
+        out.append(attrs.evolve(model, last_active=last_active, preempted_at=preempted_at))
     return out, future
 
 

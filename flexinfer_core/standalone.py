@@ -38,6 +38,7 @@ from flexinfer_core.snapshot import (
     non_empty_name,
     non_negative_duration,
 )
+from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
 DEFAULT_IDLE_TIMEOUT = timedelta(seconds=300)
 DEFAULT_COLD_START_TIMEOUT = timedelta(seconds=60)
@@ -99,10 +100,34 @@ class StandaloneDecision:
     next_change_at: datetime | None
     # False when it must not report Ready even with a ready pod (held at zero).
     may_serve: bool = True
+    # Set when the recorded `lastAccessTime` lay far in the future: the value to write
+    # instead (`now`), with the Warning that says so.
+    rewrite_last_access_time: datetime | None = None
+    warning: Event | None = None
 
 
 def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> StandaloneDecision:
-    """How many pods a standalone ModelDeployment should run now (spec/election.md 4)."""
+    """How many pods a standalone ModelDeployment should run now (spec/election.md 4).
+
+    A `lastAccessTime` after `now` is read as `now` (read as recorded, one from the year
+    9999 would keep it in use, never scaled to zero, until then); beyond
+    `FUTURE_TOLERANCE` the message and a Warning say so, and it is rewritten.
+    """
+    recorded = state.last_access_time
+    state = attrs.evolve(state, last_access_time=not_after(recorded, now))
+    decision = _decide(state, now=now)
+    if recorded is None or not far_ahead(recorded, now):
+        return decision
+    note = future_note("status.lastAccessTime", recorded)
+    return attrs.evolve(
+        decision,
+        message=f"{decision.message}; {note}",
+        rewrite_last_access_time=now,
+        warning=Event(state.name, reasons.TIMESTAMP_IN_FUTURE, f"{state.name}: {note}", "Warning"),
+    )
+
+
+def _decide(state: StandaloneDeployment, *, now: datetime) -> StandaloneDecision:
     if state.conflict is not None:
         return _held_at_zero(
             state, reason=state.conflict.reason, message=state.conflict.message, warning=True

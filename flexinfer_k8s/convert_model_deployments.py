@@ -23,7 +23,7 @@ from flexinfer_core import (
     model_deployment_phase,
 )
 from flexinfer_core.durations import seconds_window
-from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
@@ -109,6 +109,8 @@ def standalone_status(
     status = _observed_status(md, replicas=replicas, pods=pods)
     serving = status["phase"] == DeploymentPhase.RUNNING.value and decision.may_serve
     status["message"] = decision.message
+    if decision.rewrite_last_access_time is not None:
+        status["lastAccessTime"] = format_rfc3339(decision.rewrite_last_access_time)
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
         [Condition("Ready", serving, decision.reason, decision.message)],
@@ -125,10 +127,15 @@ def member_status(
     replicas: int | None,
     pods: Sequence[JSON],
     now: datetime,
+    rewrite_last_access_time: bool = False,
 ) -> JSON:
     """A GPUGroup member's observed phase and readyReplicas, with a Ready condition naming
-    its group (which replaces one left by a standalone or conflicting past)."""
+    its group (which replaces one left by a standalone or conflicting past); with
+    `rewrite_last_access_time`, `lastAccessTime` put back to `now` (it lay far in the
+    future, and the group's decision read it as now)."""
     status = _observed_status(md, replicas=replicas, pods=pods)
+    if rewrite_last_access_time:
+        status["lastAccessTime"] = format_rfc3339(now)
     serving = status["phase"] == DeploymentPhase.RUNNING.value
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),

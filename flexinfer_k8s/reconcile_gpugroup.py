@@ -166,6 +166,7 @@ class GpuGroupReconciler:
                     pods=member_pods[member],
                     group=name,
                     now=now,
+                    rewrite_last_access_time=member in decision.rewrite_last_access_time,
                 )
                 or wrote
             )
@@ -202,6 +203,7 @@ class GpuGroupReconciler:
         pods: list[JSON],
         group: str,
         now: datetime,
+        rewrite_last_access_time: bool = False,
     ) -> bool:
         """A member's observed status with a Ready condition naming its group, or, when
         its spec cannot be read, why (with one Warning Event when that is news)."""
@@ -212,7 +214,14 @@ class GpuGroupReconciler:
                     "spec readable again",
                     extra={"fields": {"gpugroup": group, "modeldeployment": name_of(md)}},
                 )
-            wanted = member_status(md, membership, replicas=replicas, pods=pods, now=now)
+            wanted = member_status(
+                md,
+                membership,
+                replicas=replicas,
+                pods=pods,
+                now=now,
+                rewrite_last_access_time=rewrite_last_access_time,
+            )
             if not status_differs(md.get("status"), wanted):
                 return False
             try:

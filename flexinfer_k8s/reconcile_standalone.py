@@ -90,7 +90,17 @@ class StandaloneReconciler:
         # (Pending while woken pods start), not a stale Idle rewritten a moment later.
         wanted = standalone_status(md, decision, replicas=replicas, pods=pods, now=now)
         if status_differs(md.get("status"), wanted):
-            wrote = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None or wrote
+            written = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted) is not None
+            wrote = written or wrote
+            if written and decision.warning is not None:
+                # Once: the write puts lastAccessTime back to now.
+                self.writer.event(
+                    md,
+                    reason=decision.warning.reason,
+                    message=decision.warning.message,
+                    type=decision.warning.type,
+                    now=now,
+                )
 
         if wrote:
             log.info(

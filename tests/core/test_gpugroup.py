@@ -297,3 +297,40 @@ def test_a_member_whose_cache_is_not_ready_never_runs_and_the_next_one_does() ->
     alone = decide_gpu_group(group(waiting), now=T0)
     assert alone.active_model is None
     assert "big: its ModelCache is not ready" in alone.message
+
+
+def test_instants_from_the_future_are_read_as_now_said_and_rewritten() -> None:
+    """A lastAccessTime from 9999 kept the current model in use (the group never idled
+    to zero); a preemptedAt from 9999 kept its member in its cooldown."""
+    future = T0.replace(year=9999)
+    current = busy_current(last_request=future, idle_timeout=timedelta(seconds=60))
+    state = group(current, current_model="chat", last_swap_time=ago(600))
+    decision = decide_gpu_group(state, now=T0)
+    assert decision.action is GpuGroupAction.KEEP
+    assert decision.rewrite_last_access_time == ("chat",)
+    assert "chat's status.lastAccessTime 9999-" in decision.message
+    assert [e.reason for e in decision.group_events] == [reasons.TIMESTAMP_IN_FUTURE]
+    rewritten = group(
+        attrs.evolve(current, last_request=T0), current_model="chat", last_swap_time=ago(600)
+    )
+    later = decide_gpu_group(rewritten, now=T0 + timedelta(seconds=61))
+    assert (later.action, later.reason) == (GpuGroupAction.IDLE, reasons.IDLE_TIMEOUT)
+
+    anti = AntiThrashing(
+        request_queue_threshold=1,
+        hysteresis_window=timedelta(0),
+        minimum_run_duration=timedelta(0),
+        cooldown_after_preemption=timedelta(seconds=60),
+    )
+    waiting = GpuGroupMember("code", queued=3, oldest_waiting=ago(30), preempted_at=future)
+    blocked = decide_gpu_group(
+        group(busy_current(), waiting, current_model="chat", anti_thrashing=anti), now=T0
+    )
+    assert blocked.blocked_by == reasons.COOLDOWN_AFTER_PREEMPTION
+    assert dict((s.name, s.preempted_at) for s in blocked.member_statuses)["code"] == T0
+    cooled = GpuGroupMember("code", queued=3, oldest_waiting=ago(30), preempted_at=T0)
+    swapped = decide_gpu_group(
+        group(busy_current(), cooled, current_model="chat", anti_thrashing=anti),
+        now=T0 + timedelta(seconds=61),
+    )
+    assert swapped.active_model == "code"

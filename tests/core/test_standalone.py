@@ -198,3 +198,24 @@ def test_a_model_deployment_whose_cache_is_not_ready_is_held_at_zero() -> None:
     assert decision.event is not None and decision.event.type == "Normal"
     ready = decide_standalone(attrs.evolve(state, cache_ready=True), now=T0)
     assert ready.desired_replicas == 1
+
+
+def test_a_last_access_time_from_the_year_9999_is_read_as_now_said_and_rewritten() -> None:
+    """Read as recorded it kept the ModelDeployment in use, never scaled to zero."""
+    future = T0.replace(year=9999)
+    state = md(last_access_time=future, current_replicas=1, ready_replicas=1)
+    decision = decide_standalone(state, now=T0)
+    assert decision.reason == reasons.IN_USE  # in use as of now, not as of 9999
+    assert decision.next_change_at == T0 + timedelta(seconds=300)
+    assert decision.rewrite_last_access_time == T0
+    assert decision.message.endswith(
+        f"status.lastAccessTime {future.isoformat()} is in the future and is read as now"
+    )
+    assert decision.warning is not None and decision.warning.type == "Warning"
+    assert decision.warning.reason == reasons.TIMESTAMP_IN_FUTURE
+    rewritten = attrs.evolve(state, last_access_time=T0)
+    later = decide_standalone(rewritten, now=T0 + timedelta(seconds=301))
+    assert (later.desired_replicas, later.reason) == (0, reasons.IDLE_SCALE_TO_ZERO)
+    assert later.warning is None and later.rewrite_last_access_time is None
+    skewed = decide_standalone(md(last_access_time=T0 + timedelta(seconds=5)), now=T0)
+    assert (skewed.warning, skewed.rewrite_last_access_time) == (None, None)

@@ -441,6 +441,10 @@ def test_a_members_status_names_its_group_and_replaces_a_conflict() -> None:
     [ready] = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "GPUGroupMember")
     assert "member of GPUGroup gg" in ready["message"]
+    assert "lastAccessTime" not in status  # the proxy's to write...
+    rewritten = member_status(md, member, replicas=1, pods=[], now=NOW,
+                              rewrite_last_access_time=True)
+    assert rewritten["lastAccessTime"] == format_rfc3339(NOW)  # ...unless it lay in 9999
 
 
 # --- values no decision can use: the error names the object's field and its value ------

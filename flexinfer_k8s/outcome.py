@@ -126,7 +126,7 @@ class Refusals:
         self._said: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
 
-    def refused(self, resource: Resource, obj: Mapping[str, Any], error: Rejected) -> bool:
+    def refused(self, resource: Resource, obj: Mapping[str, Any], *, error: Rejected) -> bool:
         """Count the refusal; True (and one log line) when it is news for this object."""
         self._metrics.reconcile_errors.labels(kind=self._kind, error="Rejected").inc()
         key = (resource.plural, namespace_of(obj), name_of(obj))
@@ -156,11 +156,11 @@ class Refusals:
 def write_spec_problem(
     wiring: Wiring,
     refusals: Refusals,
+    *,
     resource: Resource,
     obj: Mapping[str, Any],
     problem: SpecProblem,
     status: JSON,
-    *,
     now: datetime,
 ) -> bool:
     """Write the status of an object whose spec cannot be read (flexinfer_core.invalid),
@@ -172,7 +172,7 @@ def write_spec_problem(
     try:
         written = wiring.writer.patch_status(resource, obj, status)
     except Rejected as error:
-        if not refusals.refused(resource, obj, error):
+        if not refusals.refused(resource, obj, error=error):
             return False
         written = None
     else:

@@ -96,7 +96,7 @@ class GpuGroupReconciler:
                     raise
                 stale = conflict
             except Rejected as error:
-                news = self.refusals.refused(GPU_GROUPS, group, error)
+                news = self.refusals.refused(GPU_GROUPS, group, error=error)
             else:
                 news = written is not None
                 if news:
@@ -161,7 +161,7 @@ class GpuGroupReconciler:
                 self._member_status(
                     md,
                     memberships[member],
-                    unreadable.get(member),
+                    error=unreadable.get(member),
                     replicas=replicas[member],
                     pods=member_pods[member],
                     group=name,
@@ -197,8 +197,8 @@ class GpuGroupReconciler:
         self,
         md: JSON,
         membership: Membership,
-        error: InvalidFieldError | None,
         *,
+        error: InvalidFieldError | None,
         replicas: int | None,
         pods: list[JSON],
         group: str,
@@ -227,7 +227,7 @@ class GpuGroupReconciler:
             try:
                 written = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted)
             except Rejected as refused:
-                self.refusals.refused(MODEL_DEPLOYMENTS, md, refused)
+                self.refusals.refused(MODEL_DEPLOYMENTS, md, error=refused)
                 return False
             if written is not None:
                 self.refusals.accepted(MODEL_DEPLOYMENTS, md)
@@ -235,7 +235,13 @@ class GpuGroupReconciler:
         problem = spec_problem(name_of(md), error, recorded=recorded, scope=Scope.MEMBER)
         wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
         return write_spec_problem(
-            self.wiring, self.refusals, MODEL_DEPLOYMENTS, md, problem, wanted, now=now
+            self.wiring,
+            self.refusals,
+            resource=MODEL_DEPLOYMENTS,
+            obj=md,
+            problem=problem,
+            status=wanted,
+            now=now,
         )
 
     def _unreadable_group(self, group: JSON, error: InvalidFieldError, *, now: datetime) -> Outcome:
@@ -249,6 +255,12 @@ class GpuGroupReconciler:
         )
         wanted = unreadable_group_status(group, problem, now=now)
         wrote = write_spec_problem(
-            self.wiring, self.refusals, GPU_GROUPS, group, problem, wanted, now=now
+            self.wiring,
+            self.refusals,
+            resource=GPU_GROUPS,
+            obj=group,
+            problem=problem,
+            status=wanted,
+            now=now,
         )
         return Outcome(None, wrote, problem.reason)

@@ -371,7 +371,7 @@ class SharedGroupReconciler:
                 stale = conflict
                 break
             except Rejected as error:
-                if self.refusals.refused(MODELS, write.obj, error):
+                if self.refusals.refused(MODELS, write.obj, error=error):
                     news(write)  # no status will hold them: said once, here
                 continue
             if written is None:

@@ -140,7 +140,13 @@ class StandaloneReconciler:
         wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
         wrote = (
             write_spec_problem(
-                self.wiring, self.refusals, MODEL_DEPLOYMENTS, md, problem, wanted, now=now
+                self.wiring,
+                self.refusals,
+                resource=MODEL_DEPLOYMENTS,
+                obj=md,
+                problem=problem,
+                status=wanted,
+                now=now,
             )
             or wrote
         )

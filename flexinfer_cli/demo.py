@@ -153,6 +153,7 @@ def _story(
         model_file = write_tiny_model(models / f"{name}.gguf", seed=seed, name=name)
         api.create(MODELS, NAMESPACE, _model(name, priority, model_file))
     _wait(lambda: _rendered(api), "the controller to render both Models")
+    shown: set[tuple[str, int]] = set()  # events already told, by uid and count
     say(f"Two Models share the GPU group {GROUP!r}: chat (priority 100), coder (priority 200).")
     say("Each is a tiny random-weight GGUF; the controller rendered each into a llama.cpp")
     say("Deployment and Service (0 replicas until the election says otherwise):")
@@ -166,7 +167,7 @@ def _story(
     say(f"     {cold.text!r}   (nonsense words: random weights)")
     warm = _ask(proxy, "chat")
     say(f"   asked again, the first token came after {warm.first_token:.3f}s (warm)")
-    _show(cluster, api, say)
+    _show(cluster, api, say, shown)
 
     say("2. A request for coder (more important) arrives while chat is busy.")
     watch = PodWatch(api, NAMESPACE)  # from before the request: it sees every pod event
@@ -177,7 +178,7 @@ def _story(
         watch.stop()
     say(f"   break-before-make: {watch.summary()}")
     say(f"   coder answered after {coder.first_token:.2f}s (cold): {coder.text!r}")
-    _show(cluster, api, say)
+    _show(cluster, api, say, shown)
 
     say("3. A fine-tuning job takes a GPU lease on the group.")
     api.create(
@@ -191,14 +192,14 @@ def _story(
         },
     )
     _wait(lambda: not _pods(api), "every model to be parked")
-    _show(cluster, api, say)
+    _show(cluster, api, say, shown)
 
     say("4. The training job ends (lease deleted): coder, the last to serve, comes back")
     say("   by itself (it was asked for recently and outranks chat), and answers.")
     api.delete(GPU_LEASES, NAMESPACE, "finetune-gpu-lease")
     back = _ask(proxy, "coder")
     say(f"   coder answered after {back.first_token:.2f}s: {back.text!r}")
-    _show(cluster, api, say)
+    _show(cluster, api, say, shown)
 
 
 class Answer:
@@ -376,22 +377,35 @@ class PodWatch:
         )
 
 
-def _show(cluster: LocalCluster, api: KubeApi, say: Callable[[str], None]) -> None:
+def _show(
+    cluster: LocalCluster,
+    api: KubeApi,
+    say: Callable[[str], None],
+    shown: set[tuple[str, int]],
+) -> None:
     table = cluster.kubectl("get", "models", "-n", NAMESPACE).stdout.rstrip()
     say("   " + table.replace("\n", "\n   "))
     for name in ("chat", "coder"):
         conditions = {c.get("type"): c for c in _status(api, name).get("conditions") or []}
         active = conditions.get("Active") or {}
         say(f"   {name}: {active.get('reason', '-')}: {active.get('message', '')}")
-    seen = sorted(
-        (
-            e
-            for e in api.list(EVENTS, NAMESPACE).get("items") or []
-            if (e.get("source") or {}).get("component") == "flexinfer-controller"
-        ),
-        key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+    # The controller's events since the last act, oldest first (a second's resolution
+    # cannot order them, so the last few by time could hide the one that matters).
+    new = [
+        e
+        for e in api.list(EVENTS, NAMESPACE).get("items") or []
+        if (e.get("source") or {}).get("component") == "flexinfer-controller"
+        and (e["metadata"]["uid"], int(e.get("count") or 1)) not in shown
+    ]
+    new.sort(
+        key=lambda e: (
+            str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+            int(e["metadata"].get("resourceVersion") or 0),
+        )
     )
-    for event in seen[-3:]:
+    for event in new:
+        shown.add((event["metadata"]["uid"], int(event.get("count") or 1)))
+    for event in new[-8:]:
         say(
             f"   event {event.get('reason')} on {event['involvedObject']['name']}: "
             f"{event.get('message')}"

@@ -175,9 +175,10 @@ def test_a_swap_cooldown_beyond_go_is_invalid_spec_and_the_group_serves_on(
     """swapCooldown "99999999999h" passed the CRD's pattern before the 720h bound and
     made the duration parser overflow: the whole group failed at every retry.
 
-    The real CRD's CEL rule cannot even evaluate this value (a type conversion error is
-    not ratcheted), so the API server refuses every status write to the object: the
-    Warning Event is where the user reads which field, and the group goes on."""
+    The real CRD refuses it on create; stored under an older CRD it still takes status
+    writes (its CEL rule checks the digits before converting, so the value makes the
+    rule false, which is ratcheted, not an error, which would refuse every write): the
+    user reads which field both in the Ready condition and in one Warning Event."""
     c = cluster
     with crd_without_bounds(local_cluster, "ai.flexinfer_models.yaml", tmp_path):
         stored(lambda: c.add_model("bad", swap_cooldown="99999999999h", priority=500),
@@ -202,6 +203,7 @@ def test_a_swap_cooldown_beyond_go_is_invalid_spec_and_the_group_serves_on(
             "spec.gpu.swapCooldown: '99999999999h' is longer than the longest duration Go can "
             "hold (2562047h47m16s); it is left out of its group and runs nothing"
         )
+        invalid_spec(c, MODELS, "bad", "spec.gpu.swapCooldown")
         keep_reconciling(ctl, "shared", lambda: c.demand("good"))
         assert len(events(c, "bad", "InvalidSpec")) == 1
         assert c.replicas("bad") == 0 and not c.pods("bad")

@@ -486,6 +486,34 @@ def test_invalid_spec_is_rejected_naming_the_field(
     assert fragment in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["720h", "43200m", "2592000s", "2592000000ms", "2592000000000us", "1000000µs",
+     "2592000000000000ns", "1h30m", "0.5h", "719h59m59.999s", "0s"],
+)
+def test_every_unit_up_to_720h_is_accepted(
+    kubectl: Kubectl, crds_installed: None, namespace: str, value: str
+) -> None:
+    """The digit caps that keep Go from overflowing must not refuse a value within 720h."""
+    for field in ({"gpu": {"swapCooldown": value}}, {"serverless": {"idleTimeout": value}}):
+        manifest = model(**field)
+        result = kubectl.run(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=json.dumps(manifest)
+        )
+        assert result.returncode == 0, (value, result.stderr)
+
+
+@pytest.mark.parametrize("value", ["721h", "43201m", "999999999999999999ns" * 3])
+def test_beyond_720h_is_refused_in_any_unit(
+    kubectl: Kubectl, crds_installed: None, namespace: str, value: str
+) -> None:
+    result = kubectl.run(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        stdin=json.dumps(model(gpu={"swapCooldown": value})),
+    )
+    assert result.returncode != 0 and "must be at most 720h" in result.stderr, result.stderr
+
+
 MODEL_STATUS: dict[str, Any] = {
     "phase": "Ready",
     "message": "holds the card: highest priority with demand",

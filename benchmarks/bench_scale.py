@@ -11,6 +11,9 @@ watches on Models, Deployments and Pods, per swapping group:
 - decision -> scale-down: to the old holder's Deployment at `replicas: 0`;
 - pods gone -> scale-up: from the old holder's last pod deleted to the challenger's
   Deployment at `replicas: 1`;
+- scale-down -> pods gone, scale-up -> pod Ready: the cluster's part (controller
+  manager, scheduler, kwok, the pod's terminate delay and `--load-time`);
+- pod Ready -> Model Ready: the controller noticing;
 - demand -> new Ready: the whole swap, including the simulated load (`--load-time`).
 
 The local cluster's controller manager and scheduler run with their client QPS raised
@@ -28,7 +31,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         KwokNode(name=f"kwok-gpu-{i}", gpus=gpus_per_node, pods=max(110, gpus_per_node * 3))
         for i in range(-(-args.groups // gpus_per_node))
     )
-    local = LocalCluster(nodes=nodes, name="flexinfer-bench-scale", client_qps=args.cluster_qps)
+    local = LocalCluster(nodes=nodes, name="flexinfer-bench-scale", client_qps=args.cluster_qps,
+                         audit=args.audit)
     local.start()
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     controller: ControllerProcess | None = None
@@ -117,14 +123,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warm = time.monotonic() - created
 
         swapping = list(range(args.swapping))
+        burst_wall = datetime.now(UTC)
         with ThreadPoolExecutor(32) as pool:
             asked = dict(zip(swapping, pool.map(lambda g: demand(member(g, 1)), swapping),
                              strict=True))
         deadline = time.monotonic() + args.timeout
-        while True:
-            listing = c.api.list(MODELS, NAMESPACE).get("items") or []
-            ready = {m["metadata"]["name"] for m in listing
-                     if (m.get("status") or {}).get("phase") == "Ready"}
+        while True:  # from the watch, so the benchmark does not LIST 1,000 Models per poll
+            with models.cond:
+                ready = {o["metadata"]["name"] for _, _, o in models.events
+                         if (o.get("status") or {}).get("phase") == "Ready"}
             done = sum(1 for g in swapping if member(g, 1) in ready)
             if done == len(swapping):
                 break
@@ -136,6 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             recorder.stop()
 
         decided, down, up, total = [], [], [], []
+        draining, starting, noticed = [], [], []  # the cluster's parts, and ours
         for g in swapping:
             old, new, start = member(g, 0), member(g, 1), asked[g]
             t_decided = first_event(models.events, start, lambda k, o, n=new: (
@@ -148,12 +156,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "ai.flexinfer/model") == n))
             t_up = first_event(deployments.events, t_gone, lambda k, o, n=new: (
                 o["metadata"]["name"] == n and o["spec"].get("replicas") == 1))
+            t_pod_ready = first_event(pods.events, t_up, lambda k, o, n=new: (
+                (o["metadata"].get("labels") or {}).get("ai.flexinfer/model") == n
+                and any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (o.get("status") or {}).get("conditions") or [])))
             t_ready = first_event(models.events, t_up, lambda k, o, n=new: (
                 o["metadata"]["name"] == n and (o.get("status") or {}).get("phase") == "Ready"))
             decided.append((t_decided - start) * 1000)
             down.append((t_down - t_decided) * 1000)
+            draining.append((t_gone - t_down) * 1000)
             up.append((t_up - t_gone) * 1000)
+            starting.append((t_pod_ready - t_up) * 1000)
+            noticed.append((t_ready - t_pod_ready) * 1000)
             total.append((t_ready - start) * 1000)
+        writes: dict[str, float] = {}
+        if args.audit:  # the controller's writes during the burst, per swap
+            counted: Counter[str] = Counter()
+            for event in local.audit_events():
+                if not str(event.get("userAgent", "")).startswith("flexinfer-controller"):
+                    continue
+                stamp = datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00"))
+                if stamp < burst_wall:
+                    continue
+                ref = event.get("objectRef") or {}
+                what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+                counted[f"{event['verb']} {what}"] += 1
+            writes = {k: round(v / len(swapping), 2) for k, v in counted.most_common()}
         return {
             "benchmark": "controller_burst_swaps",
             "models": len(names),
@@ -164,8 +192,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "first_members_ready_after_s": round(warm, 1),
             "demand_to_decision_ms": summary(decided),
             "decision_to_scale_down_ms": summary(down),
+            "scale_down_to_pods_gone_ms": summary(draining),
             "pods_gone_to_scale_up_ms": summary(up),
+            "scale_up_to_pod_ready_ms": summary(starting),
+            "pod_ready_to_model_ready_ms": summary(noticed),
             "demand_to_new_model_ready_ms": summary(total),
+            **({"controller_writes_per_swap": writes} if args.audit else {}),
             "setup": {
                 "cluster_client_qps": args.cluster_qps,
                 "pod_terminate_delay": "200ms",
@@ -183,10 +215,12 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=200)
     parser.add_argument("--per-group", type=int, default=5)
     parser.add_argument("--swapping", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--load-time", default="1s")
     parser.add_argument("--cluster-qps", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--audit", action="store_true",
+                        help="count the controller's writes per swap from an audit log")
     args = parser.parse_args()
     print(json.dumps(run(args), indent=2))
 

@@ -35,6 +35,10 @@ from flexinfer_kube.kubeapi import KubeApi, new_api_client
 log = logging.getLogger("flexinfer.main")
 
 
+MAX_WORKERS = 64
+MAX_RESYNC = 86_400.0  # a day
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m flexinfer_k8s", description="The flexinfer controller."
@@ -76,8 +80,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds between lease attempts (must be below --renew-deadline)",
     )
     parser.add_argument("--identity", default=None)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--resync-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help=f"keys reconciled in parallel, 1..{MAX_WORKERS} (a reconcile mostly waits on "
+        "the API server, so a burst of swaps wants several)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=300.0,
+        help=f"seconds between full passes over every key, 0 (never) or 10..{MAX_RESYNC}",
+    )
     parser.add_argument(
         "--demand-window", default="2m", help="election policy: demand window (Go duration)"
     )
@@ -128,6 +143,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.render_settings = render_settings(args.image, args.cache_image, args)
     except ValueError as error:
         parser.error(str(error))
+    if not 1 <= args.workers <= MAX_WORKERS:
+        parser.error(f"--workers must be 1..{MAX_WORKERS}; got {args.workers}")
+    if args.resync_seconds != 0 and not 10 <= args.resync_seconds <= MAX_RESYNC:
+        parser.error(f"--resync-seconds must be 0 or 10..{MAX_RESYNC}; got {args.resync_seconds}")
     if not 0 < args.retry_period < args.renew_deadline < args.lease_duration:
         parser.error(
             "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration; "

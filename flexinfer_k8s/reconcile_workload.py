@@ -70,15 +70,21 @@ def _with_hash(body: JSON) -> JSON:
     return stamped
 
 
-def replicas_owned_elsewhere(deployment: Mapping[str, Any]) -> bool:
-    """Whether a manager other than our applier owns `spec.replicas` (so our applies,
-    which leave the field out, can never reset it)."""
+def replicas_need_handover(deployment: Mapping[str, Any]) -> bool:
+    """Whether our applier is the only owner of `spec.replicas` (as after creating the
+    Deployment at 0): its next apply, which leaves the field out, would drop it to the
+    API server's default of 1. Owned by nobody (a scale to 0 through the subresource
+    records no owner: the Scale's replicas is omitted when 0) or by anyone else, no
+    apply of ours can reset it, and nothing is written."""
+    ours = False
     for entry in get_path(deployment, "metadata", "managedFields") or []:
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+        if "f:replicas" not in (get_path(entry, "fieldsV1", "f:spec") or {}):
             continue
-        if "f:replicas" in (get_path(entry, "fieldsV1", "f:spec") or {}):
-            return True
-    return False
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            ours = True
+        else:
+            return False
+    return ours
 
 
 def controller_of(obj: Mapping[str, Any] | None) -> JSON | None:
@@ -255,7 +261,7 @@ class WorkloadReconciler:
         return None
 
     def _apply(self, rendered: RenderedWorkload) -> bool:
-        wrote = False
+        parts: list[str] = []  # what was written, for the log line
         deployment = _with_hash(rendered.deployment)
         meta = deployment["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -265,8 +271,8 @@ class WorkloadReconciler:
             first = copy.deepcopy(deployment)
             first["spec"]["replicas"] = 0
             live = self.writer.apply(DEPLOYMENTS, first)
-            wrote = True
-        if not replicas_owned_elsewhere(live):
+            parts.append("created")
+        if replicas_need_handover(live):
             current = int(get_path(live, "spec", "replicas") or 0)
             live = self.writer.apply(
                 DEPLOYMENTS,
@@ -278,15 +284,15 @@ class WorkloadReconciler:
                 },
                 field_manager=REPLICAS_MANAGER,
             )
-            wrote = True
+            parts.append("replicas handed over")
         if not holds(deployment, live):
             self.writer.apply(DEPLOYMENTS, deployment)
-            wrote = True
+            parts.append("deployment")
         service = _with_hash(rendered.service)
         if not holds(service, self.cache.get(SERVICES, namespace, name)):
             self.writer.apply(SERVICES, service)
-            wrote = True
-        if wrote:
+            parts.append("service")
+        if parts:
             log.info(
                 "applied workload",
                 extra={
@@ -294,10 +300,11 @@ class WorkloadReconciler:
                         "namespace": namespace,
                         "name": name,
                         "kind": meta.get("labels", {}).get("ai.flexinfer/kind"),
+                        "wrote": parts,
                     }
                 },
             )
-        return wrote
+        return bool(parts)
 
     def _write_status(
         self,

@@ -1,0 +1,38 @@
+"""The controller's flags: bounded, and a bad value names the flag and the value."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexinfer_k8s.__main__ import parse_args
+
+
+def test_the_defaults_parse() -> None:
+    args = parse_args([])
+    assert args.workers == 8 and args.resync_seconds == 300.0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--workers", "0", "--workers must be 1..64; got 0"),
+        ("--workers", "65", "--workers must be 1..64; got 65"),
+        ("--resync-seconds", "1", "--resync-seconds must be 0 or 10..86400.0; got 1.0"),
+        ("--resync-seconds", "1e9", "--resync-seconds must be 0 or 10..86400.0; got 1000000000.0"),
+        ("--resync-seconds", "-5", "--resync-seconds must be 0 or 10..86400.0; got -5.0"),
+    ],
+)
+def test_a_value_out_of_bounds_is_refused_naming_it(
+    flag: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([flag, value])
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--workers", "1"), ("--workers", "64"),
+                                             ("--resync-seconds", "0"),
+                                             ("--resync-seconds", "86400")])
+def test_the_bounds_themselves_are_accepted(flag: str, value: str) -> None:
+    parse_args([flag, value])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -57,6 +58,31 @@ def summary(values: list[float]) -> dict[str, float]:
         "max": round(max(values)),
         "mean": round(statistics.fmean(values)),
     }
+
+
+PARTIES = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok",
+           "flexinfer_k8s")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """User + system CPU seconds so far of each party's processes (from /proc), so the
+    burst's CPU can be split between the cluster and the controller."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(PARTIES, 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        words = [Path(a.decode(errors="replace")).name for a in argv[:3]]
+        for party in PARTIES:
+            if party in words:
+                totals[party] += (int(fields[11]) + int(fields[12])) / tick
+                break
+    return totals
 
 
 def member(group: int, index: int) -> str:
@@ -124,6 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         swapping = list(range(args.swapping))
         burst_wall = datetime.now(UTC)
+        cpu_before, burst_start = cpu_seconds(), time.monotonic()
         with ThreadPoolExecutor(32) as pool:
             asked = dict(zip(swapping, pool.map(lambda g: demand(member(g, 1)), swapping),
                              strict=True))
@@ -138,6 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {done} of {len(swapping)} swaps finished")
             time.sleep(0.5)
+        burst_seconds = time.monotonic() - burst_start
+        cpu_after = cpu_seconds()
         time.sleep(1)  # let the watches deliver the last events
         for recorder in (models, deployments, pods):
             recorder.stop()
@@ -198,6 +227,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "pod_ready_to_model_ready_ms": summary(noticed),
             "demand_to_new_model_ready_ms": summary(total),
             **({"controller_writes_per_swap": writes} if args.audit else {}),
+            "burst_s": round(burst_seconds, 1),
+            "burst_cpu_s": {p: round(cpu_after[p] - cpu_before[p], 1) for p in PARTIES},
             "setup": {
                 "cluster_client_qps": args.cluster_qps,
                 "pod_terminate_delay": "200ms",

@@ -51,7 +51,7 @@ from flexinfer_k8s.reconcile_cache import CacheReconciler
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
 from flexinfer_k8s.reconcile_shared import SharedGroupReconciler
 from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
-from flexinfer_k8s.reconcile_workload import WorkloadReconciler
+from flexinfer_k8s.reconcile_workload import WorkloadReconciler, workload_inputs_changed
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, RenderSettings
 from flexinfer_k8s.workqueue import WorkQueue
 from flexinfer_kube.clock import Clock, SystemClock
@@ -322,6 +322,13 @@ class Controller:
             for obj in (old, new):
                 if obj is not None:
                     keys |= self.keys_for(resource, obj)
+            if (
+                resource in (MODELS, MODEL_DEPLOYMENTS, DEPLOYMENTS, SERVICES)
+                and old is not None
+                and new is not None
+                and not workload_inputs_changed(old, new)
+            ):
+                keys = {k for k in keys if not k[0].endswith("-workload")}
             for key in keys:
                 self.queue.add(key)
 

@@ -87,6 +87,35 @@ def replicas_need_handover(deployment: Mapping[str, Any]) -> bool:
     return ours
 
 
+# What a workload reconcile reads of a Model or ModelDeployment's status: the fields
+# it writes (to put them back if someone else's write dropped them).
+_OWNED_STATUS = ("endpoint", "endpoints", "servedModelName")
+
+
+def workload_inputs_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update of a Model, ModelDeployment, Deployment or Service can change
+    what its workload reconcile renders, applies or reports. Status is read only for
+    the fields that reconcile owns, so the election's status writes and a Deployment's
+    rollout progress (most of the updates in a burst of swaps) queue no render."""
+
+    def inputs(obj: Mapping[str, Any]) -> Any:
+        meta = {
+            k: v
+            for k, v in (obj.get("metadata") or {}).items()
+            if k not in ("resourceVersion", "managedFields", "generation")
+        }
+        status = obj.get("status") or {}
+        owned = {k: status.get(k) for k in _OWNED_STATUS}
+        owned["conditions"] = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") in WORKLOAD_CONDITIONS
+        ]
+        return (meta, obj.get("spec"), owned)
+
+    return bool(inputs(old) != inputs(new))
+
+
 def controller_of(obj: Mapping[str, Any] | None) -> JSON | None:
     for ref in get_path(obj, "metadata", "ownerReferences") or []:
         if ref.get("controller"):

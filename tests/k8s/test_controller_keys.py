@@ -148,3 +148,44 @@ def test_a_group_change_queues_the_model_deployments_that_name_it() -> None:
     assert group is not None
     # gg lists only m1; m3's conflict message says whether gg exists.
     assert ("modeldeployment", "ns", "m3") in ctl.keys_for(GPU_GROUPS, group)
+
+
+def queued_after(ctl: Controller, resource: Any, old: Any, new: Any) -> set[Any]:
+    ctl._handler(resource)(old, new)
+    keys = set()
+    while (key := ctl.queue.get(timeout=0)) is not None:
+        keys.add(key)
+        ctl.queue.done(key)
+    return keys
+
+
+def test_the_elections_status_writes_and_rollout_progress_queue_no_render() -> None:
+    """A burst of swaps is mostly status updates; rendering reads none of them but the
+    fields it writes itself, so they queue the decisions only."""
+    ctl = controller()
+    model = {"metadata": meta("a"), "spec": {"gpu": {"shared": "g"}},
+             "status": {"phase": "Idle", "conditions": [
+                 {"type": "Rendered", "status": "True", "reason": "Rendered"}]}}
+    elected = {**model, "metadata": meta("a", resourceVersion="2"),
+               "status": {**model["status"], "phase": "Ready"}}
+    assert queued_after(ctl, MODELS, model, elected) == {("shared", "ns", "g")}
+    # its own condition gone (someone else's write dropped it): render to put it back
+    dropped = {**elected, "status": {"phase": "Ready", "conditions": []}}
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, elected, dropped)
+    # a user's label, a spec change, a deletion and a creation are rendered
+    labelled = {**model, "metadata": meta("a", labels={"team": "x"})}
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, model, labelled)
+    resized = {**model, "spec": {"gpu": {"shared": "g", "count": 2}}}
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, model, resized)
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, model, None)
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, None, model)
+    deployment = {"metadata": meta("a"), "spec": {"replicas": 1}, "status": {"readyReplicas": 0}}
+    rolled = {**deployment, "metadata": meta("a", resourceVersion="9"),
+              "status": {"readyReplicas": 1}}
+    assert queued_after(ctl, DEPLOYMENTS, deployment, rolled) == {("shared", "ns", "g")}
+    edited = {**deployment, "spec": {"replicas": 1, "template": {"spec": {"x": 1}}}}
+    assert ("model-workload", "ns", "a") in queued_after(ctl, DEPLOYMENTS, deployment, edited)
+    # a cache's status is what a workload reads of it
+    cache = {"metadata": meta("c"), "status": {"ready": False}}
+    ready = {**cache, "status": {"ready": True}}
+    assert ("model-workload", "ns", "a") in queued_after(ctl, MODEL_CACHES, cache, ready)

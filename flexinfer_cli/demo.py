@@ -98,7 +98,11 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
                     '-d \'{"model": "chat", "messages": '
                     '[{"role": "user", "content": "hi"}]}\''
                 )
-                say("Press Ctrl-C to stop it.")
+                say("Press Ctrl-C (or send SIGTERM) to stop it.")
+                # Started in the background, a process ignores SIGINT; either signal
+                # stops the proxy and the cluster through the `finally` below.
+                for number in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(number, _interrupt)
                 while True:
                     time.sleep(3600)
     except KeyboardInterrupt:
@@ -112,6 +116,10 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
         models.rmdir()
     say("\nDone: the control plane is stopped and its files removed.")
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

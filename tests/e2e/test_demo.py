@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import io
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 from flexinfer_cli.demo import run_demo
 
@@ -49,3 +53,56 @@ def test_demo_tells_the_whole_story(llama_server: object) -> None:
     act4 = text.split("4. The training job ends")[1]
     assert re.search(r"coder answered after [0-9.]+s: '[^']+'", act4), act4
     assert text.rstrip().endswith("the control plane is stopped and its files removed.")
+
+
+def test_a_kept_demo_started_in_the_background_stops_cleanly_on_sigterm(
+    llama_server: object, tmp_path: Path
+) -> None:
+    """`flexinfer demo --keep &` ignores SIGINT (a background job); SIGTERM must still
+    stop its proxy, its servers and its control plane, not orphan them."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flexinfer_cli", "demo", "--keep"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        text = "".join(lines)
+        assert "Press Ctrl-C" in text, text
+        kubeconfig = re.search(r"export KUBECONFIG=(\S+)", text)
+        assert kubeconfig, text
+        children = _descendants(process.pid)
+        assert children  # the proxy, the control plane, the servers
+        process.send_signal(signal.SIGTERM)
+        rest = process.stdout.read()
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "Done: the control plane is stopped" in rest, rest
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
+             and "zombie" not in _state(pid)]
+    assert alive == [], [Path(f"/proc/{pid}/cmdline").read_text() for pid in alive]
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child in Path(f"/proc/{parent}/task").glob("*/children"):
+            for word in child.read_text().split():
+                found.append(int(word))
+                frontier.append(int(word))
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "zombie"

@@ -426,11 +426,28 @@ def _instants_not_after(
             rewrite.append(m.name)
         if far_ahead(m.preempted_at, now) and m.preempted_at is not None:
             notes.append(future_note(f"{m.name}'s preemptedAt", m.preempted_at))
+        # The proxy's queue report, which the controller does not rewrite: an
+        # `oldestWaiting` far ahead, read as now at every decision, would keep the
+        # hysteresis from ever being met (the member could never swap in), so how
+        # long its requests waited reads as unknown; a `reportedAt` far ahead keeps
+        # the report from going stale until then, which only a Warning can tell.
+        key = f"the annotation demand.ai.flexinfer/{m.name}"
+        oldest_waiting = not_after(m.oldest_waiting, now)
+        if far_ahead(m.oldest_waiting, now) and m.oldest_waiting is not None:
+            notes.append(
+                f"{key}'s oldestWaiting {m.oldest_waiting.isoformat()} is in the future "
+                "and is read as unknown"
+            )
+            oldest_waiting = None
+        if far_ahead(m.reported_at, now) and m.reported_at is not None:
+            notes.append(future_note(f"{key}'s reportedAt", m.reported_at))
         members.append(
             attrs.evolve(
                 m,
                 last_request=not_after(m.last_request, now),
                 preempted_at=not_after(m.preempted_at, now),
+                oldest_waiting=oldest_waiting,
+                reported_at=not_after(m.reported_at, now),
             )
         )
     clamped = attrs.evolve(

@@ -334,3 +334,24 @@ def test_instants_from_the_future_are_read_as_now_said_and_rewritten() -> None:
         now=T0 + timedelta(seconds=61),
     )
     assert swapped.active_model == "code"
+
+
+def test_a_queue_report_from_the_future_neither_blocks_the_swap_nor_goes_unsaid() -> None:
+    """The proxy's annotation is not the controller's to rewrite: an oldestWaiting from
+    9999, read as now at every decision, held the hysteresis gate shut for good."""
+    future = T0.replace(year=9999)
+    state = contested(oldest_waiting=future)
+    decision = decide_gpu_group(state, now=T0)
+    assert decision.action is GpuGroupAction.SWAP
+    assert decision.active_model == "coder"
+    assert "demand.ai.flexinfer/coder's oldestWaiting 9999-" in decision.message
+    assert reasons.TIMESTAMP_IN_FUTURE in [e.reason for e in decision.group_events]
+    # a reportedAt from the future counts as a report made now, and is said
+    dated = contested(reported_at=future)
+    later = decide_gpu_group(dated, now=T0)
+    assert later.action is GpuGroupAction.SWAP
+    assert "demand.ai.flexinfer/coder's reportedAt 9999-" in later.message
+    # within the tolerance nothing is said and the wait counts from now
+    near = decide_gpu_group(contested(oldest_waiting=T0 + timedelta(seconds=1)), now=T0)
+    assert near.blocked_by == reasons.HYSTERESIS
+    assert "in the future" not in near.message

@@ -221,23 +221,47 @@ async def relay(
 
     `on_dispatched` is called once the request's head is on the wire.
     """
+    upstream = await _exchange(pool, origin, head, body, on_dispatched)
     try:
-        upstream = await pool.acquire(origin)
-    except ConnectFailed as error:
-        raise BackendUnavailable(str(error), retryable=True) from error
-    try:
-        try:
-            await upstream.exchange(head, body, on_sent=on_dispatched)
-        except HeadersTimeout as error:
-            raise BackendTimeout(str(error)) from error
-        except UpstreamError as error:
-            raise BackendUnavailable(str(error), retryable=False) from error
         if rewrite is not None and _rewritable(upstream):
             await _rewritten_back(request, upstream, rewrite)
         else:
             await _stream_back(request, upstream)
     finally:
         pool.release(upstream)
+
+
+async def _exchange(
+    pool: UpstreamPool,
+    origin: Origin,
+    head: bytes,
+    body: bytes | bytearray,
+    on_dispatched: Callable[[], None] | None,
+) -> UpstreamConnection:
+    """A connection whose answer's head is in. A kept-alive connection the backend
+    closed just as it was reused (its close and the request crossed; no byte of an
+    answer came back, so the backend never took the request) is not the backend's
+    failure: the request goes once more, on a new connection."""
+    for again in (False, True):
+        try:
+            upstream = await (pool.connect(origin) if again else pool.acquire(origin))
+        except ConnectFailed as error:
+            raise BackendUnavailable(str(error), retryable=True) from error
+        try:
+            await upstream.exchange(head, body, on_sent=None if again else on_dispatched)
+            return upstream
+        except HeadersTimeout as error:
+            pool.release(upstream)
+            raise BackendTimeout(str(error)) from error
+        except UpstreamError as error:
+            pool.release(upstream)
+            if again or not upstream.reused or upstream.answer_started:
+                raise BackendUnavailable(str(error), retryable=False) from error
+            log.info("%s closed a kept-alive connection as it was reused; sending again", origin)
+        except BaseException:
+            pool.release(upstream)
+            raise
+    raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 def _rewritable(upstream: UpstreamConnection) -> bool:

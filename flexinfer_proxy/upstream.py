@@ -21,7 +21,9 @@ owns:
   timer per connection watches both, so a request costs no timer operations;
 - reuse: a connection goes back to its origin's pool only after a whole answer and
   when neither side asked to close; one the backend closes while idle is dropped when
-  its close is seen, and idle ones are closed after `POOL_IDLE_SECONDS`.
+  its close is seen, and idle ones are closed after `POOL_IDLE_SECONDS`. A close
+  that crosses a request on a reused connection (no byte of an answer came) is
+  told apart (`reused`, `answer_started`) so the caller can send it again.
 
 It knows nothing of clients, models or queues.
 """
@@ -121,6 +123,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.alive = True
         self.idle_since = 0.0
+        self.reused = False  # taken from the pool (it carried an answer before)
+        self.answer_started = False  # a byte of the current answer arrived
         # The answer being read.
         self.status = 0
         self.reason = b""
@@ -160,6 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
         if phase == _IDLE:
             self.close()  # nothing was asked: a broken or hostile backend
             return
+        self.answer_started = True
         if phase == _READING:
             self._last_data = self._loop.time()
         if self._in_head:
@@ -310,7 +315,7 @@ class UpstreamConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             raise AnswerFailed("the backend closed the connection")
-        self.head_done = self.complete = self.keep_alive = False
+        self.head_done = self.complete = self.keep_alive = self.answer_started = False
         self.status = 0
         self.content_length = None
         self._chunks = []
@@ -478,7 +483,12 @@ class UpstreamPool:
             connection = idle.pop()
             transport = connection.transport
             if connection.alive and transport is not None and not transport.is_closing():
+                connection.reused = True
                 return connection
+        return await self._connect(origin)
+
+    async def connect(self, origin: Origin) -> UpstreamConnection:
+        """A new connection to `origin`, never an idle one. Raises `ConnectFailed`."""
         return await self._connect(origin)
 
     def release(self, connection: UpstreamConnection) -> None:

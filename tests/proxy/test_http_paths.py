@@ -141,6 +141,67 @@ async def test_a_backend_that_closes_between_requests_gets_a_new_connection() ->
         assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 3
 
 
+@asynccontextmanager
+async def closing_on_reuse(second_answer: bytes = b"") -> AsyncIterator[Scripted]:
+    """Answers the first request of each connection; on the second it writes
+    `second_answer` (nothing: its keep-alive close crossed the request) and closes."""
+    backend = Scripted()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend.connections += 1
+        try:
+            for index in range(2):
+                head = await reader.readuntil(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                backend.requests.append(await reader.readexactly(int(match.group(1))))
+                writer.write(json_answer() if index == 0 else second_answer)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    backend.port = int(server.sockets[0].getsockname()[1])
+    try:
+        yield backend
+    finally:
+        server.close()
+
+
+@async_test
+async def test_a_kept_alive_connection_closed_as_it_is_reused_is_sent_again_on_a_new_one() -> (
+    None
+):
+    """llama-server closed a pooled connection just as the demo's second request went
+    out on it: the client got a 502 though the backend never answered any of it."""
+    async with (
+        closing_on_reuse() as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        for _ in range(3):
+            answer = await chat(p.url)
+            assert (answer.status, answer.body) == (200, COMPLETION)
+        # 1st on connection 1; 2nd crossed its close and went again on connection 2;
+        # 3rd crossed connection 2's close and went on connection 3
+        assert backend.connections == 3
+        assert len(backend.requests) == 5
+        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 3
+
+
+@async_test
+async def test_a_reused_connection_whose_answer_began_is_not_sent_again() -> None:
+    """Once a byte of an answer came back the backend took the request: no second try."""
+    async with (
+        closing_on_reuse(second_answer=b"HTTP/1.1 200 OK\r\nContent-") as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        assert (await chat(p.url)).status == 200
+        answer = await chat(p.url)
+        assert answer.status == 502
+        assert backend.connections == 1 and len(backend.requests) == 2
+
+
 @async_test
 async def test_an_answer_with_connection_close_is_not_reused() -> None:
     async with (

@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from flexinfer_core import Policy
 from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.processes import die_with_thread_hook
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_k8s.controller import Controller
@@ -98,11 +99,12 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
                     '-d \'{"model": "chat", "messages": '
                     '[{"role": "user", "content": "hi"}]}\''
                 )
-                say("Press Ctrl-C (or send SIGTERM) to stop it.")
                 # Started in the background, a process ignores SIGINT; either signal
-                # stops the proxy and the cluster through the `finally` below.
+                # stops the proxy and the cluster through the `finally` below (set
+                # before saying so: a caller may signal as soon as it reads the line).
                 for number in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(number, _interrupt)
+                say("Press Ctrl-C (or send SIGTERM) to stop it.")
                 while True:
                     time.sleep(3600)
     except KeyboardInterrupt:
@@ -138,6 +140,7 @@ def _proxy(cluster: LocalCluster) -> Iterator[str]:
         ],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=die_with_thread_hook(),  # killed outright, the demo takes it along
     )  # fmt: skip
     assert process.stdout is not None
     line = process.stdout.readline()

@@ -42,6 +42,7 @@ from urllib.parse import unquote
 import httptools
 
 from flexinfer_proxy.connections import ConnectionGuard
+from flexinfer_proxy.write_flow import WriteFlow
 
 log = logging.getLogger("flexinfer.proxy.http")
 
@@ -382,7 +383,7 @@ class Request:
         self._connection.close()
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(WriteFlow, asyncio.Protocol):
     """One client connection: the parser's callbacks, the handler tasks, the timers."""
 
     def __init__(self, server: HttpServer) -> None:
@@ -392,8 +393,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None  # None once closed
         self.remote: str | None = None
         self.closing = False  # no further request is served
-        self.write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
         # The request whose head or body is being parsed; the one being handled; the
         # ones parsed while another was handled.
         self._receiving: Request | None = None
@@ -499,21 +498,7 @@ class _Connection(asyncio.Protocol):
         self._pipeline.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("the client closed the connection"))
-            waiter.exception()  # retrieved: nobody may be waiting any more
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        self.fail_writers(ConnectionResetError("the client closed the connection"))
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -698,12 +683,7 @@ class _Connection(asyncio.Protocol):
     async def _drain(self) -> None:
         if self.transport is None:
             raise ConnectionResetError("the client closed the connection")
-        if not self.write_paused:
-            return
-        waiter = self._drain_waiter
-        if waiter is None:
-            waiter = self._drain_waiter = self._loop.create_future()
-        await waiter
+        await self.wait_writable()
 
     # -- closing and errors --------------------------------------------------------------
 

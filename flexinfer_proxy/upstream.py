@@ -42,6 +42,8 @@ import httptools
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from flexinfer_proxy.write_flow import WriteFlow
+
 # Bodies are written to the backend in slices of this size, draining in between.
 SEND_SLICE_BYTES = 256 * 1024
 MAX_ANSWER_HEAD_BYTES = 64 * 1024
@@ -111,7 +113,7 @@ def origin_of(url: str) -> tuple[Origin, str]:
     return Origin(scheme, parts.hostname, port), parts.path.rstrip("/")
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(WriteFlow, asyncio.Protocol):
     """One connection to a backend, and the answer being read on it."""
 
     def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
@@ -149,9 +151,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_data = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
-        # Backpressure.
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
+        # Backpressure (writing: `WriteFlow`).
         self._reading_paused = False
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -218,21 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
         elif self._phase != _IDLE:
             detail = f": {exc}" if exc else ""
             self._fail(AnswerFailed(f"the backend closed the connection{detail}"))
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(AnswerFailed("the backend closed the connection"))
-            waiter.exception()  # retrieved: the writer may be gone
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        self.fail_writers(AnswerFailed("the backend closed the connection"))
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -339,8 +325,7 @@ class UpstreamConnection(asyncio.Protocol):
                 if self.transport is None:
                     break
                 self.transport.write(view[start : start + SEND_SLICE_BYTES])
-                if self._write_paused:
-                    await self._drain()
+                await self.wait_writable()
         while not self.head_done:
             if self._error is not None:
                 raise self._error
@@ -393,11 +378,6 @@ class UpstreamConnection(asyncio.Protocol):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    async def _drain(self) -> None:
-        if self._drain_waiter is None:
-            self._drain_waiter = self._loop.create_future()
-        await self._drain_waiter
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None and not self.complete:

@@ -397,9 +397,15 @@ def test_a_server_that_ignores_sigterm_is_killed_when_the_grace_period_ends(
         terminated = container_status(last)["state"]["terminated"]
         assert terminated["exitCode"] == 137, terminated  # SIGKILL
         # Killed no earlier than the deadline the API server set (now + grace), to the
-        # second that both timestamps carry.
+        # second that both timestamps carry. The deadline of the user's DELETE, the
+        # first version that carries one: the node's final delete (grace 0) moves it
+        # to the moment of that delete, which may be a second after the kill.
         finished = parse_rfc3339(terminated["finishedAt"])
-        deadline = parse_rfc3339(get_path(last, "metadata", "deletionTimestamp"))
+        deadline = next(
+            parse_rfc3339(stamp)
+            for version in history.of("stubborn")
+            if (stamp := get_path(version, "metadata", "deletionTimestamp"))
+        )
         assert finished is not None and deadline is not None and finished >= deadline
     finally:
         history.stop()

@@ -22,11 +22,12 @@ from types import FrameType
 import attrs
 from prometheus_client import CollectorRegistry
 
-from flexinfer_core import Policy, parse_duration
+from flexinfer_core import InvalidFieldError, Policy, parse_duration
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.render.cache import CacheImages
+from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 from flexinfer_k8s.render.workload import Vendor
 from flexinfer_k8s.render.workloads import BACKENDS, RenderSettings
 from flexinfer_kube import logs
@@ -136,6 +137,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="trainer image for ModelCaches whose spec.finetune.image is empty",
     )
     parser.add_argument(
+        "--policy",
+        default="",
+        metavar="FILE",
+        help="the administrator's policy, a YAML file (GPU-node taints, allowed host paths, "
+        "images, node selector and pod label keys); default: the built-in policy "
+        "(docs/security.md)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     args = parser.parse_args(argv)
@@ -181,7 +190,17 @@ def render_settings(
                 f"{', '.join(attrs.fields_dict(CacheImages))}"
             )
         helpers[kind] = image
+    policy = AdminPolicy()
+    if args.policy:
+        try:
+            with open(args.policy, encoding="utf-8") as handle:
+                policy = admin_policy_from_yaml(handle.read())
+        except OSError as error:
+            raise ValueError(f"--policy {args.policy}: {error.strerror}") from None
+        except InvalidFieldError as error:
+            raise ValueError(f"--policy {args.policy}: {error}") from None
     return RenderSettings(
+        policy=policy,
         images=by_backend,
         video_gid=args.video_group_id,
         render_gid=args.render_group_id,

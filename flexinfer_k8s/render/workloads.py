@@ -28,6 +28,7 @@ from flexinfer_k8s.render.cache import CacheImages, CacheSpec, cache_model_path,
 from flexinfer_k8s.render.llama_cpp import LlamaCpp
 from flexinfer_k8s.render.mlc_llm import MlcLlm
 from flexinfer_k8s.render.ollama import Ollama
+from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.source import Scheme
 from flexinfer_k8s.render.vllm import Vllm
 from flexinfer_k8s.render.workload import Kind, Vendor, Workload
@@ -55,6 +56,8 @@ class RenderSettings:
     video_gid: int = 44
     render_gid: int = 109
     cache_images: CacheImages = attrs.field(factory=CacheImages)
+    policy: AdminPolicy = attrs.field(factory=AdminPolicy)
+    """The administrator's policy (`--policy FILE`; `render.policy`)."""
 
     def image_for(self, backend: Backend, vendor: Vendor) -> str:
         return (

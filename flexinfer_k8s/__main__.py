@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from types import FrameType
 
 import attrs
@@ -26,6 +27,7 @@ from flexinfer_core import InvalidFieldError, Policy, parse_duration
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
+from flexinfer_k8s.reconcile_cache import CacheTimeouts
 from flexinfer_k8s.render.cache import CacheImages
 from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 from flexinfer_k8s.render.workload import Vendor
@@ -38,6 +40,7 @@ log = logging.getLogger("flexinfer.main")
 
 MAX_WORKERS = 64
 MAX_RESYNC = 86_400.0  # a day
+MAX_CACHE_TIMEOUT = 86_400  # a day
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -137,6 +140,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="trainer image for ModelCaches whose spec.finetune.image is empty",
     )
     parser.add_argument(
+        "--finetune-unschedulable-timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="how long a finetune pod may stay unschedulable for a reason other than the GPU "
+        "(a taint, a selector, no such node) before its Job is suspended and its GPU lease "
+        f"released, 1..{MAX_CACHE_TIMEOUT} (default 300)",
+    )
+    parser.add_argument(
+        "--cache-cleanup-timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="deadline of the Job that removes a deleted NodeLocal or Memory cache's node "
+        "directories; the cache's deletion waits at most this plus 30 s, 1.."
+        f"{MAX_CACHE_TIMEOUT} (default 300)",
+    )
+    parser.add_argument(
         "--policy",
         default="",
         metavar="FILE",
@@ -152,6 +173,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.render_settings = render_settings(args.image, args.cache_image, args)
     except ValueError as error:
         parser.error(str(error))
+    for flag in ("finetune_unschedulable_timeout", "cache_cleanup_timeout"):
+        value = getattr(args, flag)
+        if not 1 <= value <= MAX_CACHE_TIMEOUT:
+            parser.error(f"--{flag.replace('_', '-')} must be 1..{MAX_CACHE_TIMEOUT}; got {value}")
     if not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--workers must be 1..{MAX_WORKERS}; got {args.workers}")
     if args.resync_seconds != 0 and not 10 <= args.resync_seconds <= MAX_RESYNC:
@@ -244,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         identity=identity,
         render_settings=args.render_settings,
         finetune_image=args.finetune_image,
+        cache_timeouts=CacheTimeouts(
+            finetune_unschedulable=timedelta(seconds=args.finetune_unschedulable_timeout),
+            cleanup=timedelta(seconds=args.cache_cleanup_timeout),
+        ),
         policy=Policy(
             demand_window=parse_duration(args.demand_window, field="--demand-window"),
             recent_window=parse_duration(args.recent_window, field="--recent-window"),

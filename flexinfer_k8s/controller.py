@@ -47,11 +47,12 @@ from flexinfer_k8s.convert_leases import (
 from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.outcome import Outcome, Wiring
-from flexinfer_k8s.reconcile_cache import CacheReconciler
+from flexinfer_k8s.reconcile_cache import CacheReconciler, CacheTimeouts
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
 from flexinfer_k8s.reconcile_shared import SharedGroupReconciler
 from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
 from flexinfer_k8s.reconcile_workload import WorkloadReconciler, workload_inputs_changed
+from flexinfer_k8s.render.cache import CACHE_LABEL
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, RenderSettings
 from flexinfer_k8s.workqueue import WorkQueue
 from flexinfer_kube.clock import Clock, SystemClock
@@ -105,6 +106,7 @@ class Controller:
         identity: str = "flexinfer-controller",
         render_settings: RenderSettings | None = None,
         finetune_image: str = "",
+        cache_timeouts: CacheTimeouts | None = None,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -119,7 +121,9 @@ class Controller:
         self.shared = SharedGroupReconciler(wiring, policy=policy)
         self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
-        self.caches = CacheReconciler(wiring, settings=settings, finetune_image=finetune_image)
+        self.caches = CacheReconciler(
+            wiring, settings=settings, finetune_image=finetune_image, timeouts=cache_timeouts
+        )
         self.standalone = StandaloneReconciler(wiring)
         self.workloads = WorkloadReconciler(wiring, settings=settings)
         self._workers = workers
@@ -271,6 +275,11 @@ class Controller:
                 keys.add(("shared", namespace, group))
             elif group and labels.get(KIND_LABEL) == MODEL_DEPLOYMENTS.kind:
                 keys.add(("gpugroup", namespace, group))
+            # A ModelCache's Job pods (download, finetune, cleanup): what the scheduler
+            # and the scripts say is read from them.
+            cache = str(labels.get(CACHE_LABEL) or "")
+            if cache and labels.get("job-name"):
+                keys.add(("modelcache", namespace, cache))
             # A pod changes no rendering: only the decisions that read pods.
             return {k for k in keys if not k[0].endswith("-workload")}
         if resource is GPU_LEASES:
@@ -309,11 +318,16 @@ class Controller:
                     keys.add(("md-workload", namespace, name_of(md)))
             return keys
         if resource in (JOBS, PERSISTENT_VOLUME_CLAIMS):
-            return {
+            keys = {
                 ("modelcache", namespace, str(ref.get("name")))
                 for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
                 if ref.get("kind") == MODEL_CACHES.kind
             }
+            # The cleanup Job is not owned (it runs while its cache goes): by its label.
+            cache = str(((obj.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL) or "")
+            if resource is JOBS and cache:
+                keys.add(("modelcache", namespace, cache))
+            return keys
         return set()
 
     def _handler(self, resource: Resource) -> Any:

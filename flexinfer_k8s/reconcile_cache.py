@@ -1,19 +1,32 @@
 """Reconcile one ModelCache: its storage, the download that fills it, the finetune that
-follows, and the GPU lease around that finetune.
+follows, the GPU lease around that finetune, and the cleanup when it goes.
 
 1. The claim of a SharedPVC cache (`<cache>-models`, unless `existingClaimName`),
-   server-side applied, owned by the cache.
+   server-side applied, owned by the cache; a claim that stays Pending says why in the
+   binder's or provisioner's words (the claim's Events), with a Warning Event; a Pending
+   claim of ours whose access modes or class the spec no longer asks for is re-created
+   (it holds nothing yet).
 2. The download Job `<cache>-download` (`render.cache.download_job`): created while
    the copy is not known complete; re-created when the source changes (its
-   `ai.flexinfer/source` annotation no longer matches). A failed Job is `Failed` with
-   the Job's own reason, on the cache and (through `CacheReady`) on every Model that
-   references it; never "still downloading".
+   `ai.flexinfer/source` annotation no longer matches). What the Job found is its pod's
+   termination message (`cache_dir.parse_result`), kept on the Job as an annotation:
+   downloaded, already present, adopted (a user's model: `Adopted` condition, never
+   written), or refused (files flexinfer did not write and no model). A failed Job is
+   `Failed` with the Job's own reason, on the cache and (through `CacheReady`) on every
+   Model that references it; never "still downloading".
 3. With `spec.finetune`: once the download succeeded, the GPU lease lifecycle
    (`flexinfer_core.plan_finetune_lease`: lease before the Job, refreshed while it
    runs, deleted when it ends or the cache goes) and the training Job
-   (`render.finetune`).
-4. Status: `phase` Pending → Downloading → (Finetuning →) Ready, or Failed; `ready`,
-   `path`, `jobName`, `message`, a `Ready` condition with the reason.
+   (`render.finetune`). A training pod the scheduler cannot place for a reason other
+   than the GPU itself (a taint, a selector, no such node) has its Job suspended and its
+   lease released after `CacheTimeouts.finetune_unschedulable`.
+4. A node-bound cache (NodeLocal, Memory with a `nodeSelector`) carries the finalizer
+   `CLEANUP_FINALIZER`; when it is deleted a cleanup Job removes its node directories
+   (only flexinfer's) and the finalizer goes once the Job ends, or after
+   `CacheTimeouts.cleanup` whatever happened (a Warning Event says so).
+5. Status: `phase` Pending → Downloading → (Finetuning →) Ready, or Failed, or Deleting;
+   `ready`, `path`, `jobName`, `message`, a `Ready` condition with the reason, and
+   `Adopted` for a user's copy.
 
 Bad input (a NodeLocal cache without a node, a finetune without a trainer image, a
 `gpuLease.ttlSeconds` no lease can carry) is a condition naming the field, with a
@@ -24,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -43,18 +56,26 @@ from flexinfer_core import (
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.render.cache import (
+    ADOPTED_CONDITION,
     CACHE_LABEL,
     CacheSpec,
     cache_from_k8s,
+    claim_differs,
     claim_manifest,
+    cleanup_job,
     download_job,
     owner_reference,
+    status_says_adopted,
 )
+from flexinfer_k8s.render.cache_dir import DirResult, ScriptReport, parse_result
 from flexinfer_k8s.render.finetune import finetune_job, job_name
+from flexinfer_k8s.render.workload import Vendor
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
+from flexinfer_kube.kubeapi import KubeError, Rejected
 from flexinfer_kube.objects import JSON, get_path
 from flexinfer_kube.resources import (
+    EVENTS,
     GPU_LEASES,
     JOBS,
     MODEL_CACHES,
@@ -65,6 +86,30 @@ from flexinfer_kube.resources import (
 log = logging.getLogger("flexinfer.modelcache")
 
 SOURCE_ANNOTATION = "ai.flexinfer/source"
+RESULT_ANNOTATION = "ai.flexinfer/result"
+"""On the download Job: what its pod found (`cache_dir` result line), kept after the
+pod is gone."""
+UNSCHEDULABLE_ANNOTATION = "ai.flexinfer/unschedulable"
+"""On a finetune Job the controller suspended: the scheduler's message."""
+UID_ANNOTATION = "ai.flexinfer/modelcache-uid"
+CLEANUP_FINALIZER = "ai.flexinfer/node-cleanup"
+CLAIM_RECHECK = timedelta(seconds=10)
+"""How often a Pending claim's Events are read again (no watch on Events)."""
+CLEANUP_GRACE = timedelta(seconds=30)
+"""Past the cleanup Job's own deadline, before the controller stops waiting for it."""
+MESSAGE_LIMIT = 512
+
+
+@attrs.frozen
+class CacheTimeouts:
+    """Controller flags: the bounds a ModelCache's Jobs can hit."""
+
+    finetune_unschedulable: timedelta = timedelta(minutes=5)
+    """`--finetune-unschedulable-timeout`: how long a training pod may stay unschedulable
+    for a reason other than the GPU before its GPU lease is released."""
+    cleanup: timedelta = timedelta(minutes=5)
+    """`--cache-cleanup-timeout`: the cleanup Job's deadline, and (with `CLEANUP_GRACE`)
+    the longest a deleted cache waits for it."""
 
 
 def job_phase(job: Mapping[str, Any] | None) -> JobPhase:
@@ -106,6 +151,72 @@ def job_failure(job: Mapping[str, Any] | None, pods: list[JSON]) -> str:
     return why
 
 
+def job_pods(pods: list[JSON], job_name: str) -> list[JSON]:
+    """The Job's pods, oldest first."""
+    found = [
+        p for p in pods if (get_path(p, "metadata", "labels") or {}).get("job-name") == job_name
+    ]
+    found.sort(key=lambda p: str(get_path(p, "metadata", "creationTimestamp") or ""))
+    return found
+
+
+def pod_report(pods: list[JSON]) -> ScriptReport | None:
+    """What the newest finished pod's script said (its termination message)."""
+    for pod in reversed(pods):
+        for container in get_path(pod, "status", "containerStatuses") or []:
+            report = parse_result(get_path(container, "state", "terminated", "message"))
+            if report is not None:
+                return report
+    return None
+
+
+def unschedulable(pods: list[JSON]) -> tuple[str, datetime | None] | None:
+    """The scheduler's message for the newest pod it cannot place, and since when; None
+    when that pod is placed (or not yet tried)."""
+    for pod in reversed(pods):
+        if get_path(pod, "status", "phase") not in (None, "Pending"):
+            return None
+        for condition in get_path(pod, "status", "conditions") or []:
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                return (
+                    str(condition.get("message") or "unschedulable")[:MESSAGE_LIMIT],
+                    parse_rfc3339(condition.get("lastTransitionTime")),
+                )
+        return None
+    return None
+
+
+def waits_for_gpu(message: str, resource: str) -> bool:
+    """Whether the scheduler found a node that lacks only free GPUs: the one wait a GPU
+    lease ends (serving pods park and give the card back). A node that fails for a
+    taint or a selector is reported by that filter and never reaches the GPU count."""
+    return bool(resource) and f"Insufficient {resource}" in message
+
+
+def claim_hint(spec: CacheSpec, message: str) -> str:
+    """What to set when a claim's Events say it cannot be provided as asked."""
+    lowered = message.lower()
+    if "ReadWriteMany" in spec.access_modes and (
+        "readwriteonce" in lowered or "access mode" in lowered or "local-path" in lowered
+    ):
+        return (
+            " — the storage class cannot share a volume between nodes (ReadWriteMany): set "
+            "spec.accessModes: [ReadWriteOnce] and pin the cache to one node with "
+            "spec.nodeSelector kubernetes.io/hostname: <node> (RWO is then the default), or "
+            "set spec.storageClassName to a class that provides ReadWriteMany (NFS, CephFS)"
+        )
+    if "no persistent volumes available" in lowered or "storageclass" in lowered:
+        return (
+            " — set spec.storageClassName to a StorageClass of the cluster (kubectl get "
+            "storageclass), or spec.existingClaimName to a claim you made"
+        )
+    return ""
+
+
 @attrs.frozen
 class CacheStatus:
     phase: str
@@ -113,6 +224,8 @@ class CacheStatus:
     reason: str
     message: str
     job: str = ""
+    adopted: bool | None = None
+    """True: the copy is a user's (condition Adopted); None: not known (no condition)."""
 
 
 class CacheReconciler:
@@ -122,10 +235,13 @@ class CacheReconciler:
         *,
         settings: RenderSettings | None = None,
         finetune_image: str = "",
+        timeouts: CacheTimeouts | None = None,
     ) -> None:
         self.cache = wiring.cache
         self.writer = wiring.writer
+        self.api = wiring.api
         self.clock = wiring.clock
+        self.timeouts = timeouts or CacheTimeouts()
         self.settings = settings or RenderSettings()
         self.images = self.settings.cache_images
         self.finetune_image = finetune_image
@@ -141,62 +257,102 @@ class CacheReconciler:
                 self.writer.delete(GPU_LEASES, namespace, finetune_lease_name(name))
                 return Outcome(None, True, reasons.LEASE_RELEASE)
             return Outcome(None, False)
+        deleting = bool(get_path(obj, "metadata", "deletionTimestamp"))
         try:
             spec = cache_from_k8s(obj)
         except InvalidFieldError as error:
+            if deleting:  # nothing known to clean: never hold the deletion
+                return Outcome(None, self._release(obj, lease), reasons.DELETING)
             status = CacheStatus("Pending", False, reasons.INVALID_SPEC, str(error))
             return Outcome(None, self._write_status(obj, status, path="", now=now), status.reason)
-        wrote = self._claim(spec)
+        if deleting:
+            return self._delete(obj, spec, lease, now=now)
+        wrote = self._finalizer(obj, spec)
+        wrote = self._claim(spec) or wrote
         download = self.cache.get(JOBS, namespace, spec.download_job_name)
-        if download is not None and _source_of(download) != spec.source.text:
+        if download is not None and _source_of(download) != spec.source_text:
             # The model changed: the old copy must not be taken for the new one.
             self.writer.delete(JOBS, namespace, spec.download_job_name)
             return Outcome(None, True, reasons.DOWNLOADING)
         phase = job_phase(download)
         if phase is JobPhase.ABSENT:
             job = download_job(spec, self.images)
-            job["metadata"].setdefault("annotations", {})[SOURCE_ANNOTATION] = spec.source.text
-            wrote = self.writer.create(JOBS, namespace, job) is not None or wrote
+            job["metadata"].setdefault("annotations", {})[SOURCE_ANNOTATION] = spec.source_text
+            try:
+                wrote = self.writer.create(JOBS, namespace, job) is not None or wrote
+            except Rejected as error:
+                status = CacheStatus(
+                    "Failed",
+                    False,
+                    reasons.INVALID_SPEC,
+                    f"the download Job {spec.download_job_name} was refused by the API server "
+                    f"(check spec.downloadResources, spec.tolerations): {error}",
+                )
+                return Outcome(
+                    None, self._write_status(obj, status, path=spec.path, now=now), status.reason
+                )
             phase = JobPhase.ACTIVE
         next_at: datetime | None = None
+        pods = job_pods(self.cache.objects(PODS, namespace), spec.download_job_name)
         if phase is JobPhase.FAILED:
-            status = CacheStatus(
-                "Failed",
-                False,
-                reasons.DOWNLOAD_FAILED,
-                f"download Job {spec.download_job_name} failed: "
-                f"{job_failure(download, self.cache.objects(PODS, namespace))}",
-                spec.download_job_name,
-            )
+            status = self._download_failed(spec, download, pods)
         elif phase is JobPhase.ACTIVE and self._claim_unbound(spec):
-            status = CacheStatus(
-                "Pending",
-                False,
-                reasons.CLAIM_PENDING,
-                f"claim {spec.claim} is not bound yet: the download Job "
-                f"{spec.download_job_name} starts once it is",
-                spec.download_job_name,
-            )
+            status, wrote_event = self._claim_pending(obj, spec, now=now)
+            wrote = wrote_event or wrote
+            next_at = now + CLAIM_RECHECK
         elif phase is JobPhase.ACTIVE:
+            waiting = unschedulable(pods)
             status = CacheStatus(
                 "Downloading",
                 False,
                 reasons.DOWNLOADING,
-                f"download Job {spec.download_job_name} is copying {spec.source.text} to "
-                f"{spec.path}",
+                f"download Job {spec.download_job_name} is copying "
+                f"{spec.source_text or '(no source)'} to {spec.path}"
+                + (f" (its pod cannot be scheduled yet: {waiting[0]})" if waiting else ""),
                 spec.download_job_name,
             )
-        elif get_path(obj, "spec", "finetune"):
-            status, next_at, tuned = self._finetune(obj, spec, lease, now=now)
-            wrote = tuned or wrote
         else:
-            status = CacheStatus(
-                "Ready",
-                True,
-                reasons.CACHE_READY,
-                f"{spec.source.text} is complete at {spec.path}",
-                spec.download_job_name,
-            )
+            report, wrote_result = self._download_report(obj, download, pods)
+            wrote = wrote_result or wrote
+            adopted = report is not None and report.result is DirResult.ADOPTED
+            if adopted != spec.adopted:
+                spec = attrs.evolve(spec, adopted=adopted)
+            if get_path(obj, "spec", "finetune"):
+                status, next_at, tuned = self._finetune(obj, spec, lease, now=now)
+                wrote = tuned or wrote
+            elif adopted:
+                assert report is not None
+                status = CacheStatus(
+                    "Ready",
+                    True,
+                    reasons.ADOPTED,
+                    f"{spec.path} holds a model flexinfer did not write ({report.detail}): "
+                    "adopted as it is; flexinfer never writes, rewrites or removes it"
+                    + (
+                        f", and does not download spec.source {spec.source_text}"
+                        if spec.source_text
+                        else ""
+                    ),
+                    spec.download_job_name,
+                )
+            elif report is not None and report.result is DirResult.PRESENT:
+                status = CacheStatus(
+                    "Ready",
+                    True,
+                    reasons.CACHE_READY,
+                    f"{report.detail or spec.source_text} was already complete at {spec.path} "
+                    "(flexinfer's copy): nothing downloaded",
+                    spec.download_job_name,
+                )
+            else:
+                status = CacheStatus(
+                    "Ready",
+                    True,
+                    reasons.CACHE_READY,
+                    f"{spec.source_text} is complete at {spec.path}",
+                    spec.download_job_name,
+                )
+            status = attrs.evolve(status, adopted=adopted)
         wrote = self._write_status(obj, status, path=spec.path, now=now) or wrote
         if wrote:
             log.info(
@@ -213,6 +369,211 @@ class CacheReconciler:
             )
         return Outcome(next_at, wrote, status.reason)
 
+    # -- what the download found -----------------------------------------------------
+
+    def _download_report(
+        self, obj: JSON, download: JSON | None, pods: list[JSON]
+    ) -> tuple[ScriptReport | None, bool]:
+        """The succeeded download's result: from the Job's annotation, else its pod's
+        termination message (then kept on the Job), else what the status already said."""
+        kept = parse_result(
+            (get_path(download, "metadata", "annotations") or {}).get(RESULT_ANNOTATION)
+        )
+        if kept is not None:
+            return kept, False
+        report = pod_report(pods)
+        if report is not None and download is not None:
+            line = f"flexinfer: {report.result.value} {report.detail}".strip()
+            wrote = (
+                self.writer.annotate(
+                    JOBS,
+                    str(get_path(download, "metadata", "namespace")),
+                    str(get_path(download, "metadata", "name")),
+                    {RESULT_ANNOTATION: line},
+                )
+                is not None
+            )
+            return report, wrote
+        if status_says_adopted(obj):
+            return ScriptReport(DirResult.ADOPTED, "as said before"), False
+        return None, False
+
+    def _download_failed(
+        self, spec: CacheSpec, download: JSON | None, pods: list[JSON]
+    ) -> CacheStatus:
+        report = pod_report(pods)
+        if report is not None and report.result is DirResult.FOREIGN:
+            return CacheStatus(
+                "Failed",
+                False,
+                reasons.FOREIGN_DIRECTORY,
+                f"{spec.path} holds files flexinfer did not write ({report.detail.strip()}) and "
+                "no model it recognises (the file the source names, mlc-chat-config.json, "
+                "*.gguf, config.json with *.safetensors or *.bin, or an Ollama manifests/ and "
+                "blobs/): flexinfer never writes into such a directory; point spec.modelPath "
+                "at an empty or new directory, or put the model there, then delete the Job "
+                f"{spec.download_job_name}",
+                spec.download_job_name,
+            )
+        if report is not None and report.result is DirResult.EMPTY:
+            return CacheStatus(
+                "Failed",
+                False,
+                reasons.NO_MODEL,
+                f"{spec.path} holds no model and spec.source is empty: set spec.source to the "
+                "model to download (e.g. HF://org/name), or put the model there and delete "
+                f"the Job {spec.download_job_name}",
+                spec.download_job_name,
+            )
+        return CacheStatus(
+            "Failed",
+            False,
+            reasons.DOWNLOAD_FAILED,
+            f"download Job {spec.download_job_name} failed: "
+            f"{job_failure(download, self.cache.objects(PODS, spec.namespace))}",
+            spec.download_job_name,
+        )
+
+    # -- the finalizer and the cleanup -----------------------------------------------
+
+    def _finalizer(self, obj: JSON, spec: CacheSpec) -> bool:
+        """A node-bound cache carries the cleanup finalizer (added once)."""
+        finalizers = list(get_path(obj, "metadata", "finalizers") or [])
+        if CLEANUP_FINALIZER in finalizers or cleanup_job(spec, deadline_seconds=1) is None:
+            return False
+        return self._set_finalizers(obj, [*finalizers, CLEANUP_FINALIZER])
+
+    def _set_finalizers(self, obj: JSON, finalizers: list[str]) -> bool:
+        meta = obj.get("metadata") or {}
+        body: JSON = {"metadata": {"finalizers": finalizers}}
+        if meta.get("resourceVersion"):
+            # Another writer's finalizer added meanwhile must not be lost: conflict instead.
+            body["metadata"]["resourceVersion"] = meta["resourceVersion"]
+        return (
+            self.writer.patch(MODEL_CACHES, str(meta.get("namespace")), str(meta.get("name")), body)
+            is not None
+        )
+
+    def _release(self, obj: JSON, lease: JSON | None) -> bool:
+        """Let a deleted cache go: its lease, then the finalizer."""
+        name = str(get_path(obj, "metadata", "name"))
+        namespace = str(get_path(obj, "metadata", "namespace"))
+        wrote = False
+        if lease is not None and _owned_by_cache(lease, name):
+            wrote = self.writer.delete(GPU_LEASES, namespace, finetune_lease_name(name))
+        finalizers = list(get_path(obj, "metadata", "finalizers") or [])
+        if CLEANUP_FINALIZER in finalizers:
+            finalizers.remove(CLEANUP_FINALIZER)
+            wrote = self._set_finalizers(obj, finalizers) or wrote
+        return wrote
+
+    def _delete(self, obj: JSON, spec: CacheSpec, lease: JSON | None, *, now: datetime) -> Outcome:
+        """A deleted cache: the cleanup Job on its node, then the finalizer goes; bounded."""
+        namespace = spec.namespace
+        finalizers = get_path(obj, "metadata", "finalizers") or []
+        if CLEANUP_FINALIZER not in finalizers:
+            return Outcome(None, self._release(obj, lease), reasons.DELETING)
+        bound = self.timeouts.cleanup
+        body = cleanup_job(spec, deadline_seconds=max(1, int(bound.total_seconds())))
+        if body is None:
+            return Outcome(None, self._release(obj, lease), reasons.DELETING)
+        dirs = " and ".join(spec.node_dirs)
+        node = ", ".join(f"{k}={v}" for k, v in spec.node_selector)
+        by_hand = f"remove it on the node by hand: rm -rf {' '.join(spec.node_dirs)}"
+        job = self.cache.get(JOBS, namespace, spec.cleanup_job_name)
+        if (
+            job is not None
+            and (get_path(job, "metadata", "annotations") or {}).get(UID_ANNOTATION) != spec.uid
+        ):
+            # A cleanup Job of an earlier cache of this name: not ours to read.
+            self.writer.delete(JOBS, namespace, spec.cleanup_job_name)
+            return Outcome(now + CLAIM_RECHECK, True, reasons.DELETING)
+        deleted_at = parse_rfc3339(get_path(obj, "metadata", "deletionTimestamp")) or now
+        if job is None:
+            if now >= deleted_at + bound + CLEANUP_GRACE:
+                return self._give_up(
+                    obj,
+                    lease,
+                    f"the cleanup Job could not be created within {bound}; {by_hand}",
+                    now=now,
+                )
+            try:
+                self.writer.create(JOBS, namespace, body)
+            except KubeError as error:
+                log.warning(
+                    "cleanup job refused",
+                    extra={
+                        "fields": {
+                            "namespace": namespace,
+                            "modelcache": spec.name,
+                            "error": str(error),
+                        }
+                    },
+                )
+                return Outcome(deleted_at + bound + CLEANUP_GRACE, False, reasons.DELETING)
+            status = CacheStatus(
+                "Deleting",
+                False,
+                reasons.DELETING,
+                f"cleanup Job {spec.cleanup_job_name} removes {dirs} on {node} (only what "
+                f"flexinfer wrote); the cache goes when it ends, or after {bound}",
+                spec.cleanup_job_name,
+            )
+            self._write_status(obj, status, path=spec.path, now=now)
+            return Outcome(now + bound + CLEANUP_GRACE, True, reasons.DELETING)
+        phase = job_phase(job)
+        pods = job_pods(self.cache.objects(PODS, namespace), spec.cleanup_job_name)
+        if phase is JobPhase.SUCCEEDED:
+            report = pod_report(pods)
+            said = report.detail if report is not None else f"removed {dirs}"
+            kept = "kept:" in said and not said.rstrip().endswith("kept: none")
+            self.writer.event(
+                obj,
+                reason=reasons.CLEANED_UP,
+                message=f"cleanup Job {spec.cleanup_job_name} on {node}: {said}"
+                + ("; a kept directory was not flexinfer's and stays" if kept else ""),
+                type="Normal",
+                now=now,
+            )
+            return Outcome(None, self._release(obj, lease) or True, reasons.CLEANED_UP)
+        if phase is JobPhase.FAILED:
+            return self._give_up(
+                obj,
+                lease,
+                f"cleanup Job {spec.cleanup_job_name} failed: {job_failure(job, pods)}; {by_hand}",
+                now=now,
+            )
+        started = parse_rfc3339(get_path(job, "metadata", "creationTimestamp")) or deleted_at
+        waiting = unschedulable(pods)
+        if now >= started + bound + CLEANUP_GRACE:
+            self.writer.delete(JOBS, namespace, spec.cleanup_job_name)
+            why = f"its pod could not be scheduled: {waiting[0]}" if waiting else "it did not end"
+            return self._give_up(
+                obj,
+                lease,
+                f"cleanup Job {spec.cleanup_job_name} on {node} did not finish within {bound} "
+                f"({why}); {by_hand}",
+                now=now,
+            )
+        status = CacheStatus(
+            "Deleting",
+            False,
+            reasons.DELETING,
+            f"cleanup Job {spec.cleanup_job_name} removes {dirs} on {node}"
+            + (f"; its pod cannot be scheduled yet: {waiting[0]}" if waiting else "")
+            + "; the cache goes when it ends, or by "
+            + str(format_rfc3339(started + bound + CLEANUP_GRACE)),
+            spec.cleanup_job_name,
+        )
+        wrote = self._write_status(obj, status, path=spec.path, now=now)
+        return Outcome(started + bound + CLEANUP_GRACE, wrote, reasons.DELETING)
+
+    def _give_up(self, obj: JSON, lease: JSON | None, message: str, *, now: datetime) -> Outcome:
+        self.writer.event(
+            obj, reason=reasons.CLEANUP_FAILED, message=message, type="Warning", now=now
+        )
+        return Outcome(None, self._release(obj, lease) or True, reasons.CLEANUP_FAILED)
+
     # -- storage ---------------------------------------------------------------------
 
     def _claim(self, spec: CacheSpec) -> bool:
@@ -221,7 +582,13 @@ class CacheReconciler:
             return False
         live = self.cache.get(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
         if live is not None:
-            return False  # a claim's spec is immutable once bound; ours is never edited
+            # A claim's spec is immutable once bound; ours is never edited. A Pending one
+            # holds no data yet: when the spec now asks for other access modes or another
+            # class (the fix its condition asked for), it is made again.
+            if get_path(live, "status", "phase") == "Pending" and claim_differs(spec, live):
+                self.writer.delete(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
+                return True
+            return False
         self.writer.apply(PERSISTENT_VOLUME_CLAIMS, claim)
         return True
 
@@ -230,6 +597,59 @@ class CacheReconciler:
             return False
         live = self.cache.get(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
         return bool(get_path(live, "status", "phase") != "Bound")
+
+    def _claim_events(self, spec: CacheSpec) -> tuple[bool, str]:
+        """The newest Event on the claim, Warnings first: whether it is a Warning, and
+        the binder's or the provisioner's own words ("" when none or unreadable)."""
+        try:
+            listed = self.api.request(
+                "GET",
+                EVENTS.path(spec.namespace),
+                query={
+                    "fieldSelector": f"involvedObject.kind=PersistentVolumeClaim,"
+                    f"involvedObject.name={spec.claim}"
+                },
+            )
+        except KubeError as error:
+            log.debug("claim events unreadable", extra={"fields": {"error": str(error)}})
+            return False, ""
+
+        def when(event: JSON) -> str:
+            return str(
+                event.get("lastTimestamp")
+                or event.get("eventTime")
+                or get_path(event, "metadata", "creationTimestamp")
+                or ""
+            )
+
+        items = sorted(
+            listed.get("items") or [], key=lambda e: (e.get("type") == "Warning", when(e))
+        )
+        if not items:
+            return False, ""
+        newest = items[-1]
+        text = f"{newest.get('reason') or 'Event'}: {newest.get('message') or ''}".strip()
+        return newest.get("type") == "Warning", text[:MESSAGE_LIMIT]
+
+    def _claim_pending(
+        self, obj: JSON, spec: CacheSpec, *, now: datetime
+    ) -> tuple[CacheStatus, bool]:
+        warning, said = self._claim_events(spec)
+        message = (
+            f"claim {spec.claim} is not bound yet: the download Job {spec.download_job_name} "
+            "starts once it is"
+            + (f"; the claim says {said}{claim_hint(spec, said)}" if said else "")
+        )
+        status = CacheStatus(
+            "Pending", False, reasons.CLAIM_PENDING, message, spec.download_job_name
+        )
+        wrote = False
+        if warning and get_path(obj, "status", "message") != message:
+            self.writer.event(
+                obj, reason=reasons.CLAIM_PENDING, message=message, type="Warning", now=now
+            )
+            wrote = True
+        return status, wrote
 
     # -- finetune --------------------------------------------------------------------
 
@@ -263,6 +683,33 @@ class CacheReconciler:
         phase = job_phase(job)
         wrote = False
         next_at: datetime | None = None
+        pods = job_pods(self.cache.objects(PODS, namespace), job_name(name))
+        parked = (get_path(job, "metadata", "annotations") or {}).get(UNSCHEDULABLE_ANNOTATION)
+        waiting: str | None = None
+        release_at: datetime | None = None
+        if phase is JobPhase.ACTIVE and not parked:
+            stuck = unschedulable(pods)
+            resource = _gpu_resource(finetune)
+            if stuck is not None and not waits_for_gpu(stuck[0], resource):
+                waiting = stuck[0]
+                release_at = (stuck[1] or now) + self.timeouts.finetune_unschedulable
+                if now >= release_at:
+                    # Not the GPU: the lease would park serving for nothing until the
+                    # Job's deadline. Suspend the Job (its pod goes, it stays readable)
+                    # and let the lease go with it.
+                    updated = self.writer.patch(
+                        JOBS,
+                        namespace,
+                        job_name(name),
+                        {
+                            "metadata": {"annotations": {UNSCHEDULABLE_ANNOTATION: waiting}},
+                            "spec": {"suspend": True},
+                        },
+                    )
+                    wrote = updated is not None
+                    parked = waiting
+        if parked:
+            phase = JobPhase.FAILED
         create_job = phase is JobPhase.ABSENT
         if group and ttl is not None:
             plan = plan_finetune_lease(
@@ -284,6 +731,8 @@ class CacheReconciler:
             if plan.action is LeaseAction.CREATE:
                 next_at = now  # the Job comes next, once the lease is in place
             create_job = create_job and plan.create_job
+        if plan_next := (release_at if waiting else None):
+            next_at = plan_next if next_at is None else min(next_at, plan_next)
         if create_job:
             wrote = self.writer.create(JOBS, namespace, job_body) is not None or wrote
             phase = JobPhase.ACTIVE if phase is JobPhase.ABSENT else phase
@@ -294,6 +743,20 @@ class CacheReconciler:
                 True,
                 reasons.CACHE_READY,
                 f"finetune Job {job_name(name)} succeeded{held}",
+                job_name(name),
+            )
+        elif parked:
+            limit = self.timeouts.finetune_unschedulable
+            status = CacheStatus(
+                "Failed",
+                False,
+                reasons.FINETUNE_UNSCHEDULABLE,
+                f"finetune Job {job_name(name)} was suspended: its pod could not be scheduled "
+                f"for {limit} (--finetune-unschedulable-timeout) for a reason other than the "
+                f"GPU: {parked}"
+                + (f"; GPU lease {finetune_lease_name(name)} released" if group else "")
+                + "; fix spec.nodeSelector or spec.tolerations, then delete the Job "
+                f"{job_name(name)} to train again",
                 job_name(name),
             )
         elif phase is JobPhase.FAILED:
@@ -307,6 +770,11 @@ class CacheReconciler:
             )
         else:
             doing = "waits for its GPU lease" if phase is JobPhase.ABSENT else "is running"
+            if waiting and release_at is not None:
+                doing = (
+                    f"cannot be scheduled: {waiting}; unless it is, the Job is suspended and "
+                    f"its GPU lease released at {format_rfc3339(release_at)}"
+                )
             status = CacheStatus(
                 "Finetuning",
                 False,
@@ -383,7 +851,24 @@ class CacheReconciler:
             "message": status.message,
             "conditions": merge_conditions(
                 get_path(obj, "status", "conditions"),
-                [Condition("Ready", status.ready, status.reason, status.message)],
+                [Condition("Ready", status.ready, status.reason, status.message)]
+                + (
+                    [
+                        Condition(
+                            ADOPTED_CONDITION,
+                            status.adopted,
+                            reasons.ADOPTED if status.adopted else reasons.CACHE_READY,
+                            (
+                                f"{path} is a directory flexinfer did not write: used as it "
+                                "is; flexinfer never writes, rewrites or removes it"
+                            )
+                            if status.adopted
+                            else f"flexinfer wrote {path} and keeps it",
+                        )
+                    ]
+                    if status.adopted is not None
+                    else []
+                ),
                 now=now,
                 generation=generation,
             ),
@@ -402,6 +887,13 @@ class CacheReconciler:
                 obj, reason=status.reason, message=status.message, type="Warning", now=now
             )
         return written
+
+
+def _gpu_resource(finetune: Mapping[str, Any]) -> str:
+    try:
+        return Vendor(str(get_path(finetune, "gpu", "vendor") or "amd")).resource or ""
+    except ValueError:
+        return ""
 
 
 def _source_of(job: Mapping[str, Any]) -> str:

@@ -3,19 +3,20 @@
 A cache keeps one copy of a model in its storage:
 
 - `SharedPVC`: a claim (`existingClaimName`, or `<cache>-models` of `storageSize`,
-  ReadWriteMany, owned by the cache), the copy in `modelPath` (default: the cache's
-  name) inside it;
-- `NodeLocal`: `/var/lib/flexinfer/models/<namespace>/<name>` on the node its
-  `nodeSelector` picks;
-- `Memory`: `/dev/shm/flexinfer/<namespace>/<name>` on that node, filled at pod start
-  by a flash-loader init container from a backing copy (the claim when
-  `existingClaimName` is set, else the NodeLocal directory, which the download fills).
+  `storageClassName` and `accessModes`, owned by the cache), the copy in `modelPath`
+  (default: the cache's name) inside it;
+- `NodeLocal`: a node directory (`cache_dir.node_dir`) on the node its `nodeSelector`
+  picks;
+- `Memory`: a RAM directory (`cache_dir.memory_dir`) on that node, filled at pod start by
+  a flash-loader init container from a backing copy (the claim when `existingClaimName`
+  is set, else the NodeLocal directory, which the download fills).
 
-A download Job per source scheme fills the storage and writes `COMPLETE_MARKER`
-last; the flash loader refuses a backing copy without it, copies only what changed
-(size and mtime), deletes what the source no longer has (a stale copy of an earlier
-model must never be served) and writes its own marker last. Pure: JSON in, manifests
-out.
+A download Job per source scheme fills the storage under the ownership rules of
+`cache_dir` (it writes only into an empty directory or flexinfer's own, adopts a user's
+model as it is, skips a complete copy of the same source); a cleanup Job removes a
+node-bound cache's directories when the cache goes, again only what flexinfer wrote.
+Every pod of a cache (download, cleanup, finetune) gets its placement from
+`job_placement`. Pure: JSON in, manifests out.
 """
 
 from __future__ import annotations
@@ -29,21 +30,36 @@ from typing import Any
 import attrs
 
 from flexinfer_core import InvalidFieldError
+from flexinfer_k8s.render import cache_dir
+from flexinfer_k8s.render.cache_dir import FLASH_LOADER_SCRIPT, REFUSED_EXIT_CODE, TERMINATION_LOG
 from flexinfer_k8s.render.source import Scheme, Source, parse_source
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_CACHES
 
 Pairs = tuple[tuple[str, str], ...]
 
-COMPLETE_MARKER = ".flexinfer-complete"
-"""Written last by every filler (download Job, flash loader); one name, one place."""
-NODE_MODELS_ROOT = "/var/lib/flexinfer/models"
-MEMORY_ROOT = "/dev/shm/flexinfer"
 MODELS_MOUNT = "/models"
 """Serving pods see a cache at /models/<cache name>."""
 DEFAULT_STORAGE_SIZE = "50Gi"
 CACHE_LABEL = "ai.flexinfer/modelcache"
 TEST_ANNOTATION_PREFIX = "flexinfer.test/"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+DEFAULT_DOWNLOAD_TIMEOUT_SECONDS = 21600
+"""A download's `activeDeadlineSeconds` unless `spec.downloadTimeoutSeconds` says (6 h:
+a 70B model over a slow home line)."""
+DOWNLOAD_RESOURCES: JSON = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"memory": "4Gi"},
+}
+"""The download container's resources unless `spec.downloadResources` says: enough for
+huggingface_hub or ollama, bounded so a runaway download cannot starve the node's
+serving pods of memory; no CPU limit (throttling only slows the copy)."""
+CLEANUP_RESOURCES: JSON = {
+    "requests": {"cpu": "10m", "memory": "16Mi"},
+    "limits": {"memory": "64Mi"},
+}
+ADOPTED_CONDITION = "Adopted"
+"""The ModelCache condition that says its copy is a user's directory, used as it is."""
 
 
 class Strategy(enum.StrEnum):
@@ -68,7 +84,8 @@ class CacheSpec:
     namespace: str
     uid: str
     strategy: Strategy
-    source: Source
+    source: Source | None
+    """None: no source; the copy must already be there (adopted)."""
     claim: str
     """The claim holding the copy ("" when the copy is on the node)."""
     create_claim: bool
@@ -78,19 +95,37 @@ class CacheSpec:
     node_selector: Pairs
     download_image: str = ""
     pod_annotations: Pairs = ()
+    tolerations: tuple[JSON, ...] = attrs.field(default=(), hash=False)
+    storage_class: str | None = None
+    """`spec.storageClassName`; None leaves it to the cluster's default class."""
+    access_modes: tuple[str, ...] = ("ReadWriteMany",)
+    download_timeout: int = DEFAULT_DOWNLOAD_TIMEOUT_SECONDS
+    download_resources: JSON = attrs.field(factory=lambda: dict(DOWNLOAD_RESOURCES), hash=False)
+    adopted: bool = False
+    """The controller found a user's model in the copy's directory (status `Adopted`)."""
 
     @property
     def node_dir(self) -> str:
-        return f"{NODE_MODELS_ROOT}/{self.namespace}/{self.name}"
+        return cache_dir.node_dir(self.namespace, self.name)
 
     @property
     def memory_dir(self) -> str:
-        return f"{MEMORY_ROOT}/{self.namespace}/{self.name}"
+        return cache_dir.memory_dir(self.namespace, self.name)
 
     @property
     def on_node(self) -> bool:
         """Whether the (backing) copy lives in a node directory rather than a claim."""
         return not self.claim
+
+    @property
+    def node_dirs(self) -> tuple[str, ...]:
+        """The node directories flexinfer may have written for this cache (cleanup)."""
+        dirs = (self.node_dir,) if self.on_node else ()
+        return (*dirs, self.memory_dir) if self.strategy is Strategy.MEMORY else dirs
+
+    @property
+    def source_text(self) -> str:
+        return self.source.text if self.source is not None else ""
 
     @property
     def path(self) -> str:
@@ -110,8 +145,45 @@ class CacheSpec:
         return f"{self.name}-download"
 
     @property
+    def cleanup_job_name(self) -> str:
+        return f"{self.name}-cleanup"
+
+    @property
     def serving_mount(self) -> str:
         return f"{MODELS_MOUNT}/{self.name}"
+
+
+RESOURCE_KEYS = ("cpu", "memory", "ephemeral-storage")
+
+
+def resources_from(value: Any, *, field: str, defaults: Mapping[str, Any]) -> JSON:
+    """`requests` and `limits` of a container: each section the spec gives replaces the
+    default's whole (a request above the default limit then needs the limit too)."""
+    value = value or {}
+    if not isinstance(value, Mapping):
+        raise InvalidFieldError(field, value, "must be an object with requests and limits")
+    out: JSON = {}
+    for section in ("requests", "limits"):
+        given = value.get(section)
+        chosen = given if given is not None else defaults.get(section)
+        if not chosen:
+            continue
+        if not isinstance(chosen, Mapping):
+            raise InvalidFieldError(f"{field}.{section}", chosen, "must be an object")
+        for key in chosen:
+            if key not in RESOURCE_KEYS:
+                raise InvalidFieldError(
+                    f"{field}.{section}.{key}", chosen[key], f"only {RESOURCE_KEYS} may be set"
+                )
+        out[section] = {str(k): str(v) for k, v in chosen.items()}
+    return out
+
+
+def default_access_modes(selector: Pairs) -> tuple[str, ...]:
+    """ReadWriteOnce when the cache is pinned to one node by hostname (its Job and its
+    serving pods all run there: `local-path` and other node-local storage work), else
+    ReadWriteMany (pods on any node read the one copy)."""
+    return ("ReadWriteOnce",) if dict(selector).get(HOSTNAME_LABEL) else ("ReadWriteMany",)
 
 
 def cache_from_k8s(obj: Mapping[str, Any]) -> CacheSpec:
@@ -142,18 +214,30 @@ def cache_from_k8s(obj: Mapping[str, Any]) -> CacheSpec:
     content = str(spec.get("modelPath") or "").strip("/") or name
     if ".." in content.split("/"):
         raise InvalidFieldError("spec.modelPath", spec.get("modelPath"), "must not contain '..'")
+    source_text = str(spec.get("source") or "").strip()
+    if not source_text and create:
+        raise InvalidFieldError(
+            "spec.source",
+            "",
+            "is required when the cache creates its own (empty) claim: name the model to "
+            "download (e.g. HF://Qwen/Qwen3-1.7B), or set spec.existingClaimName and "
+            "spec.modelPath to a model already on a claim",
+        )
+    source = parse_source(source_text, field="spec.source") if source_text else None
     annotations = {
         str(k): str(v)
         for k, v in (get_path(obj, "metadata", "annotations") or {}).items()
         if str(k).startswith(TEST_ANNOTATION_PREFIX)
     }
     annotations.update({str(k): str(v) for k, v in (spec.get("podAnnotations") or {}).items()})
+    modes = tuple(str(m) for m in (spec.get("accessModes") or ())) or default_access_modes(selector)
+    storage_class = spec.get("storageClassName")
     return CacheSpec(
         name=name,
         namespace=namespace,
         uid=str(get_path(obj, "metadata", "uid") or ""),
         strategy=strategy,
-        source=parse_source(str(spec.get("source") or ""), field="spec.source"),
+        source=source,
         claim=claim,
         create_claim=create,
         storage_size=str(spec.get("storageSize") or DEFAULT_STORAGE_SIZE),
@@ -161,6 +245,26 @@ def cache_from_k8s(obj: Mapping[str, Any]) -> CacheSpec:
         node_selector=selector,
         download_image=str(spec.get("downloadImage") or ""),
         pod_annotations=tuple(sorted(annotations.items())),
+        tolerations=tuple(dict(t) for t in (spec.get("tolerations") or ())),
+        storage_class=None if storage_class is None else str(storage_class),
+        access_modes=modes,
+        download_timeout=int(
+            spec.get("downloadTimeoutSeconds") or DEFAULT_DOWNLOAD_TIMEOUT_SECONDS
+        ),
+        download_resources=resources_from(
+            spec.get("downloadResources"),
+            field="spec.downloadResources",
+            defaults=DOWNLOAD_RESOURCES,
+        ),
+        adopted=status_says_adopted(obj),
+    )
+
+
+def status_says_adopted(obj: Mapping[str, Any]) -> bool:
+    """Whether the ModelCache's status says its copy was adopted (a user's directory)."""
+    return any(
+        c.get("type") == ADOPTED_CONDITION and c.get("status") == "True"
+        for c in get_path(obj, "status", "conditions") or []
     )
 
 
@@ -184,6 +288,26 @@ def cache_labels(cache: CacheSpec) -> dict[str, str]:
     }
 
 
+def job_placement(cache: CacheSpec) -> JSON:
+    """Where every pod of the cache (download, cleanup, finetune) may run: the cache's
+    node and the taints it tolerates."""
+    placement: JSON = {}
+    if cache.node_selector:
+        placement["nodeSelector"] = dict(cache.node_selector)
+    if cache.tolerations:
+        placement["tolerations"] = [dict(t) for t in cache.tolerations]
+    return placement
+
+
+def host_path_type(path: str) -> str:
+    """`File` for a path that names a file, `Directory` otherwise, so that a missing path
+    is an error of the pod, never an empty directory the kubelet makes up. A path is a
+    file when its last element has an extension (`model.gguf`, `data.jsonl`) and does
+    not end in `/`."""
+    last = posixpath.basename(path)
+    return "File" if not path.endswith("/") and "." in last.strip(".") else "Directory"
+
+
 # --- the claim -----------------------------------------------------------------------
 
 
@@ -191,6 +315,12 @@ def claim_manifest(cache: CacheSpec) -> JSON | None:
     """The claim a SharedPVC cache creates (None when it uses an existing one)."""
     if not cache.create_claim:
         return None
+    spec: JSON = {
+        "accessModes": list(cache.access_modes),
+        "resources": {"requests": {"storage": cache.storage_size}},
+    }
+    if cache.storage_class is not None:
+        spec["storageClassName"] = cache.storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -200,11 +330,22 @@ def claim_manifest(cache: CacheSpec) -> JSON | None:
             "labels": {**cache_labels(cache), "app.kubernetes.io/component": "model-cache"},
             "ownerReferences": [owner_reference(cache)],
         },
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "resources": {"requests": {"storage": cache.storage_size}},
-        },
+        "spec": spec,
     }
+
+
+def claim_differs(cache: CacheSpec, live: Mapping[str, Any]) -> str:
+    """What of the spec a live claim of ours does not have ("" when it matches): a
+    Pending claim is re-created with it, a bound one is never touched."""
+    wanted = claim_manifest(cache)
+    if wanted is None:
+        return ""
+    spec = get_path(live, "spec") or {}
+    if sorted(spec.get("accessModes") or []) != sorted(wanted["spec"]["accessModes"]):
+        return f"accessModes {spec.get('accessModes')} → {list(cache.access_modes)}"
+    if cache.storage_class is not None and spec.get("storageClassName") != cache.storage_class:
+        return f"storageClassName {spec.get('storageClassName')!r} → {cache.storage_class!r}"
+    return ""
 
 
 # --- filling it -----------------------------------------------------------------------
@@ -223,42 +364,52 @@ def _target_volume(cache: CacheSpec) -> tuple[JSON, JSON]:
     )
 
 
-def _begin(marker: str = COMPLETE_MARKER) -> str:
-    # The marker goes first so a half-written copy is never taken for a whole one; then
-    # everything else, so files of an earlier source never mix with the new model.
-    return f"set -eu; rm -f /target/{marker}; find /target -mindepth 1 -delete; "
-
-
-def _end(marker: str = COMPLETE_MARKER) -> str:
-    return f"; touch /target/{marker}"
-
-
 HF_DOWNLOAD = """\
 import os
 from huggingface_hub import snapshot_download
 pattern = os.environ.get("FLEXINFER_PATTERN") or None
 repo = os.environ["FLEXINFER_REPO"]
+target = os.environ["FLEXINFER_TARGET"]
 snapshot_download(
     repo_id=repo,
-    local_dir="/target",
+    local_dir=target,
     allow_patterns=[pattern, pattern + "/*"] if pattern else None,
 )
-fetched = [p for p in os.listdir("/target") if not p.startswith(".")]
+fetched = [p for p in os.listdir(target) if not p.startswith(".")]
 if not fetched:
     raise SystemExit(f"{repo}: nothing matches {pattern or 'the repository'}")
 """
 
 
+def model_entry(source: Source | None) -> str:
+    """The file or directory the source names inside the copy ("" for the whole copy):
+    what the serving path points at, and what adopting a directory looks for."""
+    if source is None:
+        return ""
+    if source.scheme is Scheme.HUGGINGFACE:
+        return source.path
+    if source.scheme in (Scheme.FILE, Scheme.PVC):
+        return source.file_name
+    return ""
+
+
 def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
-    """The Job that fills the cache from its source, marker last."""
+    """The Job that fills the cache from its source, under `cache_dir`'s ownership rules;
+    without a source, the Job only looks at what is there (adopts it or says so)."""
     target_volume, target_mount = _target_volume(cache)
     volumes: list[JSON] = [target_volume]
     mounts: list[JSON] = [target_mount]
-    env: list[JSON] = []
+    env: list[JSON] = [
+        {"name": "FLEXINFER_SOURCE", "value": cache.source_text},
+        {"name": "FLEXINFER_ENTRY", "value": model_entry(cache.source)},
+    ]
+    args: list[str] = []
     source = cache.source
-    if source.scheme is Scheme.HUGGINGFACE:
+    if source is None:
+        image, body = images.copy, ""
+    elif source.scheme is Scheme.HUGGINGFACE:
         image = images.huggingface
-        env = [
+        env += [
             {"name": "FLEXINFER_REPO", "value": source.repo},
             {"name": "FLEXINFER_PATTERN", "value": source.path},
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
@@ -274,16 +425,19 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
                 },
             },
         ]
-        script = (
-            _begin()
-            + "pip install --quiet --no-cache-dir 'huggingface_hub>=0.23,<2'; "
-            + f"python -c {shlex.quote(HF_DOWNLOAD)}"
-            + _end()
+        body = (
+            "pip install --quiet --no-cache-dir 'huggingface_hub>=0.23,<2'\n"
+            f'FLEXINFER_TARGET="$target" python -c {shlex.quote(HF_DOWNLOAD)}\n'
         )
     elif source.scheme in (Scheme.FILE, Scheme.PVC):
         image = images.copy
         if source.scheme is Scheme.FILE:
-            volumes.append({"name": "source", "hostPath": {"path": source.path}})
+            volumes.append(
+                {
+                    "name": "source",
+                    "hostPath": {"path": source.path, "type": host_path_type(source.path)},
+                }
+            )
             inside = f"/source/{source.file_name}"
             mounts.append({"name": "source", "mountPath": inside, "readOnly": True})
         else:
@@ -291,41 +445,42 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
             inside = posixpath.join("/source", source.path) if source.path else "/source"
         # A named file or directory keeps its name under the copy; a whole claim is
-        # copied as it is (cache_model_path follows the same rule).
-        copy = (
-            "cp -a /source/. /target/"
-            if inside == "/source"
-            else (f"cp -a {shlex.quote(inside)} /target/")
-        )
-        script = _begin() + copy + _end()
+        # copied as it is (model_entry follows the same rule).
+        body = 'cp -a "$3"/. "$target"/\n' if inside == "/source" else 'cp -a "$3" "$target"/\n'
+        args = [inside]
     else:  # ollama
         image = images.ollama
-        env = [{"name": "OLLAMA_MODELS", "value": "/target"}]
         tag = shlex.quote(source.ollama_tag)
-        script = (
-            _begin()
-            + "ollama serve & server=$!; tries=0; "
-            + "until ollama list >/dev/null 2>&1; do tries=$((tries+1)); "
-            + '[ "$tries" -gt 60 ] && exit 1; sleep 1; done; '
-            + f"ollama pull {tag}; kill $server"
-            + _end()
+        body = (
+            'OLLAMA_MODELS="$target" ollama serve & server=$!; tries=0\n'
+            "until ollama list >/dev/null 2>&1; do tries=$((tries+1)); "
+            '[ "$tries" -gt 60 ] && exit 1; sleep 1; done\n'
+            f"ollama pull {tag}; kill $server\n"
         )
+    container: JSON = {
+        "name": "download",
+        "image": cache.download_image or image,
+        "command": [
+            "sh",
+            "-c",
+            cache_dir.download_script(body),
+            "download",
+            "/target",
+            TERMINATION_LOG,
+            *args,
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "env": env,
+        "volumeMounts": mounts,
+    }
+    if cache.download_resources:
+        container["resources"] = cache.download_resources
     pod: JSON = {
         "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": "download",
-                "image": cache.download_image or image,
-                "command": ["sh", "-c", script],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "env": env,
-                "volumeMounts": mounts,
-            }
-        ],
+        "containers": [container],
         "volumes": volumes,
+        **job_placement(cache),
     }
-    if cache.node_selector:
-        pod["nodeSelector"] = dict(cache.node_selector)
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "model-download"}
     return {
         "apiVersion": "batch/v1",
@@ -337,8 +492,22 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             "ownerReferences": [owner_reference(cache)],
         },
         "spec": {
-            # One retry: a flaky network gets a second chance, a wrong source fails fast.
+            # One retry: a flaky network gets a second chance, a wrong source fails fast,
+            # and a directory flexinfer must not write fails at once.
             "backoffLimit": 1,
+            "activeDeadlineSeconds": cache.download_timeout,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "download",
+                            "operator": "In",
+                            "values": [REFUSED_EXIT_CODE],
+                        },
+                    }
+                ]
+            },
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(cache.pod_annotations)},
                 "spec": pod,
@@ -347,34 +516,63 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
     }
 
 
+# --- removing it ------------------------------------------------------------------------
+
+
+def cleanup_job(cache: CacheSpec, *, deadline_seconds: int) -> JSON | None:
+    """The Job that removes a node-bound cache's directories from its node once the
+    cache is deleted (only what flexinfer wrote: `cache_dir.CLEANUP_SCRIPT`); None when
+    the cache has no node directory or names no node. Not owned by the cache (it runs
+    while the cache is going); it deletes itself an hour after it ends."""
+    if not cache.node_dirs or not cache.node_selector:
+        return None
+    volumes: list[JSON] = []
+    mounts: list[JSON] = []
+    inside: list[str] = []
+    for index, directory in enumerate(cache.node_dirs):
+        parent = posixpath.dirname(directory)
+        volume = f"parent-{index}"
+        # The parent (flexinfer's per-namespace directory), so the cache's own
+        # directory can be removed, not only emptied.
+        volumes.append({"name": volume, "hostPath": {"path": parent, "type": "DirectoryOrCreate"}})
+        mounts.append({"name": volume, "mountPath": f"/node/{index}"})
+        inside.append(f"/node/{index}/{posixpath.basename(directory)}")
+    labels = {**cache_labels(cache), "app.kubernetes.io/component": "model-cleanup"}
+    container: JSON = {
+        "name": "cleanup",
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", cache_dir.CLEANUP_SCRIPT, "cleanup", TERMINATION_LOG, *inside],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+        "resources": CLEANUP_RESOURCES,
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": cache.cleanup_job_name,
+            "namespace": cache.namespace,
+            "labels": labels,
+            "annotations": {"ai.flexinfer/modelcache-uid": cache.uid},
+        },
+        "spec": {
+            "backoffLimit": 1,
+            "activeDeadlineSeconds": deadline_seconds,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(cache.pod_annotations)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": volumes,
+                    **job_placement(cache),
+                },
+            },
+        },
+    }
+
+
 # --- serving from it --------------------------------------------------------------------
-
-
-FLASH_LOADER_SCRIPT = """\
-set -eu
-src=/cache-source; dst="$1"; marker=@MARKER@
-if [ ! -f "$src/$marker" ]; then
-  echo "flash-loader: the backing copy in $src is incomplete ($marker missing)" >&2
-  exit 1
-fi
-rm -f "$dst/$marker"
-mkdir -p "$dst"
-cd "$src"
-find . -type f ! -name "$marker" | while IFS= read -r f; do
-  if [ -f "$dst/$f" ] && [ "$(stat -c '%s %Y' "$f")" = "$(stat -c '%s %Y' "$dst/$f")" ]; then
-    continue
-  fi
-  mkdir -p "$dst/$(dirname "$f")"
-  cp -p "$f" "$dst/$f.flexinfer-partial"
-  mv "$dst/$f.flexinfer-partial" "$dst/$f"
-done
-cd "$dst"
-find . -type f ! -name "$marker" | while IFS= read -r f; do
-  [ -f "$src/$f" ] || rm -f "$f"
-done
-find . -depth -mindepth 1 -type d -empty -exec rmdir {} \\;
-touch "$dst/$marker"
-""".replace("@MARKER@", COMPLETE_MARKER)
 
 
 @attrs.frozen
@@ -404,7 +602,15 @@ def serving_mount(cache: CacheSpec, images: CacheImages) -> CacheMount:
         loader = {
             "name": "flash-loader",
             "image": images.loader,
-            "command": ["sh", "-c", FLASH_LOADER_SCRIPT, "flash-loader", cache.serving_mount],
+            "command": [
+                "sh",
+                "-c",
+                FLASH_LOADER_SCRIPT,
+                "flash-loader",
+                cache.serving_mount,
+                # A user's copy carries no marker of ours: the controller vouched for it.
+                *(["adopted"] if cache.adopted else []),
+            ],
             "volumeMounts": [
                 {
                     "name": "cache-source",
@@ -432,7 +638,5 @@ def serving_mount(cache: CacheSpec, images: CacheImages) -> CacheMount:
 
 def cache_model_path(cache: CacheSpec) -> str:
     """The model inside a serving pod: the cache's mount, and the file its source names."""
-    path = cache.source.path if cache.source.scheme is Scheme.HUGGINGFACE else ""
-    if cache.source.scheme in (Scheme.FILE, Scheme.PVC):
-        path = cache.source.file_name
+    path = model_entry(cache.source)
     return posixpath.join(cache.serving_mount, path) if path else cache.serving_mount

@@ -5,9 +5,12 @@ The trainer is an image (`spec.finetune.image`, else the controller's
 (docs/caches/finetune.md lists the contract): mode, dataset, epochs, batch size,
 learning rate and maximum sequence length, the base model in the cache mounted at
 /cache, and the directory to write its result to. GPUs per vendor
-(`spec.finetune.gpu`), `activeDeadlineSeconds` from `timeoutSeconds`, no retries (a
-failed run is reported, not repeated on a card serving needs back). The GPU lease
-around it is `reconcile_cache`'s. Pure.
+(`spec.finetune.gpu`), CPU and memory (`spec.finetune.resources`, else
+`FINETUNE_RESOURCES`), the cache's node and tolerations (`render.cache.job_placement`),
+`activeDeadlineSeconds` from `timeoutSeconds`, no retries (a failed run is reported, not
+repeated on a card serving needs back). A copy flexinfer adopted (a user's directory)
+is never written, so it is never finetuned. The GPU lease around it is
+`reconcile_cache`'s. Pure.
 """
 
 from __future__ import annotations
@@ -17,13 +20,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from flexinfer_core import InvalidFieldError
-from flexinfer_k8s.render.cache import CacheSpec, cache_labels, cache_model_path, owner_reference
+from flexinfer_k8s.render.cache import (
+    CacheSpec,
+    cache_labels,
+    cache_model_path,
+    host_path_type,
+    job_placement,
+    owner_reference,
+    resources_from,
+)
 from flexinfer_k8s.render.workload import Vendor
 from flexinfer_kube.objects import JSON, get_path
 
 CACHE_MOUNT = "/cache"
 OUTPUT_DIR = f"{CACHE_MOUNT}/finetune-output"
 DEFAULT_TIMEOUT_SECONDS = 21600
+FINETUNE_RESOURCES: JSON = {
+    "requests": {"cpu": "2", "memory": "8Gi"},
+    "limits": {"memory": "32Gi"},
+}
+"""The trainer's CPU and memory unless `spec.finetune.resources` says: a QLoRA run of a
+7–8B model with a few data-loader workers; the memory limit keeps a runaway trainer from
+taking the node's serving pods down with it."""
 
 
 def job_name(cache_name: str) -> str:
@@ -40,6 +58,14 @@ def finetune_job(
 ) -> JSON:
     """The Job for `spec.finetune` of the ModelCache `obj` (parsed as `cache`)."""
     finetune = get_path(obj, "spec", "finetune") or {}
+    if cache.adopted:
+        raise InvalidFieldError(
+            "spec.finetune",
+            "set",
+            f"cannot run over {cache.path}: flexinfer adopted that directory (files it did "
+            "not write) and never writes there, and a finetune writes finetune-output into "
+            "it; point spec.modelPath (or the cache) at an empty directory",
+        )
     image = str(finetune.get("image") or default_image)
     if not image:
         raise InvalidFieldError(
@@ -56,12 +82,13 @@ def finetune_job(
             "spec.finetune.gpu.vendor", gpu.get("vendor"), "must be amd or nvidia"
         ) from None
     count = gpu.get("count", 1)
-    resources: JSON = {}
-    if vendor.resource and count:
-        resources = {
-            "requests": {vendor.resource: str(count)},
-            "limits": {vendor.resource: str(count)},
-        }
+    resources = resources_from(
+        finetune.get("resources"), field="spec.finetune.resources", defaults=FINETUNE_RESOURCES
+    )
+    gpus = bool(vendor.resource and count)
+    if gpus:
+        for section in ("requests", "limits"):
+            resources.setdefault(section, {})[vendor.resource] = str(count)
     if cache.claim:
         volume: JSON = {"name": "cache", "persistentVolumeClaim": {"claimName": cache.claim}}
         mount: JSON = {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": cache.content_dir}
@@ -73,7 +100,9 @@ def finetune_job(
     if dataset.startswith("file:///"):
         host = posixpath.normpath(dataset.removeprefix("file://"))
         inside = f"/dataset/{posixpath.basename(host)}"
-        volumes.append({"name": "dataset", "hostPath": {"path": host}})
+        volumes.append(
+            {"name": "dataset", "hostPath": {"path": host, "type": host_path_type(dataset)}}
+        )
         mounts.append({"name": "dataset", "mountPath": inside, "readOnly": True})
         dataset = inside
     base = cache_model_path(cache).replace(cache.serving_mount, CACHE_MOUNT, 1)
@@ -99,10 +128,9 @@ def finetune_job(
     if resources:
         container["resources"] = resources
     pod: JSON = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
-    if vendor is Vendor.AMD and resources:
+    if vendor is Vendor.AMD and gpus:
         pod["securityContext"] = {"supplementalGroups": [video_gid, render_gid]}
-    if cache.node_selector:
-        pod["nodeSelector"] = dict(cache.node_selector)
+    pod.update(job_placement(cache))
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "finetune"}
     return {
         "apiVersion": "batch/v1",

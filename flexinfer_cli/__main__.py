@@ -6,6 +6,7 @@
                                        GPU leases: list them, park a group by hand
     flexinfer cache status             ModelCaches: strategy, path, ready, source
     flexinfer doctor                   the troubleshooting cases as checks, with fixes
+    flexinfer nodes label [--apply]    GPU nodes' flexinfer.ai/gpu.vendor from their capacity
     flexinfer bench --url URL --model NAME
                                        tokens/s (and time to first token) of a model
     flexinfer simulate SCENARIO.yaml   play a shared group's decisions over time
@@ -83,7 +84,7 @@ def prog_name() -> str:
 
 
 def build_parser(prog: str = "flexinfer") -> argparse.ArgumentParser:
-    from flexinfer_cli import bench, caches, doctor, explain, leases, status
+    from flexinfer_cli import bench, caches, doctor, explain, leases, nodes, status
 
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -96,6 +97,7 @@ def build_parser(prog: str = "flexinfer") -> argparse.ArgumentParser:
     leases.add_parsers(sub)
     caches.add_parser(sub)
     doctor.add_parser(sub)
+    nodes.add_parser(sub)
     bench.add_parser(sub)
     sim = sub.add_parser("simulate", help="play a scenario through the election core")
     sim.add_argument("scenario", type=Path)

@@ -13,7 +13,10 @@ object, what is wrong and the fix in one sentence:
 - memory-cache: a Memory ModelCache that nothing uses (its RAM copy stays on the
   node) or whose copy failed;
 - demand-reaches-controller: Models whose status the controller never wrote, demand
-  it has not acted on, or a proxy that is not allowed to record demand.
+  it has not acted on, or a proxy that is not allowed to record demand;
+- gpu-node-label: a node with `amd.com/gpu` or `nvidia.com/gpu` capacity without the
+  `flexinfer.ai/gpu.vendor` label the docs' manifests select on (a fail when a resource
+  here selects on it, since its pods then match no node).
 
 A `fail` finding makes the exit code 1; a `warn` does not. Reads only (the proxy
 check asks the API server with a SubjectAccessReview, which writes nothing).
@@ -31,6 +34,7 @@ import attrs
 
 from flexinfer_cli.cluster import ClusterView, Target, add_cluster_flags, connect, list_cluster
 from flexinfer_cli.explain import add_policy_flags, policy_from
+from flexinfer_cli.nodes import VENDOR_LABEL, plan_labels
 from flexinfer_cli.output import FAILED, FORMATS, OK, UsageError, emit, timestamp
 from flexinfer_core import (
     FlexinferError,
@@ -59,6 +63,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    NODES,
     SERVICE_ACCOUNTS,
     SUBJECT_ACCESS_REVIEWS,
     Resource,
@@ -95,6 +100,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("lease-owner", "every GPU lease has a running owner and a TTL"),
     ("memory-cache", "every Memory cache is used and complete"),
     ("demand-reaches-controller", "demand reaches the controller and it acts on it"),
+    ("gpu-node-label", "every GPU node carries flexinfer.ai/gpu.vendor"),
 )
 
 
@@ -173,6 +179,7 @@ def diagnose(
         findings += memory_cache(view, namespace)
         findings += demand_reaches_controller(view, namespace, groups, settings=settings)
         findings += proxy_can_record_demand(target.api, namespace, settings=settings)
+    findings += gpu_node_label(view, _list(target.api, NODES, None))
     return findings
 
 
@@ -597,3 +604,38 @@ def proxy_can_record_demand(api: KubeApi, namespace: str, *, settings: Settings)
 
 def _duration(value: timedelta) -> str:
     return format_duration(value)
+
+
+def _selectors_of_vendor(view: ClusterView) -> list[str]:
+    """`kind/name` of every resource whose pods select on the vendor label."""
+    found = []
+    for resource in (MODELS, MODEL_DEPLOYMENTS, MODEL_CACHES):
+        for obj in view.objects(resource):
+            if VENDOR_LABEL in (get_path(obj, "spec", "nodeSelector") or {}):
+                found.append(f"{resource.kind.lower()}/{name_of(obj)}")
+    return found
+
+
+def gpu_node_label(view: ClusterView, nodes: list[dict[str, Any]]) -> list[Finding]:
+    """GPU nodes without the vendor label (nodes unreadable: no finding, as no nodes)."""
+    users = _selectors_of_vendor(view)
+    findings = []
+    for plan in plan_labels(nodes):
+        if plan.current == plan.wanted:
+            continue
+        said = f"{VENDOR_LABEL}={plan.current}" if plan.current else f"no {VENDOR_LABEL} label"
+        message = f"has {plan.resource} capacity but {said} (wanted {plan.wanted})"
+        if users:
+            message += f"; {', '.join(sorted(users)[:5])} select on it and match no such node"
+        findings.append(
+            Finding(
+                "gpu-node-label",
+                "fail" if users else "warn",
+                f"node/{plan.node}",
+                "",
+                message,
+                f"flexinfer nodes label --apply (or kubectl label node {plan.node} "
+                f"{VENDOR_LABEL}={plan.wanted}{' --overwrite' if plan.current else ''})",
+            )
+        )
+    return findings

@@ -586,7 +586,11 @@ class CacheReconciler:
             # holds no data yet: when the spec now asks for other access modes or another
             # class (the fix its condition asked for), it is made again.
             if get_path(live, "status", "phase") == "Pending" and claim_differs(spec, live):
-                self.writer.delete(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
+                # Its download pod goes too: a pod that names a claim holds it (the
+                # pvc-protection finalizer) and it never ran (the claim was not bound).
+                self.writer.delete(JOBS, spec.namespace, spec.download_job_name)
+                if not get_path(live, "metadata", "deletionTimestamp"):
+                    self.writer.delete(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
                 return True
             return False
         self.writer.apply(PERSISTENT_VOLUME_CLAIMS, claim)

@@ -47,6 +47,7 @@ JOBS = Resource("batch", "v1", "jobs", "Job")
 EVENTS = Resource("", "v1", "events", "Event")
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
 )

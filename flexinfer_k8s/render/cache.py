@@ -290,8 +290,9 @@ def cache_labels(cache: CacheSpec) -> dict[str, str]:
 
 def job_placement(cache: CacheSpec) -> JSON:
     """Where every pod of the cache (download, cleanup, finetune) may run: the cache's
-    node and the taints it tolerates."""
-    placement: JSON = {}
+    node and the taints it tolerates; and no API token, which none of them needs."""
+    # None of them talks to the API server: no token in the pod.
+    placement: JSON = {"automountServiceAccountToken": False}
     if cache.node_selector:
         placement["nodeSelector"] = dict(cache.node_selector)
     if cache.tolerations:

@@ -38,6 +38,7 @@ from flexinfer_devcluster.localcluster import (
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
+from flexinfer_k8s.reconcile_cache import CacheTimeouts
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, PODS, SERVICES
@@ -219,6 +220,7 @@ def controller(
     *,
     impersonate: str | None = None,
     policy: Policy = TEST_POLICY,
+    cache_timeouts: CacheTimeouts | None = None,
 ) -> Iterator[RunningController]:
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
@@ -235,6 +237,7 @@ def controller(
         resync_seconds=0,
         watch_timeout=30,
         identity=f"test-{namespace}",
+        cache_timeouts=cache_timeouts,
     )
     endpoints = HttpEndpoints(
         0, registry=registry, healthz=ctl.healthy, readyz=ctl.ready, host="127.0.0.1"

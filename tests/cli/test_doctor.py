@@ -101,6 +101,9 @@ def test_a_healthy_namespace_passes(
     local_cluster: object, cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     c = cluster
+    # A healthy cluster's GPU nodes carry the vendor label (check gpu-node-label).
+    main(["nodes", "label", "--apply", "--kubeconfig", str(c.local.kubeconfig)])
+    capsys.readouterr()
     c.add_model("a")
     c.add_model("b")
     c.demand("a")

@@ -10,6 +10,8 @@ from flexinfer_k8s.__main__ import parse_args
 def test_the_defaults_parse() -> None:
     args = parse_args([])
     assert args.workers == 8 and args.resync_seconds == 300.0
+    # Minutes, not hours: a finetune stuck on a taint parks serving at most this long.
+    assert args.finetune_unschedulable_timeout == 300 and args.cache_cleanup_timeout == 300
 
 
 @pytest.mark.parametrize(
@@ -20,6 +22,9 @@ def test_the_defaults_parse() -> None:
         ("--resync-seconds", "1", "--resync-seconds must be 0 or 10..86400.0; got 1.0"),
         ("--resync-seconds", "1e9", "--resync-seconds must be 0 or 10..86400.0; got 1000000000.0"),
         ("--resync-seconds", "-5", "--resync-seconds must be 0 or 10..86400.0; got -5.0"),
+        ("--finetune-unschedulable-timeout", "0",
+         "--finetune-unschedulable-timeout must be 1..86400; got 0"),
+        ("--cache-cleanup-timeout", "86401", "--cache-cleanup-timeout must be 1..86400; got 86401"),
     ],
 )
 def test_a_value_out_of_bounds_is_refused_naming_it(
@@ -33,6 +38,8 @@ def test_a_value_out_of_bounds_is_refused_naming_it(
 
 @pytest.mark.parametrize(("flag", "value"), [("--workers", "1"), ("--workers", "64"),
                                              ("--resync-seconds", "0"),
-                                             ("--resync-seconds", "86400")])
+                                             ("--resync-seconds", "86400"),
+                                             ("--finetune-unschedulable-timeout", "1"),
+                                             ("--cache-cleanup-timeout", "86400")])
 def test_the_bounds_themselves_are_accepted(flag: str, value: str) -> None:
     parse_args([flag, value])

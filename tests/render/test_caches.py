@@ -435,7 +435,7 @@ def test_the_cleanup_removes_only_what_flexinfer_wrote(tmp_path: Path) -> None:
                                 nodeSelector={"kubernetes.io/hostname": "n1"}))
     job = cleanup_job(spec, deadline_seconds=60)
     assert job is not None
-    sh, dash_c, script, name, log, *dirs = job_container(job)["command"]
+    sh, dash_c, script, name, _log, *dirs = job_container(job)["command"]
     assert len(dirs) == 2  # the node directory and the RAM copy
     log_file = tmp_path / "log"
     result = subprocess.run(

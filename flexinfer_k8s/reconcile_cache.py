@@ -439,7 +439,10 @@ class CacheReconciler:
     def _finalizer(self, obj: JSON, spec: CacheSpec) -> bool:
         """A node-bound cache carries the cleanup finalizer (added once)."""
         finalizers = list(get_path(obj, "metadata", "finalizers") or [])
-        if CLEANUP_FINALIZER in finalizers or cleanup_job(spec, deadline_seconds=1) is None:
+        if (
+            CLEANUP_FINALIZER in finalizers
+            or cleanup_job(spec, self.images, deadline_seconds=1) is None
+        ):
             return False
         return self._set_finalizers(obj, [*finalizers, CLEANUP_FINALIZER])
 
@@ -474,7 +477,7 @@ class CacheReconciler:
         if CLEANUP_FINALIZER not in finalizers:
             return Outcome(None, self._release(obj, lease), reasons.DELETING)
         bound = self.timeouts.cleanup
-        body = cleanup_job(spec, deadline_seconds=max(1, int(bound.total_seconds())))
+        body = cleanup_job(spec, self.images, deadline_seconds=max(1, int(bound.total_seconds())))
         if body is None:
             return Outcome(None, self._release(obj, lease), reasons.DELETING)
         dirs = " and ".join(spec.node_dirs)

@@ -520,7 +520,7 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
 # --- removing it ------------------------------------------------------------------------
 
 
-def cleanup_job(cache: CacheSpec, *, deadline_seconds: int) -> JSON | None:
+def cleanup_job(cache: CacheSpec, images: CacheImages, *, deadline_seconds: int) -> JSON | None:
     """The Job that removes a node-bound cache's directories from its node once the
     cache is deleted (only what flexinfer wrote: `cache_dir.CLEANUP_SCRIPT`); None when
     the cache has no node directory or names no node. Not owned by the cache (it runs
@@ -541,7 +541,7 @@ def cleanup_job(cache: CacheSpec, *, deadline_seconds: int) -> JSON | None:
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "model-cleanup"}
     container: JSON = {
         "name": "cleanup",
-        "image": "busybox:1.36",
+        "image": images.copy,
         "command": ["sh", "-c", cache_dir.CLEANUP_SCRIPT, "cleanup", TERMINATION_LOG, *inside],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,

@@ -258,7 +258,7 @@ def test_the_cache_tolerations_reach_every_job_pod() -> None:
                 tolerations=[taint], finetune={"image": "trainer:1"})
     spec = cache_from_k8s(obj)
     download = download_job(spec, IMAGES)["spec"]["template"]["spec"]
-    cleanup = cleanup_job(spec, deadline_seconds=60)
+    cleanup = cleanup_job(spec, IMAGES, deadline_seconds=60)
     assert cleanup is not None
     finetune = finetune_job(spec, obj, default_image="")["spec"]["template"]["spec"]
     for pod_spec in (download, cleanup["spec"]["template"]["spec"], finetune):
@@ -433,7 +433,7 @@ def test_the_cleanup_removes_only_what_flexinfer_wrote(tmp_path: Path) -> None:
     before = tree_hashes(users)
     spec = cache_from_k8s(cache("c", storageStrategy="Memory",
                                 nodeSelector={"kubernetes.io/hostname": "n1"}))
-    job = cleanup_job(spec, deadline_seconds=60)
+    job = cleanup_job(spec, IMAGES, deadline_seconds=60)
     assert job is not None
     sh, dash_c, script, name, _log, *dirs = job_container(job)["command"]
     assert len(dirs) == 2  # the node directory and the RAM copy

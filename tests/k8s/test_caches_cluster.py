@@ -340,19 +340,23 @@ def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
                 "nodeSelector": {"kubernetes.io/hostname": selector},
                 "finetune": {"image": "trainer:1", "gpuLease": {"group": "g"}},
             }})
+            words = "node affinity/selector" if blocker == "no-such-node" else "untolerated taint"
+            # Whichever the test sees first (no timing assumed): the scheduler's words
+            # while the lease still holds, or the finetune already given up.
             said = wait_until(
                 lambda: (s if "cannot be scheduled" in (s := cache_status(c, "ft"))
-                         .get("message", "") else None),
+                         .get("message", "") or s.get("phase") == "Failed" else None),
                 what="the cache to say the scheduler's message", timeout=60)
-            assert get_or_none(c, GPU_LEASES, "ft-gpu-lease") is not None
-            words = "node affinity/selector" if blocker == "no-such-node" else "untolerated taint"
-            assert words in said["message"]
+            if said.get("phase") == "Finetuning":
+                assert words in said["message"]
+                assert "released at" in said["message"]
             failed = wait_until(
                 lambda: (s if (s := cache_status(c, "ft")).get("phase") == "Failed" else None),
                 what="the finetune given up", timeout=bound.total_seconds() + 60)
             assert condition({"status": failed}, "Ready")["reason"] == "FinetuneUnschedulable"
             assert words in failed["message"]
             assert "--finetune-unschedulable-timeout" in failed["message"]
+            assert "GPU lease ft-gpu-lease released" in failed["message"]
             wait_until(lambda: get_or_none(c, GPU_LEASES, "ft-gpu-lease") is None,
                        what="the lease released")
             job = c.api.get(JOBS, c.namespace, "ft-finetune")

@@ -281,6 +281,8 @@ class CacheReconciler:
             try:
                 wrote = self.writer.create(JOBS, namespace, job) is not None or wrote
             except Rejected as error:
+                if error.status != 422:  # forbidden and the like are not the spec's fault
+                    raise
                 status = CacheStatus(
                     "Failed",
                     False,

@@ -489,3 +489,24 @@ def test_a_pending_claim_says_the_binders_words_and_a_fixed_spec_rebinds(
         claim = c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, "w-models")
         assert claim["spec"]["storageClassName"] == ""
         assert ready["path"] == "pvc://w-models/w"
+
+
+def test_download_resources_the_api_server_refuses_are_a_condition_naming_the_field(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    # A request above the default 4Gi limit without a limit of its own: the Job is invalid.
+    c.api.create(MODEL_CACHES, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+        "metadata": {"name": "big"},
+        "spec": {"source": "HF://test/big", "storageSize": "1Gi",
+                 "downloadResources": {"requests": {"memory": "8Gi"}}},
+    })
+    with controller(local_cluster, c.namespace):
+        failed = wait_until(
+            lambda: (s if (s := cache_status(c, "big")).get("phase") == "Failed" else None),
+            what="the cache Failed", timeout=60)
+    assert condition({"status": failed}, "Ready")["reason"] == "InvalidSpec"
+    assert "spec.downloadResources" in failed["message"]
+    assert "memory" in failed["message"]
+    assert get_or_none(c, JOBS, "big-download") is None

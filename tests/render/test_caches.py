@@ -524,3 +524,15 @@ def test_a_claim_pinned_to_one_node_is_rwo_else_rwx_and_the_class_is_passed() ->
     assert "storageClassName" not in shared["spec"]
     chosen = claim_manifest(cache_from_k8s(cache("c", accessModes=["ReadWriteOnce"])))
     assert chosen is not None and chosen["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_the_flash_loader_is_told_when_the_backing_copy_was_adopted() -> None:
+    from flexinfer_k8s.render.cache import serving_mount
+
+    obj = cache("c", storageStrategy="Memory", existingClaimName="models",
+                nodeSelector={"kubernetes.io/hostname": "n1"})
+    plain = serving_mount(cache_from_k8s(obj), IMAGES).init_containers[0]["command"]
+    assert plain[-1] == "/models/c"
+    obj["status"] = {"conditions": [{"type": "Adopted", "status": "True"}]}
+    adopted = serving_mount(cache_from_k8s(obj), IMAGES).init_containers[0]["command"]
+    assert adopted[-2:] == ["/models/c", "adopted"]

@@ -20,6 +20,7 @@ from flexinfer_k8s.render.cache import (
     cleanup_job,
     download_job,
     host_path_type,
+    serving_mount,
 )
 from flexinfer_k8s.render.cache_dir import (
     BUSY_MARKER,
@@ -527,8 +528,6 @@ def test_a_claim_pinned_to_one_node_is_rwo_else_rwx_and_the_class_is_passed() ->
 
 
 def test_the_flash_loader_is_told_when_the_backing_copy_was_adopted() -> None:
-    from flexinfer_k8s.render.cache import serving_mount
-
     obj = cache("c", storageStrategy="Memory", existingClaimName="models",
                 nodeSelector={"kubernetes.io/hostname": "n1"})
     plain = serving_mount(cache_from_k8s(obj), IMAGES).init_containers[0]["command"]

@@ -64,6 +64,7 @@ from flexinfer_k8s.render.cache import (
     claim_manifest,
     cleanup_job,
     download_job,
+    job_placement,
     owner_reference,
     status_says_adopted,
 )
@@ -274,6 +275,13 @@ class CacheReconciler:
             # The model changed: the old copy must not be taken for the new one.
             self.writer.delete(JOBS, namespace, spec.download_job_name)
             return Outcome(None, True, reasons.DOWNLOADING)
+        pods = job_pods(self.cache.objects(PODS, namespace), spec.download_job_name)
+        if download is not None and self._never_placed_elsewhere(spec, download, pods):
+            # A pod template cannot change: a download that never reached a node is made
+            # again with the node and tolerations the cache now asks for (the fix its
+            # condition asked for).
+            self.writer.delete(JOBS, namespace, spec.download_job_name)
+            return Outcome(None, True, reasons.DOWNLOADING)
         phase = job_phase(download)
         if phase is JobPhase.ABSENT:
             job = download_job(spec, self.images)
@@ -295,7 +303,6 @@ class CacheReconciler:
                 )
             phase = JobPhase.ACTIVE
         next_at: datetime | None = None
-        pods = job_pods(self.cache.objects(PODS, namespace), spec.download_job_name)
         if phase is JobPhase.FAILED:
             status = self._download_failed(spec, download, pods)
         elif phase is JobPhase.ACTIVE and self._claim_unbound(spec):
@@ -370,6 +377,19 @@ class CacheReconciler:
                 },
             )
         return Outcome(next_at, wrote, status.reason)
+
+    def _never_placed_elsewhere(self, spec: CacheSpec, job: JSON, pods: list[JSON]) -> bool:
+        """Whether an active download Job asks for another placement than the cache now
+        does while none of its pods ever reached a node (nothing ran, nothing written)."""
+        if job_phase(job) is not JobPhase.ACTIVE:
+            return False
+        template = get_path(job, "spec", "template", "spec") or {}
+        wanted = job_placement(spec)
+        if (template.get("nodeSelector") or {}) == (wanted.get("nodeSelector") or {}) and (
+            template.get("tolerations") or []
+        ) == (wanted.get("tolerations") or []):
+            return False
+        return all(not get_path(p, "spec", "nodeName") for p in pods)
 
     # -- what the download found -----------------------------------------------------
 

@@ -40,8 +40,8 @@ from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
 from flexinfer_kube.clock import SystemClock
-from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, Transient, new_api_client
-from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, PODS, SERVICES
+from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODEL_CACHES, MODELS, PODS, SERVICES
 from tests.k8s.kubectl import (
     Kubectl,
     create_namespace,
@@ -486,4 +486,21 @@ def cluster(local_cluster: LocalCluster, kubectl: Kubectl, crds: None) -> Iterat
     try:
         yield Cluster(local_cluster, namespace)
     finally:
+        release_finalizers(local_cluster, namespace)
         delete_namespace(kubectl, namespace)
+
+
+def release_finalizers(local: LocalCluster, namespace: str) -> None:
+    """Drop the node-cleanup finalizer of the namespace's ModelCaches: the test's
+    controller is gone, so nothing would release them and the namespace would stay
+    Terminating for the rest of the session."""
+    api = KubeApi(new_api_client(str(local.kubeconfig)))
+    try:
+        caches = api.list(MODEL_CACHES, namespace).get("items") or []
+    except KubeError:
+        return
+    for cache in caches:
+        if cache["metadata"].get("finalizers"):
+            with contextlib.suppress(KubeError):
+                api.patch(MODEL_CACHES, namespace, cache["metadata"]["name"],
+                          {"metadata": {"finalizers": None}})

@@ -510,3 +510,37 @@ def test_download_resources_the_api_server_refuses_are_a_condition_naming_the_fi
     assert "spec.downloadResources" in failed["message"]
     assert "memory" in failed["message"]
     assert get_or_none(c, JOBS, "big-download") is None
+
+
+def test_a_download_on_a_tainted_node_says_so_and_runs_once_tolerated(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    node = f"gpu-{c.namespace}"
+    local_cluster.add_node(KwokNode(name=node, gpus=1))
+    c.api.patch(NODES, "", node, {"spec": {"taints": [
+        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
+    try:
+        c.api.create(MODEL_CACHES, c.namespace, {
+            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+            "metadata": {"name": "local"},
+            "spec": {"source": "HF://test/local", "storageStrategy": "NodeLocal",
+                     "nodeSelector": {"kubernetes.io/hostname": node}},
+        })
+        with controller(local_cluster, c.namespace):
+            stuck = wait_until(
+                lambda: (s if "untolerated taint" in (s := cache_status(c, "local"))
+                         .get("message", "") else None),
+                what="the scheduler's words on the cache", timeout=60)
+            assert stuck["phase"] == "Downloading"
+            first = c.api.get(JOBS, c.namespace, "local-download")["metadata"]["uid"]
+            c.api.patch(MODEL_CACHES, c.namespace, "local", {"spec": {"tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "gpu",
+                 "effect": "NoSchedule"}]}})
+            wait_until(lambda: cache_status(c, "local").get("ready"),
+                       what="the download run on the tainted node", timeout=90)
+            job = c.api.get(JOBS, c.namespace, "local-download")
+            assert job["metadata"]["uid"] != first  # made again with the toleration
+            assert job["spec"]["template"]["spec"]["tolerations"][0]["key"] == "dedicated"
+    finally:
+        c.api.delete(NODES, "", node)

@@ -93,6 +93,8 @@ KV_CACHE_EXCEEDS_GPU_MEMORY: Final = "KVCacheExceedsGPUMemory"
 DOWNLOADING: Final = "Downloading"
 DOWNLOAD_FAILED: Final = "DownloadFailed"
 CLAIM_PENDING: Final = "ClaimPending"
+CLAIM_BOUND: Final = "ClaimBound"
+REPLICAS_GOVERNED: Final = "ReplicasGoverned"
 FINETUNING: Final = "Finetuning"
 FINETUNE_FAILED: Final = "FinetuneFailed"
 # A ModelCache's directory and its life (flexinfer_k8s.render.cache_dir).

@@ -17,6 +17,7 @@ from flexinfer_core import GpuLease, Membership, MembershipKind, membership_of
 from flexinfer_k8s.convert_leases import gpu_lease_from_config_map, gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import model_cache_is_ready
 from flexinfer_k8s.pods import live_pods, pods_of, selector_matches
+from flexinfer_k8s.render.model_files import CACHE_STRATEGIES, implied_cache_name
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi
@@ -97,11 +98,20 @@ def _by_listed_member(group: JSON) -> list[str]:
     return [f"{namespace_of(group)}/{m}" for m in gpu_group_member_names(group)]
 
 
+def _by_model_path(cache: JSON) -> list[str]:
+    """A ModelCache by the directory of its copy (`modelPath`, else its name): what a
+    ModelDeployment's plain `model` is matched against (`render.model_files`)."""
+    spec = cache.get("spec") or {}
+    directory = str(spec.get("modelPath") or "").strip("/") or name_of(cache)
+    return [f"{namespace_of(cache)}/{directory}"]
+
+
 INDEXERS: dict[Resource, dict[str, Any]] = {
     MODELS: {"shared-group": _by_shared_group},
     PODS: {"group": _by_group(_labels), "model": _by_model},
     DEPLOYMENTS: {"group": _by_group(_template_labels)},
     GPU_GROUPS: {"member": _by_listed_member},
+    MODEL_CACHES: {"model-path": _by_model_path},
 }
 
 
@@ -162,8 +172,36 @@ class ClusterCache:
         return None
 
     def model_deployment_cache_ready(self, md: Mapping[str, Any] | None) -> bool:
-        ref = str(((md or {}).get("spec") or {}).get("modelCacheRef") or "")
-        return self.model_cache_ready(namespace_of(md or {}), ref)
+        return self.model_cache_ready(
+            namespace_of(md or {}), self.model_deployment_cache_name(md or {})
+        )
+
+    # -- which ModelCache a Model or ModelDeployment serves from ------------------------
+
+    def caches_holding(self, namespace: str, model: str) -> list[JSON]:
+        """ModelCaches whose copy's directory (`modelPath`, else name) is `model`."""
+        found = self.stores[MODEL_CACHES].by_index("model-path", f"{namespace}/{model.strip('/')}")
+        return sorted(found, key=name_of)
+
+    def model_deployment_cache_name(self, md: Mapping[str, Any]) -> str:
+        """`spec.modelCacheRef`, else for a plain `model` (no `://`) the one ModelCache
+        of the namespace that holds it (none, or more than one: "")."""
+        spec = md.get("spec") or {}
+        ref = str(spec.get("modelCacheRef") or "")
+        model = str(spec.get("model") or "")
+        if ref or not model or "://" in model:
+            return ref
+        holding = self.caches_holding(namespace_of(md), model)
+        return name_of(holding[0]) if len(holding) == 1 else ""
+
+    @staticmethod
+    def model_cache_name(model: Mapping[str, Any]) -> str:
+        """`spec.cache.modelCacheRef`, else the ModelCache `spec.cache.strategy` implies."""
+        cache = (model.get("spec") or {}).get("cache") or {}
+        ref = str(cache.get("modelCacheRef") or "")
+        if not ref and cache.get("strategy") in CACHE_STRATEGIES:
+            return implied_cache_name(name_of(model))
+        return ref
 
     def group_occupants(self, namespace: str, *, group: str, kind: str) -> set[str]:
         """`occupants` from the cache (what the decision is made on)."""

@@ -44,7 +44,7 @@ from flexinfer_k8s.convert_leases import (
     gpu_lease_from_config_map,
     gpu_lease_from_k8s,
 )
-from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
+from flexinfer_k8s.convert_models import model_state_group
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.reconcile_cache import CacheReconciler, CacheTimeouts
@@ -310,19 +310,29 @@ class Controller:
         if resource is MODEL_CACHES:
             keys = {("modelcache", namespace, name)}
             for model in self.cache.objects(MODELS, namespace):
-                if model_cache_ref(model) == name:
+                if self.cache.model_cache_name(model) == name:
                     keys |= self._model_keys(model)
+            # A ModelDeployment that names it by reference or by its modelPath (a cache
+            # that appears, goes or changes its modelPath changes which one it serves).
+            path = str((obj.get("spec") or {}).get("modelPath") or "").strip("/") or name
             for md in self.cache.objects(MODEL_DEPLOYMENTS, namespace):
-                if str((md.get("spec") or {}).get("modelCacheRef") or "") == name:
+                spec = md.get("spec") or {}
+                if str(spec.get("modelCacheRef") or "") == name or (
+                    not spec.get("modelCacheRef") and str(spec.get("model") or "") == path
+                ):
                     keys |= self._model_deployment_keys(md)
                     keys.add(("md-workload", namespace, name_of(md)))
             return keys
         if resource in (JOBS, PERSISTENT_VOLUME_CLAIMS):
-            keys = {
-                ("modelcache", namespace, str(ref.get("name")))
-                for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-                if ref.get("kind") == MODEL_CACHES.kind
-            }
+            keys = set()
+            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+                owner = str(ref.get("name"))
+                if ref.get("kind") == MODEL_CACHES.kind:
+                    keys.add(("modelcache", namespace, owner))
+                elif ref.get("kind") == MODELS.kind:  # a backend-cache claim
+                    keys.add(("model-workload", namespace, owner))
+                elif ref.get("kind") == MODEL_DEPLOYMENTS.kind:
+                    keys.add(("md-workload", namespace, owner))
             # The cleanup Job is not owned (it runs while its cache goes): by its label.
             cache = str(((obj.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL) or "")
             if resource is JOBS and cache:

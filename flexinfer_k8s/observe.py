@@ -30,7 +30,7 @@ from flexinfer_core import (
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, unreadable_members
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s
-from flexinfer_k8s.convert_models import model_cache_ref, model_state_from_k8s
+from flexinfer_k8s.convert_models import model_state_from_k8s
 from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import gpu_group_member_names, name_of, namespace_of
@@ -94,7 +94,7 @@ def shared_group_snapshot(
                     deployment=deployment,
                     pods=pods,
                     service=service,
-                    cache_ready=cache.model_cache_ready(namespace, model_cache_ref(obj)),
+                    cache_ready=cache.model_cache_ready(namespace, cache.model_cache_name(obj)),
                 )
             )
         except InvalidFieldError as error:

@@ -31,20 +31,36 @@ from flexinfer_core import Condition, InvalidFieldError, reasons
 from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER
 from flexinfer_k8s.live_diff import holds
 from flexinfer_k8s.outcome import Outcome, Wiring
+from flexinfer_k8s.render import backend_cache
 from flexinfer_k8s.render.cache import CacheSpec, cache_from_k8s
+from flexinfer_k8s.render.model_files import (
+    implied_cache_manifest,
+    implied_cache_name,
+    implies_cache,
+)
 from flexinfer_k8s.render.workload import (
+    Kind,
     Workload,
     workload_from_model,
     workload_from_model_deployment,
 )
-from flexinfer_k8s.render.workloads import RenderedWorkload, RenderSettings, render_workload
+from flexinfer_k8s.render.workloads import (
+    MANAGED_BY,
+    RenderedWorkload,
+    RenderSettings,
+    owner_reference,
+    render_workload,
+    selector_labels,
+)
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
+    GPU_GROUPS,
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    PERSISTENT_VOLUME_CLAIMS,
     SERVICES,
     Resource,
 )
@@ -54,7 +70,10 @@ log = logging.getLogger("flexinfer.workload")
 APPLIED_HASH_ANNOTATION = "ai.flexinfer/applied-hash"
 """A digest of what flexinfer last applied: a render that drops a field changes it, so
 the apply that removes the field is not skipped as 'already held'."""
-WORKLOAD_CONDITIONS = ("Rendered", "CacheReady", "VRAMFits")
+REPLICAS_WARNED_ANNOTATION = "ai.flexinfer/replicas-warned"
+"""On a rendered Deployment: the time of the last foreign write of `spec.replicas` a
+Warning Event was sent for, so each `kubectl scale` is answered once."""
+WORKLOAD_CONDITIONS = ("Rendered", "CacheReady", "VRAMFits", "BackendCache")
 
 
 @attrs.frozen
@@ -116,6 +135,34 @@ def workload_inputs_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> b
     return bool(inputs(old) != inputs(new))
 
 
+def _controlled_by(obj: Mapping[str, Any] | None, uid: Any) -> bool:
+    owner = controller_of(obj)
+    return owner is not None and bool(uid) and owner.get("uid") == uid
+
+
+def _replicas_governed_by(
+    resource: Resource, obj: Mapping[str, Any], groups_listing: Callable[[str, str], list[str]]
+) -> str:
+    """Which field to change instead of the Deployment's replicas."""
+    if resource is MODELS:
+        return (
+            "change the Model's spec.serverless.minReplicas (pods kept while idle) or send "
+            "requests through the proxy; in a shared group spec.gpu.priority and "
+            "spec.gpu.forcePromotion decide who holds the card"
+        )
+    groups = groups_listing(namespace_of(obj), name_of(obj))
+    if groups:
+        return (
+            f"it is a member of GPUGroup {', '.join(groups)}, whose decision runs one member "
+            "at a time: change the group's spec.models[].priority, or send requests through "
+            "the proxy"
+        )
+    return (
+        "change the ModelDeployment's spec.replicas (pods while in use) or spec.minReplicas "
+        "(pods kept while idle)"
+    )
+
+
 def controller_of(obj: Mapping[str, Any] | None) -> JSON | None:
     for ref in get_path(obj, "metadata", "ownerReferences") or []:
         if ref.get("controller"):
@@ -142,8 +189,15 @@ class WorkloadReconciler:
             return Outcome(None, False)
         groups = self.cache.gpu_groups_with_member(namespace, name)
         group = groups[0] if len(groups) == 1 else ""
+        group_obj = self.cache.get(GPU_GROUPS, namespace, group) if group else None
+        selector = get_path(group_obj, "spec", "nodeSelector") or {}
+        group_selector = tuple(sorted((str(k), str(v)) for k, v in selector.items()))
         return self._reconcile(
-            MODEL_DEPLOYMENTS, md, lambda obj: workload_from_model_deployment(obj, group=group)
+            MODEL_DEPLOYMENTS,
+            md,
+            lambda obj: workload_from_model_deployment(
+                obj, group=group, group_node_selector=group_selector
+            ),
         )
 
     # -- the reconcile -----------------------------------------------------------------
@@ -156,9 +210,12 @@ class WorkloadReconciler:
         conditions: list[Condition] = []
         rendered: RenderedWorkload | None = None
         problem: Problem | None = None
+        wrote = False
+        workload: Workload | None = None
         try:
             workload = read(obj)
-            cache, cache_condition, problem = self._cache(workload)
+            implied, wrote = self._implied_cache(workload)
+            cache, cache_condition, problem = self._cache(workload, implied=implied)
             if cache_condition is not None:
                 conditions.append(cache_condition)
             if problem is None:
@@ -167,9 +224,13 @@ class WorkloadReconciler:
             problem = Problem(reasons.INVALID_SPEC, str(error))
         if problem is None:
             problem = self._clash(resource, obj)
-        wrote = False
-        if problem is None and rendered is not None:
-            wrote = self._apply(rendered)
+        if problem is None and rendered is not None and workload is not None:
+            claim_wrote, claim_condition = self._backend_cache(workload, rendered)
+            wrote = claim_wrote or wrote
+            if claim_condition is not None:
+                conditions.append(claim_condition)
+            wrote = self._apply(rendered) or wrote
+            self._answer_foreign_scale(resource, obj, now=now)
             conditions.append(
                 Condition(
                     "Rendered",
@@ -195,27 +256,71 @@ class WorkloadReconciler:
         wrote = self._write_status(resource, obj, rendered, conditions, now=now) or wrote
         return Outcome(None, wrote, problem.reason if problem else reasons.RENDERED)
 
+    def _implied_cache(self, workload: Workload) -> tuple[JSON | None, bool]:
+        """The ModelCache a Model's `spec.cache.strategy` implies, applied (or deleted
+        when no longer implied), and whether anything was written. A ModelCache of that
+        name that is not this Model's is refused, never taken over."""
+        if workload.kind is not Kind.MODEL:
+            return None, False
+        namespace, name = workload.namespace, implied_cache_name(workload.name)
+        live = self.cache.get(MODEL_CACHES, namespace, name)
+        ours = live is not None and _controlled_by(live, workload.uid)
+        if not implies_cache(workload):
+            if ours and not get_path(live, "metadata", "deletionTimestamp"):
+                self.writer.delete(MODEL_CACHES, namespace, name)
+                return None, True
+            return None, False
+        if live is not None and not ours:
+            raise InvalidFieldError(
+                "spec.cache.strategy",
+                workload.cache_strategy,
+                f"implies the ModelCache {name}, but a ModelCache of that name exists and is "
+                f"not this Model's: set spec.cache.modelCacheRef: {name} to serve from it, or "
+                "rename it",
+            )
+        manifest = implied_cache_manifest(
+            workload,
+            owner=owner_reference(workload),
+            labels={**MANAGED_BY, **selector_labels(workload.kind, workload.name)},
+        )
+        if live is not None and holds(manifest, live):
+            return live, False
+        return self.writer.apply(MODEL_CACHES, manifest), True
+
     def _cache(
-        self, workload: Workload
+        self, workload: Workload, *, implied: JSON | None
     ) -> tuple[CacheSpec | None, Condition | None, Problem | None]:
-        """The referenced ModelCache, its readiness condition, or why it cannot be used."""
+        """The ModelCache the workload serves from (`modelCacheRef`; the one its
+        `spec.cache.strategy` implies; for a ModelDeployment's plain `model`, the one
+        whose modelPath it is), its readiness condition, or why it cannot be used."""
+        namespace = workload.namespace
         ref = workload.cache_ref
-        strategy = workload.cache_strategy
-        if not ref:
-            if strategy not in ("", "None"):
+        obj: JSON | None = None
+        how = ""
+        if ref:
+            obj = self.cache.get(MODEL_CACHES, namespace, ref)
+        elif implied is not None:
+            ref, obj, how = name_of(implied), implied, " (implied by spec.cache.strategy)"
+        elif workload.kind is Kind.MODEL_DEPLOYMENT and workload.source is None:
+            holding = self.cache.caches_holding(namespace, workload.model)
+            if len(holding) > 1:
+                names = ", ".join(name_of(c) for c in holding)
                 return (
                     None,
                     None,
                     Problem(
                         reasons.INVALID_SPEC,
-                        f"spec.cache.strategy: {strategy!r} needs spec.cache.modelCacheRef naming "
-                        "the ModelCache that holds the copy",
+                        f"spec.model: {workload.model!r} is the modelPath of ModelCaches {names}: "
+                        "set spec.modelCacheRef to the one to serve from",
                     ),
                 )
+            if holding:
+                obj = holding[0]
+                ref, how = name_of(obj), " (its modelPath is spec.model)"
+        if not ref:
             return None, None, None
-        obj = self.cache.get(MODEL_CACHES, workload.namespace, ref)
         if obj is None:
-            message = f"ModelCache {ref} does not exist in namespace {workload.namespace}"
+            message = f"ModelCache {ref} does not exist in namespace {namespace}"
             return (
                 None,
                 Condition("CacheReady", False, reasons.CACHE_NOT_FOUND, message),
@@ -224,13 +329,14 @@ class WorkloadReconciler:
         try:
             spec = cache_from_k8s(obj)
         except InvalidFieldError as error:
-            message = f"ModelCache {ref} cannot be used: {error}"
+            message = f"ModelCache {ref}{how} cannot be used: {error}"
             return (
                 None,
                 Condition("CacheReady", False, reasons.INVALID_SPEC, message),
                 Problem(reasons.INVALID_SPEC, message),
             )
-        if strategy and strategy != spec.strategy.value:
+        strategy = workload.cache_strategy
+        if strategy and strategy != "None" and strategy != spec.strategy.value:
             return (
                 spec,
                 None,
@@ -243,24 +349,112 @@ class WorkloadReconciler:
         status = get_path(obj, "status") or {}
         if status.get("ready"):
             condition = Condition(
-                "CacheReady", True, reasons.CACHE_READY, f"ModelCache {ref} is ready at {spec.path}"
+                "CacheReady",
+                True,
+                reasons.CACHE_READY,
+                f"ModelCache {ref}{how} is ready at {spec.path}",
             )
         elif status.get("phase") == "Failed":
             condition = Condition(
                 "CacheReady",
                 False,
                 reasons.CACHE_FAILED,
-                f"ModelCache {ref} failed: {status.get('message') or 'no reason given'}",
+                f"ModelCache {ref}{how} failed: {status.get('message') or 'no reason given'}",
             )
         else:
             condition = Condition(
                 "CacheReady",
                 False,
                 reasons.CACHE_NOT_READY,
-                f"ModelCache {ref} is {status.get('phase') or 'Pending'}: the model runs once "
-                "its copy is complete",
+                f"ModelCache {ref}{how} is {status.get('phase') or 'Pending'}: the model runs "
+                "once its copy is complete",
             )
         return spec, condition, None
+
+    def _backend_cache(
+        self, workload: Workload, rendered: RenderedWorkload
+    ) -> tuple[bool, Condition | None]:
+        """The backend-cache claim: created when the pod mounts it and it is missing,
+        deleted when a render no longer mounts it; its condition."""
+        namespace, name = workload.namespace, backend_cache.claim_name(workload)
+        live = self.cache.get(PERSISTENT_VOLUME_CLAIMS, namespace, name)
+        wanted = rendered.backend_cache_claim
+        ours = live is not None and _controlled_by(live, workload.uid)
+        if wanted is None:
+            if ours and not get_path(live, "metadata", "deletionTimestamp"):
+                self.writer.delete(PERSISTENT_VOLUME_CLAIMS, namespace, name)
+                return True, None
+            return False, None
+        wrote = False
+        if live is None:
+            live = self.writer.create(PERSISTENT_VOLUME_CLAIMS, namespace, wanted)
+            wrote = True
+        elif not ours:
+            raise InvalidFieldError(
+                "spec.backendCache",
+                {"claim": name},
+                f"names the claim {name}, which exists and is not this resource's: delete or "
+                "rename that claim, or set spec.backendCache.enabled: false",
+            )
+        phase = str(get_path(live, "status", "phase") or "Pending")
+        size = get_path(live, "spec", "resources", "requests", "storage") or ""
+        if phase == "Bound":
+            return wrote, Condition(
+                "BackendCache",
+                True,
+                reasons.CLAIM_BOUND,
+                f"claim {name} ({size}) is Bound: the backend's downloads and compiled "
+                "libraries outlive its pods",
+            )
+        storage_class = get_path(live, "spec", "storageClassName")
+        which = f"StorageClass {storage_class}" if storage_class else "the default StorageClass"
+        return wrote, Condition(
+            "BackendCache",
+            False,
+            reasons.CLAIM_PENDING,
+            f"claim {name} is {phase}: no volume of {which} is bound to it yet, and the pod "
+            "starts once one is. If it stays so, set spec.backendCache.storageClassName to a "
+            "class that provisions ReadWriteOnce claims, or spec.backendCache.enabled: false "
+            "(every start then downloads again)",
+        )
+
+    def _answer_foreign_scale(self, resource: Resource, obj: JSON, *, now: datetime) -> None:
+        """A Warning Event, once per write, when someone else (`kubectl scale`) set the
+        governed Deployment's replicas: the election sets them back, and the user should
+        know which field to change instead."""
+        namespace, name = namespace_of(obj), name_of(obj)
+        deployment = self.cache.get(DEPLOYMENTS, namespace, name)
+        if deployment is None or not _controlled_by(deployment, get_path(obj, "metadata", "uid")):
+            return
+        foreign = [
+            entry
+            for entry in get_path(deployment, "metadata", "managedFields") or []
+            if "f:replicas" in (get_path(entry, "fieldsV1", "f:spec") or {})
+            and entry.get("manager") not in (FIELD_MANAGER, REPLICAS_MANAGER)
+        ]
+        if not foreign:
+            return
+        latest = max(foreign, key=lambda e: str(e.get("time") or ""))
+        stamp = f"{latest.get('manager')}@{latest.get('time')}"
+        annotations = get_path(deployment, "metadata", "annotations") or {}
+        if annotations.get(REPLICAS_WARNED_ANNOTATION) == stamp:
+            return
+        how = " through the scale subresource" if latest.get("subresource") == "scale" else ""
+        replicas = get_path(deployment, "spec", "replicas")
+        self.writer.event(
+            obj,
+            reason=reasons.REPLICAS_GOVERNED,
+            message=(
+                f"Deployment {name}'s spec.replicas was set to {replicas} by "
+                f"{latest.get('manager')}{how}; flexinfer's election governs it and sets it "
+                f"back: {_replicas_governed_by(resource, obj, self.cache.gpu_groups_with_member)}"
+            ),
+            type="Warning",
+            now=now,
+        )
+        self.writer.annotate(
+            DEPLOYMENTS, namespace, name, {REPLICAS_WARNED_ANNOTATION: stamp}
+        )
 
     def _clash(self, resource: Resource, obj: JSON) -> Problem | None:
         """A Deployment or Service of this name that is not this resource's own."""

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import attrs
 
+from flexinfer_k8s.render.source import Source
 from flexinfer_k8s.render.workload import Vendor, Workload
 from flexinfer_kube.objects import JSON
 
@@ -20,15 +21,21 @@ Pairs = tuple[tuple[str, str], ...]
 
 PORT = 8000
 """Every backend serves the OpenAI API on this container port (its own flags set it)."""
+BACKEND_CACHE_DIR = "/var/cache/flexinfer"
+"""Where a backend that fetches or compiles its model keeps its files (each backend a
+directory of its own below it, named by its cache variable); the frame mounts the
+workload's backend-cache claim here (`render.backend_cache`)."""
 
 
 @attrs.frozen
 class ModelLocation:
     """Where the server finds the model: a path inside the container (`local`), or an
-    id the backend fetches itself (a Hugging Face repo, an Ollama tag)."""
+    id the backend fetches itself (`remote`: a Hugging Face repository, an Ollama tag,
+    as the resource names it or as the backend's own convention resolves a plain name)."""
 
     path: str
     local: bool
+    remote: Source | None = None
     volumes: tuple[JSON, ...] = ()
     mounts: tuple[JSON, ...] = ()
     init_containers: tuple[JSON, ...] = ()
@@ -47,6 +54,9 @@ class ServerPlan:
     init_containers: tuple[JSON, ...] = ()
     volumes: tuple[JSON, ...] = ()
     mounts: tuple[JSON, ...] = ()
+    backend_cache: bool = False
+    """The server downloads or compiles into `BACKEND_CACHE_DIR`: the frame mounts the
+    workload's backend cache there (and its init containers get it too)."""
 
 
 class Backend(Protocol):

@@ -39,7 +39,8 @@ from flexinfer_kube.resources import MODEL_CACHES
 Pairs = tuple[tuple[str, str], ...]
 
 MODELS_MOUNT = "/models"
-"""Serving pods see a cache at /models/<cache name>."""
+"""Serving pods see a cache's copy at /models/<modelPath> (the cache's name when it has
+no modelPath), its entries linked at /models (`render.model_files`)."""
 DEFAULT_STORAGE_SIZE = "50Gi"
 CACHE_LABEL = "ai.flexinfer/modelcache"
 TEST_ANNOTATION_PREFIX = "flexinfer.test/"
@@ -150,7 +151,7 @@ class CacheSpec:
 
     @property
     def serving_mount(self) -> str:
-        return f"{MODELS_MOUNT}/{self.name}"
+        return f"{MODELS_MOUNT}/{self.content_dir}"
 
 
 RESOURCE_KEYS = ("cpu", "memory", "ephemeral-storage")

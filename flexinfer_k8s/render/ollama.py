@@ -3,11 +3,14 @@
 The `ollama/ollama` images have `/bin/ollama` as their entrypoint, so the container
 gets `serve` as its only arg, with `OLLAMA_HOST=0.0.0.0:8000` and
 `OLLAMA_KEEP_ALIVE=-1` (the model stays loaded while the pod runs: unloading is the
-election's job). The model is the tag of an `ollama://` source (or `hf.co/<org>/<name>`
-for a Hugging Face GGUF repo, or a ModelDeployment's plain tag). Without a ModelCache
-an init container pulls it into the pod's model volume, so the pod is Ready only once
-the model is there. Ollama cannot rename what it serves: the tag is the served name
-and the proxy rewrites requests to it.
+election's job). The model is the tag of an `ollama://` source, `hf.co/<org>/<name>`
+for a Hugging Face GGUF repository (with its quantisation, `:Q8_0`, from a `:quant` tag
+or the named file), or a ModelDeployment's plain tag. Without a ModelCache an init
+container pulls it into `OLLAMA_MODELS`, the workload's backend cache
+(`render.backend_cache`), unless it is there already, so the pod is Ready only once the
+model is there and a swap-in does not pull again. With several GPUs Ollama spreads the
+model over them by itself. Ollama cannot rename what it serves: the tag is the served
+name and the proxy rewrites requests to it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import shlex
 from collections.abc import Mapping
 
 from flexinfer_core import InvalidFieldError
-from flexinfer_k8s.render.backend import PORT, ModelLocation, ServerPlan
+from flexinfer_k8s.render import backend_cache
+from flexinfer_k8s.render.backend import BACKEND_CACHE_DIR, PORT, ModelLocation, ServerPlan
 from flexinfer_k8s.render.source import Scheme
-from flexinfer_k8s.render.workload import Kind, Vendor, Workload
+from flexinfer_k8s.render.workload import Vendor, Workload
 
-MODELS_DIR = "/root/.ollama/models"
+OLLAMA_MODELS = f"{BACKEND_CACHE_DIR}/ollama"
 
 
 class Ollama:
@@ -37,10 +41,20 @@ class Ollama:
         source = workload.source
         if source is None:
             return workload.model  # a ModelDeployment's plain tag, e.g. llama3.2:1b
-        if source.scheme in (Scheme.OLLAMA, Scheme.HUGGINGFACE):
+        if source.scheme is Scheme.OLLAMA:
+            return source.ollama_tag
+        if source.scheme is Scheme.HUGGINGFACE:
+            if source.path and not source.gguf_quant:
+                raise InvalidFieldError(
+                    workload.model_field,
+                    workload.model,
+                    f"names {source.path}, whose quantisation Ollama cannot tell from the name "
+                    f"(it pulls hf.co/{source.repo}:<quant>): write HF://{source.repo}:<quant>, "
+                    "e.g. :Q4_K_M",
+                )
             return source.ollama_tag
         raise InvalidFieldError(
-            "spec.source" if workload.kind is Kind.MODEL else "spec.model",
+            workload.model_field,
             workload.model,
             "cannot be served by ollama: give an ollama://name[:tag] or an HF://org/repo "
             "GGUF source",
@@ -48,16 +62,16 @@ class Ollama:
 
     def plan(self, workload: Workload, model: ModelLocation) -> ServerPlan:
         tag = self.tag(workload)
+        models_dir = model.path if model.cached else OLLAMA_MODELS
         env = (
             ("OLLAMA_HOST", f"0.0.0.0:{PORT}"),
             ("OLLAMA_KEEP_ALIVE", "-1"),
             ("OLLAMA_NOPRUNE", "1"),
-            ("OLLAMA_MODELS", model.path if model.cached else MODELS_DIR),
+            ("OLLAMA_MODELS", models_dir),
         )
         if model.cached:
             return ServerPlan(args=("serve", *workload.extra_args), served_name=tag, env=env)
-        volume = {"name": "ollama-models", "emptyDir": {}}
-        mount = {"name": "ollama-models", "mountPath": MODELS_DIR}
+        quoted = shlex.quote(tag)
         pull = {
             "name": "ollama-pull",
             "command": [
@@ -66,16 +80,17 @@ class Ollama:
                 "set -eu; OLLAMA_HOST=127.0.0.1:11434 ollama serve & server=$!; tries=0; "
                 "until OLLAMA_HOST=127.0.0.1:11434 ollama list >/dev/null 2>&1; do "
                 'tries=$((tries+1)); [ "$tries" -gt 120 ] && exit 1; sleep 1; done; '
-                f"OLLAMA_HOST=127.0.0.1:11434 ollama pull {shlex.quote(tag)}; kill $server",
+                # Already in the backend cache (an earlier pod pulled it): no network needed.
+                f"OLLAMA_HOST=127.0.0.1:11434 ollama show {quoted} >/dev/null 2>&1 || "
+                f"OLLAMA_HOST=127.0.0.1:11434 ollama pull {quoted}; kill $server",
             ],
-            "env": [{"name": "OLLAMA_MODELS", "value": MODELS_DIR}],
-            "volumeMounts": [mount],
+            "env": [{"name": "OLLAMA_MODELS", "value": OLLAMA_MODELS}],
+            "volumeMounts": [backend_cache.mount()],
         }
         return ServerPlan(
             args=("serve", *workload.extra_args),
             served_name=tag,
             env=env,
             init_containers=(pull,),
-            volumes=(volume,),
-            mounts=(mount,),
+            backend_cache=True,
         )

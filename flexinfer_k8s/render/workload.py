@@ -23,6 +23,8 @@ Pairs = tuple[tuple[str, str], ...]
 
 MAX_EXTRA_ARGS = 32
 DEFAULT_COLD_START_SECONDS = 60
+DEFAULT_BACKEND_CACHE_SIZE = "50Gi"
+ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef")
 
 
 class Kind(enum.StrEnum):
@@ -80,6 +82,16 @@ class LlamaCppOptions:
 
 
 @attrs.frozen
+class BackendCacheOptions:
+    """`spec.backendCache`: the claim a backend that fetches or compiles its model keeps
+    its files in (`render.backend_cache`)."""
+
+    enabled: bool = True
+    size: str = DEFAULT_BACKEND_CACHE_SIZE
+    storage_class: str = ""
+
+
+@attrs.frozen
 class Workload:
     """One Model or ModelDeployment, as the renderer needs it."""
 
@@ -100,7 +112,8 @@ class Workload:
     limits: Pairs = ()
     node_selector: Pairs = ()
     tolerations: tuple[JSON, ...] = ()
-    env: Pairs = ()
+    env: tuple[JSON, ...] = ()
+    """`spec.env` as Kubernetes EnvVars: `{name, value}` or `{name, valueFrom}`."""
     pod_labels: Pairs = ()
     pod_annotations: Pairs = ()
     shm_size: str = ""
@@ -113,6 +126,12 @@ class Workload:
     mlc: MlcOptions = MlcOptions()
     vllm: VllmOptions = VllmOptions()
     llamacpp: LlamaCppOptions = LlamaCppOptions()
+    backend_cache: BackendCacheOptions = BackendCacheOptions()
+
+    @property
+    def model_field(self) -> str:
+        """The field that names the model: what a message about it must point at."""
+        return "spec.source" if self.kind is Kind.MODEL else "spec.model"
 
 
 def _pairs(value: Any, *, field: str) -> Pairs:
@@ -136,18 +155,46 @@ def _required_int(value: Any, default: int, *, field: str) -> int:
     return default if number is None else number
 
 
-def _env(value: Any, *, field: str) -> Pairs:
+def _env(value: Any, *, field: str) -> tuple[JSON, ...]:
     if value in (None, ""):
         return ()
     if not isinstance(value, Sequence) or isinstance(value, str):
-        raise InvalidFieldError(field, value, "must be a list of {name, value}")
-    pairs = []
+        raise InvalidFieldError(field, value, "must be a list of {name, value or valueFrom}")
+    found: list[JSON] = []
     for index, item in enumerate(value):
         name = get_path(item, "name")
         if not isinstance(item, Mapping) or not name:
             raise InvalidFieldError(f"{field}[{index}]", item, "must have a name")
-        pairs.append((str(name), str(item.get("value") or "")))
-    return tuple(pairs)
+        source = item.get("valueFrom")
+        if source is None:
+            found.append({"name": str(name), "value": str(item.get("value") or "")})
+            continue
+        # The schema says the same; a resource stored before it said so still gets a
+        # message rather than a pod the API server refuses.
+        kinds = [k for k in ENV_SOURCES if isinstance(source, Mapping) and source.get(k)]
+        if len(kinds) != 1 or item.get("value") not in (None, ""):
+            raise InvalidFieldError(
+                f"{field}[{index}].valueFrom",
+                source,
+                "must hold exactly one of secretKeyRef, configMapKeyRef, fieldRef, and no "
+                "value beside it",
+            )
+        found.append({"name": str(name), "valueFrom": {kinds[0]: dict(source[kinds[0]])}})
+    return tuple(found)
+
+
+def _backend_cache(spec: Mapping[str, Any]) -> BackendCacheOptions:
+    block = spec.get("backendCache") or {}
+    if not isinstance(block, Mapping):
+        raise InvalidFieldError("spec.backendCache", block, "must be an object")
+    enabled = block.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidFieldError("spec.backendCache.enabled", enabled, "must be true or false")
+    return BackendCacheOptions(
+        enabled=enabled,
+        size=str(block.get("size") or DEFAULT_BACKEND_CACHE_SIZE),
+        storage_class=str(block.get("storageClassName") or ""),
+    )
 
 
 def _args(value: Any, *, field: str) -> tuple[str, ...]:
@@ -230,6 +277,7 @@ def _common(obj: Mapping[str, Any]) -> dict[str, Any]:
         "mlc": _mlc(spec),
         "vllm": _vllm(spec),
         "llamacpp": _llamacpp(spec),
+        "backend_cache": _backend_cache(spec),
     }
 
 
@@ -272,12 +320,28 @@ def workload_from_model(model: Mapping[str, Any]) -> Workload:
     )
 
 
-def workload_from_model_deployment(md: Mapping[str, Any], *, group: str = "") -> Workload:
+def workload_from_model_deployment(
+    md: Mapping[str, Any], *, group: str = "", group_node_selector: Pairs = ()
+) -> Workload:
     """A v1alpha1 ModelDeployment; its GPUs and vendor follow `spec.resources`.
 
-    `group` is the GPUGroup it belongs to (for the group label its pods carry).
+    `group` is the GPUGroup it belongs to (for the group label its pods carry), and
+    `group_node_selector` that group's `spec.nodeSelector`, which its pods get on top of
+    their own (a key both set differently is refused: the pod could run nowhere).
     """
     spec = get_path(md, "spec") or {}
+    common = _common(md)
+    selector = dict(common["node_selector"])
+    for key, value in group_node_selector:
+        if key in selector and selector[key] != value:
+            raise InvalidFieldError(
+                f"spec.nodeSelector[{key}]",
+                selector[key],
+                f"conflicts with GPUGroup {group}'s spec.nodeSelector {key}={value}: a member's "
+                "pods run where its group says",
+            )
+        selector[key] = value
+    common["node_selector"] = tuple(sorted(selector.items()))
     text = str(spec.get("model") or "")
     requests = _resources(spec.get("resources"), "requests", field="spec.resources")
     limits = _resources(spec.get("resources"), "limits", field="spec.resources")
@@ -315,7 +379,7 @@ def workload_from_model_deployment(md: Mapping[str, Any], *, group: str = "") ->
                 health.get("failureThreshold"), 3, field=f"{field}.failureThreshold"
             ),
         ),
-        **_common(md),
+        **common,
     )
 
 

@@ -23,13 +23,14 @@ import attrs
 
 from flexinfer_core import InvalidFieldError
 from flexinfer_core.vram import QWEN_7B_KV_BYTES_PER_TOKEN, kv_cache_bytes, mlc_mode_settings
+from flexinfer_k8s.render import backend_cache
 from flexinfer_k8s.render.backend import PORT, Backend, ModelLocation, ServerPlan
-from flexinfer_k8s.render.cache import CacheImages, CacheSpec, cache_model_path, serving_mount
+from flexinfer_k8s.render.cache import CacheImages, CacheSpec
 from flexinfer_k8s.render.llama_cpp import LlamaCpp
 from flexinfer_k8s.render.mlc_llm import MlcLlm
+from flexinfer_k8s.render.model_files import model_location
 from flexinfer_k8s.render.ollama import Ollama
 from flexinfer_k8s.render.policy import AdminPolicy
-from flexinfer_k8s.render.source import Scheme
 from flexinfer_k8s.render.vllm import Vllm
 from flexinfer_k8s.render.workload import Kind, Vendor, Workload
 from flexinfer_kube.objects import JSON
@@ -40,7 +41,11 @@ KIND_LABEL = "ai.flexinfer/kind"
 BACKEND_LABEL = "ai.flexinfer/backend"
 GROUP_LABEL = "ai.flexinfer/group"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "flexinfer"}
-SOURCE_MOUNT = "/models/source"
+STARTUP_PERIOD_SECONDS = 10
+FIRST_START_FLOOR_SECONDS = 1800
+"""The least a startup probe allows a server that downloads its model or compiles its
+library at start (30 min: 8 GB at 5 MB/s); `coldStartTimeout` raises it, never lowers
+it, because a probe that kills a download makes every restart start it again."""
 ASSUMED_CONTEXT_WINDOW = 32768
 """mlc-llm's mode defaults need the model's context window, which the resource does
 not give; the VRAM estimate assumes a 32k model unless `maxTotalSeqLength` is set."""
@@ -86,6 +91,9 @@ class RenderedWorkload:
     """`http://<service>.<namespace>.svc:8000/v1`: for people; the proxy finds the
     Service by its labels."""
     vram: VramCheck | None
+    backend_cache_claim: JSON | None = None
+    """The claim the pod mounts for the backend's downloads or compiled libraries
+    (`render.backend_cache`), to create when missing; None when it mounts none."""
 
 
 def selector_labels(kind: Kind, name: str) -> dict[str, str]:
@@ -124,56 +132,12 @@ def backend_of(workload: Workload) -> Backend:
     return backend
 
 
-def model_location(
-    workload: Workload, cache: CacheSpec | None, images: CacheImages
-) -> ModelLocation:
-    """Where the server finds the model: the cache's mount, the source's volume, or a
-    remote id the backend fetches itself."""
-    if cache is not None:
-        mount = serving_mount(cache, images)
-        return ModelLocation(
-            path=cache_model_path(cache),
-            local=True,
-            volumes=mount.volumes,
-            mounts=mount.mounts,
-            init_containers=mount.init_containers,
-            node_selector=mount.node_selector,
-            cached=True,
-        )
-    source = workload.source
-    if source is None:
-        return ModelLocation(path=workload.model, local=False)
-    if source.scheme is Scheme.FILE:
-        inside = f"{SOURCE_MOUNT}/{source.file_name}"
-        return ModelLocation(
-            path=inside,
-            local=True,
-            volumes=({"name": "model-source", "hostPath": {"path": source.path}},),
-            mounts=({"name": "model-source", "mountPath": inside, "readOnly": True},),
-        )
-    if source.scheme is Scheme.PVC:
-        return ModelLocation(
-            path=f"{SOURCE_MOUNT}/{source.path}" if source.path else SOURCE_MOUNT,
-            local=True,
-            volumes=(
-                {
-                    "name": "model-source",
-                    "persistentVolumeClaim": {"claimName": source.repo, "readOnly": True},
-                },
-            ),
-            mounts=({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True},),
-        )
-    if source.scheme is Scheme.HUGGINGFACE:
-        return ModelLocation(path=source.repo, local=False)
-    return ModelLocation(path=source.ollama_tag, local=False)
-
-
 def _env(plan: ServerPlan, workload: Workload) -> list[JSON]:
-    # The user's value wins over the backend's for the same name; names stay unique
-    # (server-side apply keys env by name).
-    merged = dict(plan.env)
-    merged.update(dict(workload.env))
-    return [{"name": k, "value": v} for k, v in merged.items()]
+    # The user's entry (a value or a valueFrom) wins over the backend's for the same
+    # name; names stay unique (server-side apply keys env by name).
+    merged: dict[str, JSON] = {k: {"name": k, "value": v} for k, v in plan.env}
+    merged.update({str(e["name"]): dict(e) for e in workload.env})
+    return list(merged.values())
 
 
 def _resources(workload: Workload) -> JSON:
@@ -191,32 +155,54 @@ def _resources(workload: Workload) -> JSON:
     return resources
 
 
-def _probes(workload: Workload, backend: Backend) -> JSON:
+def startup_allowance(workload: Workload, *, fetches: bool) -> int:
+    """Seconds the startup probe lets the server take before it first answers: the
+    cold-start timeout, at least `FIRST_START_FLOOR_SECONDS` for a server that downloads
+    or compiles at start (`fetches`)."""
+    seconds = workload.cold_start_seconds
+    return max(seconds, FIRST_START_FLOOR_SECONDS) if fetches else seconds
+
+
+def probes(workload: Workload, backend: Backend, *, fetches: bool) -> JSON:
+    """Startup, readiness and liveness probes on the backend's health path.
+
+    The startup probe allows the whole cold start (`startup_allowance`: failureThreshold
+    × period ≥ the allowance); the kubelet runs readiness and liveness only after it
+    succeeds, so neither can kill a slow load. A ModelDeployment's `healthCheck` sets
+    its liveness probe (and its readiness probe's period, timeout and threshold)."""
     check = {"httpGet": {"path": backend.health_path, "port": "http"}}
+    period = STARTUP_PERIOD_SECONDS
+    allowance = startup_allowance(workload, fetches=fetches)
     health = workload.health_check
-    if health is not None:  # ModelDeployment healthCheck drives readiness and liveness
-        timing = {
-            "initialDelaySeconds": health.initial_delay_seconds,
-            "periodSeconds": health.period_seconds,
-            "timeoutSeconds": health.timeout_seconds,
-            "failureThreshold": health.failure_threshold,
+    startup = {
+        **check,
+        "periodSeconds": period,
+        "timeoutSeconds": health.timeout_seconds if health is not None else 5,
+        "failureThreshold": max(1, math.ceil(allowance / period)),
+    }
+    if health is not None:
+        return {
+            "startupProbe": startup,
+            "readinessProbe": {
+                **check,
+                "periodSeconds": health.period_seconds,
+                "timeoutSeconds": health.timeout_seconds,
+                "failureThreshold": health.failure_threshold,
+            },
+            "livenessProbe": {
+                **check,
+                "initialDelaySeconds": health.initial_delay_seconds,
+                "periodSeconds": health.period_seconds,
+                "timeoutSeconds": health.timeout_seconds,
+                "failureThreshold": health.failure_threshold,
+            },
         }
-        return {"readinessProbe": {**check, **timing}, "livenessProbe": {**check, **timing}}
-    period = 5
     return {
-        # A load may take the whole cold-start timeout before the server answers.
-        "startupProbe": {
-            **check,
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": max(1, math.ceil(workload.cold_start_seconds / period)),
-        },
-        "readinessProbe": {
-            **check,
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        "startupProbe": startup,
+        "readinessProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 5,
+                           "failureThreshold": 3},
+        "livenessProbe": {**check, "periodSeconds": 30, "timeoutSeconds": 10,
+                          "failureThreshold": 3},
     }
 
 
@@ -305,8 +291,9 @@ def render_workload(
             {"name": "dshm", "mountPath": "/dev/shm"},
             *model.mounts,
             *plan.mounts,
+            *((backend_cache.mount(),) if plan.backend_cache else ()),
         ],
-        **_probes(workload, backend),
+        **probes(workload, backend, fetches=plan.backend_cache),
     }
     if plan.command:
         container["command"] = list(plan.command)
@@ -330,6 +317,7 @@ def render_workload(
             },
             *model.volumes,
             *plan.volumes,
+            *((backend_cache.volume(workload),) if plan.backend_cache else ()),
         ],
     }
     if init_containers:
@@ -372,10 +360,19 @@ def render_workload(
             "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+    claim = (
+        backend_cache.claim_manifest(
+            workload, labels={**MANAGED_BY, **selector_labels(workload.kind, workload.name)},
+            owner=owner_reference(workload),
+        )
+        if plan.backend_cache
+        else None
+    )
     return RenderedWorkload(
         deployment=deployment,
         service=service,
         served_name=plan.served_name,
         endpoint=f"http://{workload.name}.{workload.namespace}.svc:{PORT}/v1",
         vram=vram_check(workload),
+        backend_cache_claim=claim,
     )

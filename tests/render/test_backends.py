@@ -135,7 +135,7 @@ def test_mlc_llm_overrides_carry_only_what_is_set_in_a_fixed_order() -> None:
         },
     )))
     assert c["args"] == [
-        "serve", "/models/source/qwen-mlc", "--host", "0.0.0.0", "--port", "8000",
+        "serve", "/models/qwen-mlc", "--host", "0.0.0.0", "--port", "8000",
         "--mode", "server", "--model-lib", "/srv/lib/qwen-rocm.so",
         "--overrides", "max_total_seq_length=131072;max_num_sequence=2;gpu_memory_utilization=0.9",
     ]
@@ -143,14 +143,81 @@ def test_mlc_llm_overrides_carry_only_what_is_set_in_a_fixed_order() -> None:
     assert env(c)["MLC_GPU_SIZE_BYTES"] == "24000000000"
 
 
-def test_mlc_llm_without_a_local_model_is_refused_naming_the_field() -> None:
-    with pytest.raises(InvalidFieldError, match=r"spec.source: 'HF://org/repo'.*ModelCache"):
-        render(model(backend="mlc-llm"))
+@pytest.mark.parametrize("source", ["HF://mlc-ai/Qwen3-8B-q4f16_1-MLC",
+                                    "huggingface://mlc-ai/Qwen3-8B-q4f16_1-MLC"])
+def test_mlc_llm_downloads_a_hugging_face_repository_itself_into_its_backend_cache(
+    source: str,
+) -> None:
+    # mlc-llm's serve takes HF://user/repo (and only that spelling) and keeps its
+    # downloads and JIT-compiled libraries under MLC_LLM_HOME.
+    rendered = render(model("qwen3-8b", backend="mlc-llm", source=source))
+    c = server(rendered)
+    assert c["args"][:2] == ["serve", "HF://mlc-ai/Qwen3-8B-q4f16_1-MLC"]
+    assert rendered.served_name == "HF://mlc-ai/Qwen3-8B-q4f16_1-MLC"
+    assert env(c)["MLC_LLM_HOME"] == "/var/cache/flexinfer/mlc-llm"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["backend-cache"] == "/var/cache/flexinfer"
+    volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
+    assert volumes["backend-cache"]["persistentVolumeClaim"] == {
+        "claimName": "qwen3-8b-backend-cache"}
+    claim = rendered.backend_cache_claim
+    assert claim["metadata"]["name"] == "qwen3-8b-backend-cache"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "50Gi"}}}
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Model", "qwen3-8b", "uid-1")
 
 
-def test_mlc_llm_has_no_default_image_and_says_what_to_set() -> None:
+def test_the_backend_cache_takes_its_size_and_class_or_becomes_an_empty_dir() -> None:
+    sized = render(model(backend="mlc-llm", source="HF://mlc-ai/Q-MLC",
+                         backendCache={"size": "80Gi", "storageClassName": "local-path"}))
+    assert sized.backend_cache_claim["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    assert sized.backend_cache_claim["spec"]["storageClassName"] == "local-path"
+    off = render(model(backend="mlc-llm", source="HF://mlc-ai/Q-MLC",
+                       backendCache={"enabled": False}))
+    assert off.backend_cache_claim is None
+    volumes = {v["name"]: v for v in pod(off)["volumes"]}
+    assert volumes["backend-cache"] == {"name": "backend-cache", "emptyDir": {}}
+
+
+def test_no_backend_cache_for_a_local_model_with_a_compiled_library() -> None:
+    rendered = render(md(backend="mlc-llm", model="file:///srv/m",
+                         mlcllm={"modelLibPath": "/models/m/lib.so"}))
+    assert rendered.backend_cache_claim is None
+    assert "MLC_LLM_HOME" not in env(server(rendered))
+    assert "backend-cache" not in {v["name"] for v in pod(rendered)["volumes"]}
+    # Without the library mlc-llm compiles one at start: that goes to the cache.
+    jit = render(md(backend="mlc-llm", model="file:///srv/m"))
+    assert jit.backend_cache_claim is not None
+    assert env(server(jit))["MLC_LLM_HOME"] == "/var/cache/flexinfer/mlc-llm"
+
+
+def test_mlc_llm_refuses_what_it_cannot_run_naming_the_field() -> None:
+    with pytest.raises(InvalidFieldError, match=r"spec.source: 'HF://org/repo/sub'.*whole"):
+        render(model(backend="mlc-llm", source="HF://org/repo/sub"))
+    with pytest.raises(InvalidFieldError, match=r"spec.source: 'ollama://x'.*cannot be served"):
+        render(model(backend="mlc-llm", source="ollama://x"))
+    # A library under /models with nothing mounted there: the field to add is named.
+    with pytest.raises(InvalidFieldError,
+                       match=r"spec.mlcllm.modelLibPath: '/models/lib.so'.*spec.modelCacheRef"):
+        render(md(backend="mlc-llm", model="Qwen3-8B-q4f32_1-MLC",
+                  mlcllm={"modelLibPath": "/models/lib.so"}))
+    with pytest.raises(InvalidFieldError, match=r"spec.mlcllm.modelLibPath: '' is required "
+                                                r"with jitPolicy OFF"):
+        render(md(backend="mlc-llm", model="file:///srv/m", mlcllm={"jitPolicy": "OFF"}))
+
+
+def test_mlc_llm_has_a_default_image_per_vendor_that_the_flag_replaces() -> None:
+    amd = server(render(md(backend="mlc-llm", model="file:///srv/m"), settings=RenderSettings()))
+    assert amd["image"] == "flexinfer-mlc-llm:rocm6.2"
+    nvidia = server(render(md(backend="mlc-llm", model="file:///srv/m",
+                              resources={"limits": {"nvidia.com/gpu": "1"}}),
+                           settings=RenderSettings()))
+    assert nvidia["image"] == "flexinfer-mlc-llm:cuda12.4"
+    assert amd["image"] != server(render(md(backend="mlc-llm", model="file:///srv/m")))["image"]
     with pytest.raises(InvalidFieldError, match=r"spec.image.*--image mlc-llm="):
-        render(md(backend="mlc-llm", model="file:///srv/m"), settings=RenderSettings())
+        render(model(backend="mlc-llm", source="file:///srv/m", gpu={"vendor": "cpu"}),
+               settings=RenderSettings())
 
 
 def test_the_vram_estimate_warns_when_the_kv_cache_alone_cannot_fit() -> None:
@@ -181,14 +248,16 @@ def test_llama_cpp_renders_args_only_for_the_image_entrypoint() -> None:
     assert "command" not in c
     assert c["image"] == "ghcr.io/ggml-org/llama.cpp:server-rocm"
     assert c["args"] == [
-        "-m", "/models/source/coder-q4.gguf", "--host", "0.0.0.0", "--port", "8000",
+        "-m", "/models/coder-q4.gguf", "--host", "0.0.0.0", "--port", "8000",
         "--alias", "coder", "--n-gpu-layers", "999", "--ctx-size", "8192",
     ]
     volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
-    assert volumes["model-source"] == {"name": "model-source",
-                                       "hostPath": {"path": "/srv/models/coder-q4.gguf"}}
+    # A missing file must not become an empty directory: the hostPath says File.
+    assert volumes["model-source"] == {
+        "name": "model-source",
+        "hostPath": {"path": "/srv/models/coder-q4.gguf", "type": "File"}}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["model-source"]["mountPath"] == "/models/source/coder-q4.gguf"
+    assert mounts["model-source"]["mountPath"] == "/models/coder-q4.gguf"
     assert mounts["model-source"]["readOnly"] is True
 
 
@@ -201,11 +270,38 @@ def test_llama_cpp_from_a_cache_loads_the_gguf_file_its_source_names() -> None:
     assert c["args"][:2] == ["-m", "/models/gguf/coder-q4_k_m.gguf"]
 
 
-def test_llama_cpp_needs_a_local_gguf_file() -> None:
-    with pytest.raises(InvalidFieldError, match=r"spec.source.*llama-server loads one local"):
-        render(model(backend="llama-cpp", source="HF://Qwen/Coder-GGUF"))
+@pytest.mark.parametrize(
+    ("source", "flags"),
+    [
+        ("HF://Qwen/Coder-GGUF", ["--hf-repo", "Qwen/Coder-GGUF"]),
+        ("HF://Qwen/Coder-GGUF:Q8_0", ["--hf-repo", "Qwen/Coder-GGUF:Q8_0"]),
+        ("huggingface://Qwen/Coder-GGUF/coder-q4_k_m.gguf",
+         ["--hf-repo", "Qwen/Coder-GGUF", "--hf-file", "coder-q4_k_m.gguf"]),
+    ],
+)
+def test_llama_cpp_fetches_a_hugging_face_gguf_itself_into_its_backend_cache(
+    source: str, flags: list[str]
+) -> None:
+    # llama-server's documented flags: -hf/--hf-repo <user>/<model>[:quant], -hff/--hf-file
+    # FILE; LLAMA_CACHE is where it keeps what it downloads.
+    rendered = render(model("coder", backend="llama-cpp", source=source))
+    c = server(rendered)
+    assert c["args"][: len(flags)] == flags
+    assert "-m" not in c["args"]
+    assert env(c)["LLAMA_CACHE"] == "/var/cache/flexinfer/llama.cpp"
+    assert rendered.backend_cache_claim["metadata"]["name"] == "coder-backend-cache"
+
+
+def test_llama_cpp_needs_a_gguf_file() -> None:
     with pytest.raises(InvalidFieldError, match=r"names no .gguf file"):
         render(model(backend="llama-cpp", source="pvc://models/qwen"))
+    with pytest.raises(InvalidFieldError, match=r"spec.source: 'HF://Qwen/C/README.md'.*not a "
+                                                r"\.gguf file"):
+        render(model(backend="llama-cpp", source="HF://Qwen/C/README.md"))
+    plain = server(render(md(backend="llama-cpp", model="Qwen/Coder-GGUF:Q4_K_M")))
+    assert plain["args"][:2] == ["--hf-repo", "Qwen/Coder-GGUF:Q4_K_M"]
+    with pytest.raises(InvalidFieldError, match=r"spec.model: 'coder'.*names no ModelCache"):
+        render(md(backend="llama-cpp", model="coder"))
 
 
 def test_a_cpu_model_requests_no_gpu_and_offloads_no_layers() -> None:
@@ -359,20 +455,51 @@ def test_deployment_and_service_are_owned_labelled_and_never_carry_replicas() ->
     assert pod_labels["ai.flexinfer/group"] == "homelab"
 
 
-def test_models_get_a_startup_probe_sized_from_the_cold_start_timeout() -> None:
-    c = server(render(model(serverless={"coldStartTimeout": "3m"})))
-    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 180
-    assert c["startupProbe"]["failureThreshold"] == 36
-    assert "livenessProbe" not in c
+def allowed_seconds(probe: dict[str, Any]) -> int:
+    """How long the kubelet lets a startup probe fail before it kills the container."""
+    return int(probe.get("initialDelaySeconds", 0)
+               + probe["periodSeconds"] * probe["failureThreshold"])
 
 
-def test_model_deployment_health_check_drives_readiness_and_liveness() -> None:
-    c = server(render(md(healthCheck={"initialDelaySeconds": 180})))
-    expected = {"httpGet": {"path": "/health", "port": "http"}, "initialDelaySeconds": 180,
-                "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3}
-    assert c["readinessProbe"] == expected
-    assert c["livenessProbe"] == expected
-    assert "startupProbe" not in c
+@pytest.mark.parametrize(
+    ("resource", "cold_start"),
+    [
+        (model(source="file:///srv/m", serverless={"coldStartTimeout": "3m"}), 180),
+        (model(source="file:///srv/m", serverless={"coldStartTimeout": "95s"}), 95),
+        (model(source="file:///srv/m"), 60),
+        (md(model="file:///srv/m", coldStartTimeoutSeconds=600), 600),
+        (md(model="file:///srv/m", coldStartTimeoutSeconds=45), 45),
+    ],
+)
+def test_the_startup_probe_allows_the_whole_cold_start_and_liveness_comes_after(
+    resource: dict[str, Any], cold_start: int
+) -> None:
+    c = server(render(resource))
+    startup = c["startupProbe"]
+    # Covers the cold start, and by no more than one period.
+    assert cold_start <= allowed_seconds(startup) < cold_start + startup["periodSeconds"]
+    # Liveness exists for both kinds; the kubelet runs it only once startup succeeded.
+    assert c["livenessProbe"]["httpGet"] == startup["httpGet"]
+
+
+def test_a_server_that_downloads_or_compiles_gets_at_least_half_an_hour() -> None:
+    # An 8 GB download must not be killed (and restarted from scratch) by the probe.
+    downloads = server(render(model(source="HF://org/repo")))
+    assert allowed_seconds(downloads["startupProbe"]) >= 1800
+    longer = server(render(model(source="HF://org/repo",
+                                 serverless={"coldStartTimeout": "1h"})))
+    assert allowed_seconds(longer["startupProbe"]) >= 3600
+
+
+def test_model_deployment_health_check_drives_liveness_after_the_startup_probe() -> None:
+    c = server(render(md(model="file:///srv/m", healthCheck={"initialDelaySeconds": 180})))
+    check = {"httpGet": {"path": "/health", "port": "http"}}
+    assert c["livenessProbe"] == {**check, "initialDelaySeconds": 180, "periodSeconds": 30,
+                                  "timeoutSeconds": 10, "failureThreshold": 3}
+    # Readiness needs no initial delay: the startup probe holds it back during the load.
+    assert c["readinessProbe"] == {**check, "periodSeconds": 30, "timeoutSeconds": 10,
+                                   "failureThreshold": 3}
+    assert allowed_seconds(c["startupProbe"]) >= 60
 
 
 def test_an_unknown_backend_names_the_field() -> None:

@@ -97,7 +97,9 @@ def test_a_memory_pod_fills_its_ram_copy_with_the_flash_loader_first() -> None:
         cache("ram", storageStrategy="Memory", nodeSelector={"kubernetes.io/hostname": "n1"}),
     )
     p = pod(rendered)
-    (loader,) = p["initContainers"]
+    # The RAM copy is filled first; the /models layout links it afterwards.
+    loader, layout = p["initContainers"]
+    assert layout["name"] == "models-layout"
     assert loader["name"] == "flash-loader"
     assert loader["image"] == "busybox:1.36"
     assert loader["command"][-1] == "/models/ram"

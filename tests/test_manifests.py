@@ -20,6 +20,8 @@ import yaml
 
 from flexinfer_devcluster import image
 from flexinfer_k8s.__main__ import parse_args
+from flexinfer_k8s.render import mlc_llm
+from flexinfer_k8s.render.workload import Vendor
 from flexinfer_proxy.__main__ import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -506,3 +508,21 @@ def test_deployment_commands_parse_with_the_real_entry_points() -> None:
     proxy = commands["flexinfer-proxy"]
     assert proxy[:3] == ["python", "-m", "flexinfer_proxy"]
     assert build_parser().parse_args(proxy[3:]).port == 8000
+
+
+def test_the_mlc_llm_recipe_builds_the_default_images_and_checks_the_rendered_command() -> None:
+    """No upstream mlc-llm server image exists, so the defaults are what
+    deploy/mlc-llm/Dockerfile builds: its build must fail unless the command the renderer
+    runs exists there, and its documented tags must be the controller's defaults."""
+    text = (DEPLOY_DIR / "mlc-llm" / "Dockerfile").read_text(encoding="utf-8")
+    instructions = [line.split(None, 1) for line in text.splitlines()
+                    if line and not line.startswith("#")]
+    last_op, last_args = instructions[-1]
+    assert last_op == "RUN"
+    assert last_args.startswith(" ".join(mlc_llm.COMMAND) + " serve --help")
+    assert "git lfs version" in last_args  # HF:// downloads need git-lfs
+    assert ["ARG", "BASE=rocm/dev-ubuntu-22.04:6.2"] in instructions
+    assert ["ARG", 'WHEELS="mlc-llm-nightly-rocm62 mlc-ai-nightly-rocm62"'] in instructions
+    for vendor, tag in mlc_llm.DEFAULT_IMAGES.items():
+        assert f"docker build -t {tag}" in text, vendor
+    assert "mlc-ai-nightly-cu124" in text and "cuda12.4" in mlc_llm.DEFAULT_IMAGES[Vendor.NVIDIA]

@@ -19,6 +19,7 @@ requests to.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 
 from flexinfer_core import InvalidFieldError
@@ -76,6 +77,16 @@ class MlcLlm:
                 "spec.modelCacheRef naming the ModelCache that holds the compiled model (or "
                 "give it a ModelCache whose modelPath is the model's name), or leave "
                 "modelLibPath out to compile the library at start",
+            )
+        inside = lib.startswith(f"{MODELS_MOUNT}/") and model.local
+        if inside and posixpath.dirname(lib) != MODELS_MOUNT and not lib.startswith(f"{target}/"):
+            # /models holds the model directory and links to its entries, nothing else.
+            raise InvalidFieldError(
+                "spec.mlcllm.modelLibPath",
+                lib,
+                f"lies outside the model's directory {target}: under {MODELS_MOUNT} a pod sees "
+                f"only that directory (also as {MODELS_MOUNT}/<file>), so name the library in "
+                f"it, e.g. {target}/{posixpath.basename(lib)}",
             )
         if not lib and mlc.jit_policy == "OFF":
             raise InvalidFieldError(

@@ -64,8 +64,12 @@ MODEL_LABEL = "ai.flexinfer/model"
 
 def on_kwok(*, ready_delay: str = "1s", terminate_delay: str = "1s") -> JSON:
     """Spec fields that run a Model's or ModelDeployment's pods on a kwok node, Ready
-    after `ready_delay` (the simulated load) and gone `terminate_delay` after deletion."""
+    after `ready_delay` (the simulated load) and gone `terminate_delay` after deletion.
+    A kwok pod downloads nothing, so it gets no backend-cache claim (the tests of that
+    claim say so themselves): a claim per test Model would take the local cluster's
+    static volumes."""
     return {
+        "backendCache": {"enabled": False},
         "nodeSelector": {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE},
         "podAnnotations": {
             READY_DELAY_ANNOTATION: ready_delay,

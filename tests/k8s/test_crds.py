@@ -101,15 +101,17 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     ("ModelCache", "qwen-chat-weights"): {"spec.storageStrategy": "SharedPVC"},
     ("ModelCache", "qwen-coder-gguf"): {"spec.storageStrategy": "SharedPVC"},
     ("ModelCache", "qwen3-8b-weights"): {"spec.storageSize": "50Gi"},
-    ("ModelCache", "qwen25-7b-mlc"): {"spec.storageStrategy": "SharedPVC"},
+    ("ModelCache", "qwen3-8b-mlc"): {"spec.storageSize": "50Gi"},
     ("ModelDeployment", "qwen3-8b-serverless"): {
         "spec.minReplicas": 0,
         "spec.idleTimeoutSeconds": 300,
         "spec.priority": 100,
         "spec.mlcllm.mode": "local",
     },
-    ("ModelDeployment", "qwen25-7b-long-context"): {
+    ("ModelDeployment", "qwen3-8b-long-context"): {
         "spec.idleTimeoutSeconds": 300,
+        "spec.backendCache.enabled": True,
+        "spec.backendCache.size": "50Gi",
         "spec.priority": 100,
         "spec.healthCheck.initialDelaySeconds": 180,
         "spec.healthCheck.periodSeconds": 30,

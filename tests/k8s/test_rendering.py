@@ -126,6 +126,13 @@ def test_every_example_applies_and_yields_its_objects(
 ) -> None:
     c = cluster
     documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for claim in sorted({str(d["spec"]["existingClaimName"]) for d in documents
+                         if d["kind"] == "ModelCache" and d["spec"].get("existingClaimName")}):
+        # A claim the example says you already have (the share holding compiled models).
+        kubectl.ok("apply", "-n", c.namespace, "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "resources": {"requests": {"storage": "20Gi"}}}}))
     kubectl.ok("apply", "-n", c.namespace, "-f", str(path))
     with controller(local_cluster, c.namespace):
         caches = [d["metadata"]["name"] for d in documents if d["kind"] == "ModelCache"]
@@ -402,7 +409,8 @@ def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
     with controller(local_cluster, c.namespace):
         deployment = wait_until(lambda: get_or_none(c, DEPLOYMENTS, "a"), what="a rendered")
         pod = template(deployment)
-        assert [i["name"] for i in pod["initContainers"]] == ["flash-loader"]
+        # The RAM copy is filled first, then /models is laid out over it.
+        assert [i["name"] for i in pod["initContainers"]] == ["flash-loader", "models-layout"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["model-cache"]["hostPath"]["path"] == f"/dev/shm/flexinfer/{c.namespace}/ram"
         assert volumes["cache-source"]["hostPath"]["path"] == (
@@ -424,7 +432,7 @@ def test_bad_input_is_a_condition_naming_it_and_touches_nothing_else(
     missing = model_body("missing-cache")
     missing["spec"]["cache"] = {"modelCacheRef": "nowhere"}
     gguf = model_body("no-gguf")
-    gguf["spec"].update(backend="llama-cpp", source="HF://org/repo")
+    gguf["spec"].update(backend="llama-cpp", source="pvc://models/qwen")
     vram = {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
         "metadata": {"name": "too-big"},
@@ -449,7 +457,8 @@ def test_bad_input_is_a_condition_naming_it_and_touches_nothing_else(
         assert "ModelCache nowhere does not exist" in condition(bad, "Rendered")["message"]
         bad = wait_until(lambda: rendered(MODELS, "no-gguf"), what="no-gguf")
         assert condition(bad, "Rendered")["reason"] == "InvalidSpec"
-        assert condition(bad, "Rendered")["message"].startswith("spec.source: 'HF://org/repo'")
+        assert condition(bad, "Rendered")["message"].startswith(
+            "spec.source: 'pvc://models/qwen' names no .gguf file")
         # An impossible VRAM budget warns; it does not block.
         big = wait_until(
             lambda: (m if condition(m := c.api.get(MODEL_DEPLOYMENTS, c.namespace, "too-big"),

@@ -107,6 +107,16 @@ def test_the_split_example_finds_its_library_at_the_root_of_models() -> None:
     assert c["args"][c["args"].index("--model-lib") + 1] == "/models/lib_rocm_gfx1100.so"
 
 
+def test_a_library_under_models_outside_the_model_directory_is_refused() -> None:
+    # Seed 002's 128k-context block names another model's directory.
+    deployment, holding = seed_pair()
+    deployment["spec"]["mlcllm"]["modelLibPath"] = (
+        "/models/Qwen2.5-7B-abliterated-v2-q4f32_1-MLC/lib_rocm_gfx1100.so")
+    with pytest.raises(InvalidFieldError, match=r"spec.mlcllm.modelLibPath: '/models/Qwen2.5-7B"
+                                                r".*outside the model's directory /models/Qwen3"):
+        render(deployment, holding)
+
+
 def test_a_gguf_file_is_mounted_by_itself_without_a_layout() -> None:
     rendered = render(model(backend="llama-cpp", source="pvc://models/gguf/coder-q4.gguf"))
     p = pod(rendered)

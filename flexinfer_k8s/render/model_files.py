@@ -199,7 +199,9 @@ def plain_model_location(workload: Workload) -> ModelLocation:
             raise _no_files(workload, "a Hugging Face GGUF repository (org/name[:quant])")
         source = parse_source(f"HF://{model}", field="spec.model")
         return ModelLocation(path=source.repo, local=False, remote=source)
-    if not has_org and not model.startswith("/"):
+    if model.startswith("/"):
+        return ModelLocation(path=model, local=True)  # a path inside the image: nothing to fetch
+    if not has_org:
         raise _no_files(workload, "a Hugging Face repository id (org/name) vLLM can fetch")
     return ModelLocation(path=model, local=False)
 

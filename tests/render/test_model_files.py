@@ -155,6 +155,12 @@ def test_a_plain_model_follows_the_backends_own_download_convention(
     assert c["args"][: len(first_args)] == first_args
 
 
+def test_a_vllm_path_inside_its_image_is_passed_as_it_is_and_fetches_nothing() -> None:
+    rendered = render(md(backend="vllm", model="/opt/models/qwen"))
+    assert server(rendered)["args"][:2] == ["--model", "/opt/models/qwen"]
+    assert rendered.backend_cache_claim is None
+
+
 @pytest.mark.parametrize(("backend", "name"), [("mlc-llm", "qwen3-8b"), ("vllm", "Qwen3-4B")])
 def test_a_plain_model_nobody_can_fetch_names_the_field_to_add(backend: str, name: str) -> None:
     with pytest.raises(InvalidFieldError, match=rf"spec.model: '{name}' names no ModelCache in "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +44,10 @@ class Writer:
         self.api = api
         self.stores = stores
         self.identity = identity
+        self.before_replicas_override: Callable[[JSON], None] | None = None
+        """Told of the cached Deployment before a scale write changes its replicas: the
+        write takes the field from whoever set it last (a `kubectl scale`), and with it
+        the only trace of that write, which the workload reconciler answers."""
 
     def _remember(self, resource: Resource, obj: JSON) -> None:
         store = self.stores.get(resource)
@@ -66,6 +70,16 @@ class Writer:
 
     def scale(self, namespace: str, name: str, replicas: int) -> bool:
         """Set a Deployment's replicas through the scale subresource; False if it is gone."""
+        store = self.stores.get(DEPLOYMENTS)
+        before = store.get(namespace, name) if store is not None else None
+        hook = self.before_replicas_override
+        if hook is not None and before is not None and (
+            (before.get("spec") or {}).get("replicas") != replicas
+        ):
+            try:
+                hook(before)
+            except Exception:  # a lost warning must never cost a scale write
+                log.exception("could not answer a foreign replicas write")
         try:
             scale = self.api.patch(
                 DEPLOYMENTS,

@@ -126,6 +126,7 @@ class Controller:
         )
         self.standalone = StandaloneReconciler(wiring)
         self.workloads = WorkloadReconciler(wiring, settings=settings)
+        self.writer.before_replicas_override = self.workloads.answer_foreign_scale
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._failures: dict[WorkKey, int] = {}

@@ -21,6 +21,7 @@ import copy
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -141,7 +142,7 @@ def _controlled_by(obj: Mapping[str, Any] | None, uid: Any) -> bool:
 
 
 def _replicas_governed_by(
-    resource: Resource, obj: Mapping[str, Any], groups_listing: Callable[[str, str], list[str]]
+    resource: Resource, obj: Mapping[str, Any], *, groups_listing: Callable[[str, str], list[str]]
 ) -> str:
     """Which field to change instead of the Deployment's replicas."""
     if resource is MODELS:
@@ -176,6 +177,9 @@ class WorkloadReconciler:
         self.writer = wiring.writer
         self.clock = wiring.clock
         self.settings = settings or RenderSettings()
+        # The decision workers (before a scale write) and this reconciler both answer a
+        # foreign replicas write; one at a time, so the annotation says it was answered.
+        self._answering = threading.Lock()
 
     def reconcile_model(self, namespace: str, name: str) -> Outcome:
         model = self.cache.get(MODELS, namespace, name)
@@ -418,10 +422,31 @@ class WorkloadReconciler:
             "(every start then downloads again)",
         )
 
+    def answer_foreign_scale(self, deployment: Mapping[str, Any]) -> None:
+        """`_answer_foreign_scale` for the resource that owns `deployment`, called before
+        an election's scale write takes its replicas back (the write removes the trace)."""
+        owner = controller_of(deployment) or {}
+        resource = {MODELS.kind: MODELS, MODEL_DEPLOYMENTS.kind: MODEL_DEPLOYMENTS}.get(
+            str(owner.get("kind"))
+        )
+        obj = (
+            self.cache.get(resource, namespace_of(deployment), str(owner.get("name")))
+            if resource is not None
+            else None
+        )
+        if resource is not None and obj is not None:
+            self._answer_foreign_scale(resource, obj, now=self.clock.now())
+
     def _answer_foreign_scale(self, resource: Resource, obj: JSON, *, now: datetime) -> None:
         """A Warning Event, once per write, when someone else (`kubectl scale`) set the
         governed Deployment's replicas: the election sets them back, and the user should
         know which field to change instead."""
+        with self._answering:
+            self._answer_foreign_scale_locked(resource, obj, now=now)
+
+    def _answer_foreign_scale_locked(
+        self, resource: Resource, obj: JSON, *, now: datetime
+    ) -> None:
         namespace, name = namespace_of(obj), name_of(obj)
         deployment = self.cache.get(DEPLOYMENTS, namespace, name)
         if deployment is None or not _controlled_by(deployment, get_path(obj, "metadata", "uid")):
@@ -441,13 +466,16 @@ class WorkloadReconciler:
             return
         how = " through the scale subresource" if latest.get("subresource") == "scale" else ""
         replicas = get_path(deployment, "spec", "replicas")
+        instead = _replicas_governed_by(
+            resource, obj, groups_listing=self.cache.gpu_groups_with_member
+        )
         self.writer.event(
             obj,
             reason=reasons.REPLICAS_GOVERNED,
             message=(
                 f"Deployment {name}'s spec.replicas was set to {replicas} by "
                 f"{latest.get('manager')}{how}; flexinfer's election governs it and sets it "
-                f"back: {_replicas_governed_by(resource, obj, self.cache.gpu_groups_with_member)}"
+                f"back: {instead}"
             ),
             type="Warning",
             now=now,

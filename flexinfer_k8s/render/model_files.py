@@ -63,7 +63,9 @@ done
 a name already there (the directory's own first component) is left alone."""
 
 
-def _layout(directory: str, model_mount: JSON, images: CacheImages) -> tuple[JSON, JSON, JSON]:
+def _layout(
+    directory: str, model_mount: JSON, *, images: CacheImages
+) -> tuple[JSON, JSON, JSON]:
     """The `/models` emptyDir, its mount, and the init container that links the model
     directory's entries into it."""
     root_volume = {"name": LAYOUT_VOLUME, "emptyDir": {}}
@@ -96,7 +98,7 @@ def _directory_model(
     mounts: tuple[JSON, ...] = (mount,)
     inits = init_containers
     if not path.lower().endswith(".gguf"):
-        root_volume, root_mount, init = _layout(directory, mount, images)
+        root_volume, root_mount, init = _layout(directory, mount, images=images)
         volumes, mounts, inits = (root_volume, *volumes), (root_mount, *mounts), (*inits, init)
     return ModelLocation(
         path=path,

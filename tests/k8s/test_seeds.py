@@ -178,9 +178,14 @@ def seed_cluster(local_cluster: LocalCluster, kubectl: Kubectl, crds: None) -> I
     kubectl.run("delete", "-n", NAMESPACE, "pvc", CLAIM, "--ignore-not-found", "--wait=false")
 
 
-def populate_claim(api: KubeApi, kubectl: Kubectl) -> Path:
+def populate_claim(local_cluster: LocalCluster, api: KubeApi, kubectl: Kubectl) -> Path:
     """`mlc-models-nfs` holding the compiled model, as on the documents' NFS share; the
     model directory on the volume is returned."""
+    files = {f"{COMPILED}/{name}": content for name, content in MODEL_FILES.items()}
+    populate = getattr(local_cluster, "populate_claim", None)
+    if populate is not None:  # the local cluster's own way to pre-populate a claim
+        return Path(populate(NAMESPACE, CLAIM, files=files, size="20Gi")) / COMPILED
+    # Without it: a claim bound to one of the static volumes, written on the host.
     kubectl.ok("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": CLAIM},
@@ -193,11 +198,11 @@ def populate_claim(api: KubeApi, kubectl: Kubectl) -> Path:
         what=f"claim {CLAIM} Bound", timeout=60,
     )
     volume = kubectl.json("get", "pv", claim["spec"]["volumeName"])
-    directory = Path(volume["spec"]["hostPath"]["path"]) / COMPILED
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, content in MODEL_FILES.items():
-        (directory / name).write_bytes(content)
-    return directory
+    root = Path(volume["spec"]["hostPath"]["path"])
+    for relative, content in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(content)
+    return root / COMPILED
 
 
 # --- reading what a step yields ----------------------------------------------------------
@@ -319,7 +324,7 @@ def test_every_seed_manifest_applies_and_yields_what_the_documents_promise(
     local_cluster: LocalCluster, kubectl: Kubectl, seed_cluster: KubeApi
 ) -> None:
     api = seed_cluster
-    directory = populate_claim(api, kubectl)
+    directory = populate_claim(local_cluster, api, kubectl)
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
     failures: list[str] = []
     with controller(local_cluster, NAMESPACE):

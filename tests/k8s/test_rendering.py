@@ -310,7 +310,7 @@ def test_a_cache_that_completes_lets_the_model_that_references_it_run(
     with controller(local_cluster, c.namespace):
         # The cache is Pending until its claim binds, then Downloading: the Model waits
         # through both and says which (it is not started before the copy is complete).
-        waiting = wait_until(
+        wait_until(
             lambda: (m if condition(m := c.model("a"), "CacheReady").get("reason")
                      == "CacheNotReady"
                      and "Downloading" in condition(m, "CacheReady").get("message", "")

@@ -165,6 +165,9 @@ def run_simulate(
         leases=scenario.leases,
         load_time=scenario.load_time,
         termination_time=scenario.termination_time,
+        policy=scenario.policy,
+        proxy=scenario.proxy,
+        clients=scenario.clients,
     )
     if plot is not None:
         from flexinfer_cli.plot import plot_timeline
@@ -205,6 +208,16 @@ def timeline_json(timeline: Timeline, start: object) -> dict[str, object]:
             }
             for step in timeline.steps
         ],
+        "requests": [
+            {
+                "at": _offset(outcome.request.at, start),
+                "model": outcome.request.model,
+                "served": None if outcome.served_at is None else _offset(outcome.served_at, start),
+                "refused": [_offset(at, start) for at in outcome.refusals],
+                "gaveUp": outcome.gave_up,
+            }
+            for outcome in timeline.requests
+        ],
     }
 
 
@@ -218,6 +231,17 @@ def render_timeline(timeline: Timeline, start: object) -> str:
         )
         for event in step.events:
             lines.append(f"{'':>8}  event {event.reason} on {event.model}: {event.message}")
+    waited = [o for o in timeline.requests if o.served_at != o.request.at]
+    if waited:
+        lines.append("requests that waited (a 503 when the proxy's queue wait ran out):")
+    for outcome in waited:
+        refused = "".join(f", 503 at {_offset(at, start)}" for at in outcome.refusals)
+        if outcome.served_at is not None:
+            end = f", served at {_offset(outcome.served_at, start)}"
+        else:
+            end = ", gave up" if outcome.gave_up else ", still waiting at the end"
+        arrived = _offset(outcome.request.at, start)
+        lines.append(f"{'':>8}  {outcome.request.model} at {arrived}{refused}{end}")
     lines.append(
         f"swaps: {timeline.swaps}; most members with pods at once: {timeline.max_members_with_pods}"
     )

@@ -2,8 +2,9 @@
 
 One row per model: who held the card (a wide bar), when its pods served (a thin
 bar inside), each request (a tick) and how long it waited for a serving pod (a line
-from the tick), GPU lease spans shaded across every row, and each swap annotated
-with the reason the election gave. Drawn with matplotlib's Agg canvas (no display,
+from the tick, ending in a cross where its client gave up after its last 503), GPU
+lease spans shaded across every row, and each swap annotated with the reason the
+election gave. Drawn with matplotlib's Agg canvas (no display,
 no pyplot state), from the core's `Timeline` only. matplotlib and tqdm come with
 the `plot` extra; without them the command says what to install. A progress bar
 (tqdm, on stderr) follows the drawing of long traces.
@@ -11,7 +12,6 @@ the `plot` extra; without them the command says what to install. A progress bar
 
 from __future__ import annotations
 
-import bisect
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -41,6 +41,7 @@ class Wait:
     model: str
     arrived: float
     served: float | None  # None: never served before the end
+    gave_up: float | None = None  # its last 503, after which its client stopped asking
 
 
 @attrs.frozen
@@ -107,8 +108,13 @@ def build_picture(scenario: Scenario, timeline: Timeline, *, progress: str = "au
     times = [_minutes(s.at, start) for s in steps]
     holds, serving, swaps = _spans(steps, times, models, end=end, progress=progress, total=total)
     waits = tuple(
-        _wait(request.model, _minutes(request.at, start), steps, times)
-        for request in _progress(scenario.requests, mode=progress, total=total, what="requests")
+        Wait(
+            outcome.request.model,
+            _minutes(outcome.request.at, start),
+            None if outcome.served_at is None else _minutes(outcome.served_at, start),
+            _minutes(outcome.refusals[-1], start) if outcome.gave_up else None,
+        )
+        for outcome in _progress(timeline.requests, mode=progress, total=total, what="requests")
     )
     leases = tuple(
         (
@@ -163,15 +169,6 @@ def _spans(
     return tuple(holds), tuple(serving), tuple(swaps)
 
 
-def _wait(model: str, arrived: float, steps: Sequence[Step], times: Sequence[float]) -> Wait:
-    """How long a request waited: until the first step at or after it with a ready pod."""
-    index = bisect.bisect_right(times, arrived) - 1
-    for step, at in zip(steps[max(index, 0) :], times[max(index, 0) :], strict=True):
-        if any(name == model and ready for name, _, ready in step.pods):
-            return Wait(model, arrived, max(at, arrived))
-    return Wait(model, arrived, None)
-
-
 def draw(figure: Any, picture: Picture, *, scenario: Scenario) -> None:
     axes = figure.add_subplot(1, 1, 1)
     rows = {name: i for i, name in enumerate(picture.models)}
@@ -192,9 +189,13 @@ def draw(figure: Any, picture: Picture, *, scenario: Scenario) -> None:
     for wait in picture.waits:
         row = rows[wait.model]
         axes.plot([wait.arrived], [row + 0.42], marker="v", color="black", markersize=5)
-        served = picture.end if wait.served is None else wait.served
-        if served > wait.arrived:
-            axes.plot([wait.arrived, served], [row + 0.42, row + 0.42], color="red", linewidth=1)
+        until = wait.served if wait.served is not None else wait.gave_up
+        if until is None:
+            until = picture.end
+        if until > wait.arrived:
+            axes.plot([wait.arrived, until], [row + 0.42, row + 0.42], color="red", linewidth=1)
+        if wait.gave_up is not None:
+            axes.plot([until], [row + 0.42], marker="x", color="red", markersize=5)
     for number, swap in enumerate(picture.swaps):
         axes.axvline(swap.at, color="0.4", linewidth=0.6, linestyle=":")
         axes.annotate(

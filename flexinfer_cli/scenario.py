@@ -2,7 +2,9 @@
 
 A scenario names one shared group's models (with the same field names as a
 Model's `spec.gpu` / `spec.serverless`), the requests that arrive and the GPU
-leases that come and go, all at offsets from the start (`90s`, `5m`). Errors name
+leases that come and go, all at offsets from the start (`90s`, `5m`); optionally
+the controller's election policy (`policy`, its `--demand-window` etc.), the
+proxy's timing (`proxy`) and what clients do with a 503 (`clients`). Errors name
 the field path and the value.
 """
 
@@ -17,13 +19,23 @@ import attrs
 import yaml
 
 from flexinfer_core import (
+    DEFAULT_POLICY,
     GpuLease,
     InvalidFieldError,
     ModelState,
+    Policy,
     Serverless,
+    format_duration,
     parse_duration,
 )
-from flexinfer_core.simulate import LeaseWindow, Request
+from flexinfer_core.simulate import (
+    DEFAULT_CLIENTS,
+    DEFAULT_PROXY,
+    ClientSettings,
+    LeaseWindow,
+    ProxySettings,
+    Request,
+)
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -37,6 +49,9 @@ class Scenario:
     load_time: timedelta
     termination_time: timedelta
     start: datetime = EPOCH
+    policy: Policy = DEFAULT_POLICY
+    proxy: ProxySettings = DEFAULT_PROXY
+    clients: ClientSettings = DEFAULT_CLIENTS
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -76,7 +91,63 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
         until=EPOCH + _duration(data, "until", "", default="30m"),
         load_time=_duration(data, "loadTime", "", default="30s"),
         termination_time=_duration(data, "terminationTime", "", default="5s"),
+        policy=_policy(_mapping(data, "policy")),
+        proxy=_proxy(_mapping(data, "proxy")),
+        clients=_clients(_mapping(data, "clients")),
     )
+
+
+def _policy(data: Mapping[str, Any]) -> Policy:
+    """The controller's election flags (`--demand-window` etc.)."""
+    _known(data, "policy", ("demandWindow", "recentWindow", "defaultSwapCooldown"))
+    d = DEFAULT_POLICY
+    return Policy(
+        demand_window=_window(data, "demandWindow", "policy", d.demand_window),
+        recent_window=_window(data, "recentWindow", "policy", d.recent_window),
+        default_swap_cooldown=_window(
+            data, "defaultSwapCooldown", "policy", d.default_swap_cooldown
+        ),
+    )
+
+
+def _proxy(data: Mapping[str, Any]) -> ProxySettings:
+    _known(data, "proxy", ("minQueueWait", "refreshInterval"))
+    d = DEFAULT_PROXY
+    return ProxySettings(
+        min_queue_wait=_window(data, "minQueueWait", "proxy", d.min_queue_wait),
+        refresh_interval=_window(data, "refreshInterval", "proxy", d.refresh_interval),
+    )
+
+
+def _clients(data: Mapping[str, Any]) -> ClientSettings:
+    _known(data, "clients", ("retries", "retryAfter"))
+    d = DEFAULT_CLIENTS
+    retries = _int(data, "retries", "clients", default=d.retries)
+    if retries < 0:
+        raise InvalidFieldError("clients.retries", retries, "must be 0 or more")
+    return ClientSettings(
+        retries=retries, retry_after=_window(data, "retryAfter", "clients", d.retry_after)
+    )
+
+
+def _window(data: Mapping[str, Any], key: str, where: str, default: timedelta) -> timedelta:
+    return _duration(data, key, where, default=format_duration(default))
+
+
+def _mapping(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidFieldError(key, value, "must be a mapping")
+    return value
+
+
+def _known(data: Mapping[str, Any], where: str, keys: Sequence[str]) -> None:
+    # A misspelt setting would otherwise be ignored and its default used in silence.
+    for key in data:
+        if key not in keys:
+            raise InvalidFieldError(
+                f"{where}.{key}", data[key], f"is not a setting here (known: {', '.join(keys)})"
+            )
 
 
 def _model(item: Any, where: str, *, group: str, namespace: str) -> ModelState:

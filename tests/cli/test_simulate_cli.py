@@ -33,6 +33,35 @@ def test_swap_loop_scenario_is_held_by_the_cooldown(
     assert guarded["max_members_with_pods"] == unguarded["max_members_with_pods"] == 1
 
 
+def test_swap_loop_hands_chat_the_card_once_coder_is_idle(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """chat's request at 16m waits (coder holds the card inside its cooldown); the proxy's
+    refreshes and the client's retries keep chat demanded, so chat takes the card at 20m,
+    when coder (last asked for at 18m) is idle, as on a cluster."""
+    timeline = run_json(capsys, SCENARIOS / "swap-loop.yaml")
+    swaps = [(s["at"], s["leader"], s["reason"]) for s in timeline["steps"] if s["events"]]
+    assert swaps[-1] == ("20m", "chat", "DemandPreemption")
+    chat_16m = next(r for r in timeline["requests"] if r["at"] == "16m")
+    assert chat_16m["refused"] == ["17m", "18m15s", "19m30s"] and chat_16m["gaveUp"]
+
+
+def test_scenario_settings_reach_the_simulator(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`clients.retries: 0`: chat's request at 16m gets one 503 and is not asked again,
+    its demand lapses at 18m, and coder keeps the card to the end."""
+    data = yaml.safe_load((SCENARIOS / "swap-loop.yaml").read_text())
+    data["clients"] = {"retries": 0}
+    path = tmp_path / "impatient.yaml"
+    path.write_text(yaml.safe_dump(data))
+    timeline = run_json(capsys, path)
+    leaders = [s["leader"] for s in timeline["steps"] if s["events"]]
+    assert leaders[-1] == "coder"
+    chat_16m = next(r for r in timeline["requests"] if r["at"] == "16m")
+    assert chat_16m["refused"] == ["17m"] and chat_16m["gaveUp"]
+
+
 def test_priority_and_lease_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     timeline = run_json(capsys, SCENARIOS / "priority-and-lease.yaml")
     by_time = {step["at"]: step for step in timeline["steps"]}
@@ -59,6 +88,11 @@ def test_table_output_names_reasons(capsys: pytest.CaptureFixture[str]) -> None:
         ("models: []", "models: [] must list at least one model"),
         ("models: [{name: a}]\nrequests: [{at: 1m, model: b}]", "requests.model: 'b'"),
         ("models: [{name: a}]\nrequests: [{model: a}]", "requests[0].at: None is required"),
+        ("models: [{name: a}]\nproxy: {minQueueWait: 1x}", "proxy.minQueueWait: '1x'"),
+        ("models: [{name: a}]\nproxy: {queueWait: 1m}", "proxy.queueWait: '1m' is not a setting"),
+        ("models: [{name: a}]\nclients: {retries: -1}", "clients.retries: -1 must be 0 or more"),
+        ("models: [{name: a}]\npolicy: {demandWindow: -1s}", "policy.demandWindow: '-1s'"),
+        ("models: [{name: a}]\npolicy: 3", "policy: 3 must be a mapping"),
     ],
 )
 def test_bad_scenarios_name_the_field(

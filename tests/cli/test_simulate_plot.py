@@ -46,6 +46,8 @@ def test_the_picture_holds_what_the_timeline_says() -> None:
         leases=scenario.leases,
         load_time=scenario.load_time,
         termination_time=scenario.termination_time,
+        proxy=scenario.proxy,
+        clients=scenario.clients,
     )
     picture = build_picture(scenario, timeline, progress="never")
     # coder (priority 500) takes the card at 2m, announced with the election's reason.
@@ -56,10 +58,13 @@ def test_the_picture_holds_what_the_timeline_says() -> None:
     # The lease from 8m to 18m parks everyone: nobody holds the card in between.
     assert ("qwen-ft-gpu-lease", 8.0, 18.0) in picture.leases
     assert not [h for h in picture.holds if h.start < 18.0 and h.end > 8.0 and h.start >= 8.0]
-    # chat's request at 3m waits for a serving pod; every request is drawn.
+    # chat's request at 3m waits in the proxy's queue; after its third 503 (at 6m30s) its
+    # client gives up. chat's request at 20m waits for chat's load. Every request is drawn.
     assert len(picture.waits) == len(scenario.requests)
     waited = next(w for w in picture.waits if w.model == "chat" and w.arrived == 3.0)
-    assert waited.served is not None and waited.served > 3.0
+    assert waited.served is None and waited.gave_up == 6.5
+    loaded = next(w for w in picture.waits if w.model == "chat" and w.arrived == 20.0)
+    assert loaded.served == 20.75 and loaded.gave_up is None
 
 
 def test_a_long_trace_shows_a_progress_bar(

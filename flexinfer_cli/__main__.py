@@ -22,6 +22,11 @@ cluster, 2 bad usage.
 
 from __future__ import annotations
 
+# Before anything of the extra is imported: without it, say what to install.
+from flexinfer_kube.extras import require_extra
+
+require_extra("cli", what="the flexinfer command")
+
 import argparse
 import importlib
 import json

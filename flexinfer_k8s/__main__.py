@@ -9,6 +9,11 @@ Logs are JSON lines. This module parses arguments and wires; nothing else.
 
 from __future__ import annotations
 
+# Before anything of the extra is imported: without it, say what to install.
+from flexinfer_kube.extras import require_extra
+
+require_extra("controller", what="the controller (python -m flexinfer_k8s)")
+
 import argparse
 import logging
 import os

@@ -9,6 +9,11 @@ reports (docs/proxy.md, "Throughput").
 
 from __future__ import annotations
 
+# Before anything of the extra is imported: without it, say what to install.
+from flexinfer_kube.extras import require_extra
+
+require_extra("proxy", what="the proxy (python -m flexinfer_proxy)")
+
 import argparse
 import asyncio
 import contextlib

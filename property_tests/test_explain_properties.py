@@ -23,7 +23,7 @@ from flexinfer_core import (
 from flexinfer_core.election import RULES, explain_election
 from flexinfer_core.explain import explain_group
 from flexinfer_core.gpugroup import GPU_GROUP_RULES, explain_gpu_group
-from property_tests.strategies import GroupScenario, gpu_group_states, group_scenarios
+from flexinfer_core.testing.strategies import GroupScenario, gpu_group_states, group_scenarios
 
 
 @given(group_scenarios(lease_unreadable=None))

@@ -17,7 +17,7 @@ from flexinfer_core import (
     decide_gpu_group,
 )
 from flexinfer_core.gpugroup import record_gpu_group_decision
-from property_tests.strategies import gpu_group_states
+from flexinfer_core.testing.strategies import gpu_group_states
 
 Case = tuple[GpuGroupState, datetime]
 

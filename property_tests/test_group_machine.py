@@ -30,8 +30,8 @@ from flexinfer_core import (
     decide_group,
     observed_phase,
 )
-from property_tests import oracle
-from property_tests.strategies import (
+from flexinfer_core.testing import oracle
+from flexinfer_core.testing.strategies import (
     EPOCH,
     GROUP,
     NAMESPACE,

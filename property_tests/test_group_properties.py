@@ -1,4 +1,4 @@
-"""Properties of the shared-group decision (spec/election.md 1.2–1.3).
+"""Properties of the shared-group decision (docs/election.md).
 
 Each property states the spec's preconditions exactly (which rule of 1.2 would
 otherwise decide first) and would fail if the rule it names were broken.
@@ -23,8 +23,8 @@ from flexinfer_core import (
     reasons,
     standalone_models,
 )
-from property_tests import oracle
-from property_tests.strategies import (
+from flexinfer_core.testing import check_invariants, oracle
+from flexinfer_core.testing.strategies import (
     GroupScenario,
     active_lease,
     cluster_models,
@@ -42,19 +42,6 @@ from property_tests.strategies import (
 # a group share one test, each a named check, so each still sees every example.
 
 
-def check_one_leader(sc: GroupScenario, decision: GroupDecision) -> None:
-    """At most one leader, and it is the only Active member."""
-    active = [m.name for m in decision.members if m.state is SharedState.ACTIVE]
-    assert active == ([decision.leader] if decision.leader is not None else [])
-    assert sorted(m.name for m in decision.members) == sorted(m.name for m in sc.models)
-
-
-def check_one_scaled_member(decision: GroupDecision) -> None:
-    """At most one member wants replicas, and it is the leader."""
-    scaled = [m.name for m in decision.members if m.desired_replicas > 0]
-    assert scaled in ([], [decision.leader])
-
-
 def check_unleased_group_has_a_leader(sc: GroupScenario, decision: GroupDecision) -> None:
     """A non-empty group with no readable active lease always has a leader; one that
     cannot read every lease source fails open and says which (spec section 2), but a
@@ -69,20 +56,6 @@ def check_unleased_group_has_a_leader(sc: GroupScenario, decision: GroupDecision
     elif sc.models:
         assert decision.leader is None
         assert not decision.election.lease_unreadable
-
-
-def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
-    """The leader is not scaled up while another member still has pods (spec 1.3)."""
-    if decision.leader is None:
-        return
-    leader = decision.member(decision.leader)
-    wanted = oracle.leader_replicas(sc.member(decision.leader), sc.now)
-    if sc.running - {decision.leader} and decision.leader not in sc.running:
-        assert leader.desired_replicas == 0
-        if wanted > 0:
-            assert leader.reason == reasons.WAITING_FOR_GPU
-    else:
-        assert leader.desired_replicas == wanted
 
 
 def check_status_fields(sc: GroupScenario, decision: GroupDecision) -> None:
@@ -135,30 +108,14 @@ def check_order_independence(
     assert reversed_.decide() == decision
 
 
-def check_fixed_point(sc: GroupScenario, decision: GroupDecision) -> None:
-    """Apply the decision, decide again at the same `now`: nothing to write, no Events."""
-    applied = attrs.evolve(sc, models=apply_decision(sc.models, decision))
-    again = applied.decide()
-    assert again.changes(applied.models) == ()
-    assert again.events == ()
-    assert again.leader == decision.leader
-    assert [m.desired_replicas for m in again.members] == [
-        m.desired_replicas for m in decision.members
-    ]
-
-
 @given(contested_scenarios(), st.data())
 def test_every_decision_keeps_the_invariants(sc: GroupScenario, data: st.DataObject) -> None:
-    decision = sc.decide()
-    check_one_leader(sc, decision)
-    check_one_scaled_member(decision)
+    # The public harness's invariants (one holder, break-before-make, leases, priority,
+    # cooldown, fixed point, a timer in the future), then this suite's finer ones.
+    decision = check_invariants(sc)
     check_unleased_group_has_a_leader(sc, decision)
-    check_break_before_make(sc, decision)
     check_status_fields(sc, decision)
-    check_fixed_point(sc, decision)
     check_order_independence(sc, decision, data)
-    # A timer armed for now or the past would fire in a loop.
-    assert decision.next_change_at is None or decision.next_change_at > sc.now
 
 
 @given(group_scenarios(min_size=1), st.data())

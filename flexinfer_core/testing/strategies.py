@@ -1,11 +1,12 @@
 """Hypothesis strategies for the election core: the one place inputs are generated.
 
 Everything is built around a fixed epoch so failures replay as readable
-datetimes. Ages and durations favour the spec's thresholds (the 2m demand
+datetimes. Ages and durations favour the election's thresholds (the 2m demand
 window, the 5m recent window and default cooldown, 60s cold start) and their
 one-microsecond neighbours, because that is where a `<` written as `<=` hides.
-Priorities come from a small set so that ties (and the tie-breaks of spec 1.1)
-happen often. This module generates; it asserts nothing.
+Priorities come from a small set so that ties (and the election's tie-breaks)
+happen often. `group_scenarios_for` draws the observed state of a user's own
+members. This module generates; it asserts nothing (`invariants` does).
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import attrs
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import strategies as st
+except ModuleNotFoundError as error:  # the base install has no hypothesis
+    raise ModuleNotFoundError(
+        "flexinfer_core.testing needs the `testing` extra (hypothesis is not installed): "
+        "pip install 'flexinfer[testing]'",
+        name=error.name,
+    ) from None
 
 from flexinfer_core import (
+    DEFAULT_POLICY,
     AntiThrashing,
     GpuGroupMember,
     GpuGroupState,
     GpuLease,
-    GroupDecision,
     LeaseSource,
     ModelState,
     Phase,
+    Policy,
     PreemptionPolicy,
     Serverless,
     SharedState,
@@ -34,7 +44,8 @@ from flexinfer_core import (
     decide_group,
     reasons,
 )
-from property_tests import oracle
+from flexinfer_core.testing import oracle
+from flexinfer_core.testing.invariants import GroupScenario
 
 _T = TypeVar("_T")
 
@@ -45,13 +56,13 @@ OTHER_GROUP = "card-1"
 MEMBER_NAMES = ("alpha", "beta", "gamma", "delta", "eps", "zeta", "eta")
 PRIORITIES = (0, 50, 100, 100, 500, 1000)
 
-# Seconds at which some rule of the spec changes its mind.
+# Seconds at which some rule of the election changes its mind.
 _THRESHOLD_SECONDS = (0, 1, 30, 59, 60, 61, 119, 120, 121, 299, 300, 301, 600, 601)
 _ONE_US = timedelta(microseconds=1)
 
 
 def durations(max_seconds: int = 1800) -> st.SearchStrategy[timedelta]:
-    """Non-negative durations up to `max_seconds`, dense around the spec's thresholds.
+    """Non-negative durations up to `max_seconds`, dense around the election's thresholds.
 
     Two draws per value: hypothesis's per-draw cost dominates these tests.
     """
@@ -182,7 +193,9 @@ _LEASE_OWNER = st.sampled_from(("finetune-a", "finetune-b", ""))
 
 
 @st.composite
-def leases(draw: st.DrawFn, *, now: datetime, group: str = GROUP) -> GpuLease:
+def leases(
+    draw: st.DrawFn, *, now: datetime, group: str = GROUP, namespace: str = NAMESPACE
+) -> GpuLease:
     """A lease on `group`: without expiry, still active, or already expired (at `now` too)."""
     ahead = draw(_LEASE_EXPIRY)
     source = draw(_LEASE_SOURCE)
@@ -191,7 +204,7 @@ def leases(draw: st.DrawFn, *, now: datetime, group: str = GROUP) -> GpuLease:
     return GpuLease(
         name=name,
         group=group,
-        namespace=NAMESPACE,
+        namespace=namespace,
         owner=owner,
         node="node-1",
         expires_at=None if ahead is None else now + ahead,
@@ -210,7 +223,7 @@ def lease_sets(draw: st.DrawFn, *, now: datetime) -> tuple[GpuLease, ...]:
 
 
 def active_lease(leases_: Sequence[GpuLease], now: datetime) -> bool:
-    """Spec section 2, written out independently of the core: does a lease park GROUP?"""
+    """Written out independently of the core: does a lease park GROUP (of NAMESPACE)?"""
     return any(
         lease.group == GROUP
         and lease.namespace == NAMESPACE
@@ -223,30 +236,6 @@ _BOOLS = st.booleans()
 _UNREADABLE_SOURCES = st.sampled_from(
     (("gpuleases",), ("configmaps",), ("configmaps", "gpuleases"))
 )
-
-
-@attrs.frozen
-class GroupScenario:
-    """One decide_group input: members, leases, which members have pods, and `now`."""
-
-    models: tuple[ModelState, ...]
-    now: datetime
-    leases: tuple[GpuLease, ...] = ()
-    running: frozenset[str] = frozenset()
-    # Lease carriers the adapter could not read (the election may fail open).
-    unreadable_lease_sources: tuple[str, ...] = ()
-
-    def decide(self, *, now: datetime | None = None) -> GroupDecision:
-        return decide_group(
-            self.models,
-            now=self.now if now is None else now,
-            leases=self.leases,
-            unreadable_lease_sources=self.unreadable_lease_sources,
-            running=self.running,
-        )
-
-    def member(self, name: str) -> ModelState:
-        return next(m for m in self.models if m.name == name)
 
 
 _RUNNING_PICKS = st.lists(st.integers(0, 6), max_size=2)
@@ -277,19 +266,85 @@ def group_scenarios(
     now = draw(INSTANTS)
     models = draw(group_members(now=now, min_size=min_size, max_size=max_size))
     leases_ = draw(lease_sets(now=now)) if with_leases else ()
-    settle = draw(_BOOLS)
+    return _scenario(draw, models, now=now, leases=leases_, lease_unreadable=lease_unreadable)
+
+
+def _scenario(
+    draw: st.DrawFn,
+    models: tuple[ModelState, ...],
+    *,
+    now: datetime,
+    leases: tuple[GpuLease, ...],
+    lease_unreadable: bool | None,
+    policy: Policy = DEFAULT_POLICY,
+) -> GroupScenario:
+    settle: bool = draw(_BOOLS)  # by a decision taken a little earlier
     if models and settle:
         earlier = now - draw(SHORT_AGES)
+        running = draw(running_sets(models))
         models = apply_decision(
-            models, decide_group(models, now=earlier, running=draw(running_sets(models)))
+            models, decide_group(models, now=earlier, running=running, policy=policy)
         )
     unreadable = draw(_BOOLS) if lease_unreadable is None else lease_unreadable
     return GroupScenario(
         models=models,
         now=now,
-        leases=leases_,
+        leases=leases,
         running=draw(running_sets(models)),
         unreadable_lease_sources=draw(_UNREADABLE_SOURCES) if unreadable else (),
+        policy=policy,
+    )
+
+
+@st.composite
+def group_scenarios_for(
+    draw: st.DrawFn,
+    members: Sequence[ModelState],
+    *,
+    with_leases: bool = True,
+    lease_unreadable: bool | None = False,
+    policy: Policy = DEFAULT_POLICY,
+) -> GroupScenario:
+    """Your own group: `members` as you wrote them (name, namespace, group, priority,
+    swapCooldown, serverless, forcePromotion, serviceLabels kept), each in a drawn
+    observed state (phase, `lastActiveTime`, `sharedGroup.state`, `preemptedAt`, cache
+    readiness), sometimes settled by an earlier decision as a controller leaves a group;
+    leases on its group, which members still have pods, and `now`."""
+    if not members:
+        raise ValueError("group_scenarios_for needs at least one member")
+    places = {(m.namespace, m.group) for m in members}
+    if len(places) != 1 or not members[0].group:
+        raise ValueError(f"members must share one namespace and group, not {sorted(places)}")
+    if len({m.name for m in members}) != len(members):
+        raise ValueError("members must have unique names")
+    namespace, group = members[0].namespace, members[0].group
+    now = draw(INSTANTS)
+    observed = []
+    for spec in members:
+        shared_state, _, cache_ready = draw(_FLAGS)
+        observed.append(
+            attrs.evolve(
+                spec,
+                phase=draw(_PHASE),
+                last_active=ago(now, draw(MAYBE_AGE)),
+                shared_state=shared_state,
+                preempted_at=ago(now, draw(_PREEMPTED_AGE)),
+                cache_ready=cache_ready,
+            )
+        )
+    leases_: tuple[GpuLease, ...] = ()
+    if with_leases and draw(_BOOLS):
+        count = draw(st.integers(1, 2))
+        leases_ = tuple(
+            draw(leases(now=now, group=group, namespace=namespace)) for _ in range(count)
+        )
+    return _scenario(
+        draw,
+        tuple(observed),
+        now=now,
+        leases=leases_,
+        lease_unreadable=lease_unreadable,
+        policy=policy,
     )
 
 
@@ -312,7 +367,7 @@ def cluster_models(draw: st.DrawFn) -> tuple[tuple[ModelState, ...], datetime]:
     return tuple(unique.values()), now
 
 
-# --- groups shaped for one rule of spec 1.2 ------------------------------------------
+# --- groups shaped for one rule of the election ----------------------------------------
 
 
 _INDEX = st.integers(min_value=0, max_value=63)
@@ -340,8 +395,8 @@ def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenari
     """A group whose Ready holder L is the best Ready member, and one demanded challenger C.
 
     `relation` is C's priority relative to L: "lower", "equal" (L busy) or "higher".
-    Preconditions per spec 1.2: no forcePromotion, no active lease, L the only
-    Active member (so rule 5 cannot fire and rule 4 would keep L). For "higher" no
+    Preconditions (docs/election.md, the rules in order): no forcePromotion, no active
+    lease, L the only Active member (so rule 5 cannot fire and rule 4 would keep L). For "higher" no
     cooldown either; for the others, no member at or above L's priority (above
     for "equal") is demanded, so C is the strongest demand there is.
     """

@@ -1,9 +1,9 @@
-"""The spec's small definitions, written out again independently of the core.
+"""The election's small definitions, written out again independently of the core.
 
-Properties state their preconditions with these (spec/election.md 1.1–1.3), so a
-bug in the core's own helpers (its ordering, its cooldown, its windows) cannot
-hide by being used on both sides of an assertion. Only definitions live here; the
-rules under test are asserted in the test modules.
+Properties state their preconditions with these (docs/election.md), so a bug in the
+core's own helpers (its ordering, its cooldown, its windows) cannot hide by being used
+on both sides of an assertion. Only definitions live here; the rules under test are
+asserted by `invariants` and the tests. The windows are the default policy's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ DEFAULT_SWAP_COOLDOWN = timedelta(minutes=5)
 
 
 def rank(model: ModelState) -> tuple[int, float, str]:
-    """spec 1.1 `better`: priority desc, then latest lastActiveTime (absent oldest), then name."""
+    """The election's `better`: priority desc, then latest lastActiveTime (absent
+    oldest), then name."""
     active = model.last_active.timestamp() if model.last_active is not None else float("-inf")
     return (-model.priority, -active, model.name)
 
@@ -43,23 +44,25 @@ def idle(model: ModelState, now: datetime) -> bool:
     return model.last_active is None or now - model.last_active > DEMAND_WINDOW
 
 
-def cooldown(models: Iterable[ModelState]) -> timedelta:
-    """The largest swapCooldown; a member without one contributes the 5m default."""
-    return max(
-        (m.swap_cooldown if m.swap_cooldown is not None else DEFAULT_SWAP_COOLDOWN) for m in models
-    )
+def cooldown(
+    models: Iterable[ModelState], *, default: timedelta = DEFAULT_SWAP_COOLDOWN
+) -> timedelta:
+    """The largest swapCooldown; a member without one contributes the default (5m)."""
+    return max((m.swap_cooldown if m.swap_cooldown is not None else default) for m in models)
 
 
-def cooldown_holds(models: Iterable[ModelState], now: datetime) -> bool:
+def cooldown_holds(
+    models: Iterable[ModelState], now: datetime, *, default: timedelta = DEFAULT_SWAP_COOLDOWN
+) -> bool:
     """Some member's preemptedAt is younger than the group cooldown (rule 4's first half).
 
-    A member that is Ready again does not count: the decision clears its stamp
-    (spec 1.3), and counting it would hold the card for exactly one reconcile.
+    A member that is Ready again does not count: the decision clears its stamp, and
+    counting it would hold the card for exactly one reconcile.
     """
     members = list(models)
     if not members:
         return False
-    window = cooldown(members)
+    window = cooldown(members, default=default)
     return any(
         m.phase is not Phase.READY and m.preempted_at is not None and now - m.preempted_at < window
         for m in members
@@ -71,7 +74,7 @@ def active_members(models: Iterable[ModelState]) -> list[ModelState]:
 
 
 def leader_replicas(model: ModelState, now: datetime) -> int:
-    """spec 1.3 desired replicas for the leader, before break-before-make; a leader whose
+    """The leader's desired replicas, before break-before-make; a leader whose
     ModelCache is not ready (elected only because nobody is runnable) runs nothing."""
     if not model.cache_ready:
         return 0

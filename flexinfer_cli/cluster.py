@@ -2,12 +2,13 @@
 
 kubectl's flags (`--kubeconfig`, `--context`, `-n/--namespace`, `-A`) pick the
 cluster and the namespace; without `-n` the kubeconfig context's namespace is used,
-as kubectl does. `list_cluster` lists once, into the controller's own
-`ClusterCache` (`ClusterView`), every resource the controller watches, with the
-controller's label selectors; the controller's lookups and snapshot functions
-(`flexinfer_k8s.observe`) then read it unchanged, so the command sees what the
-controller sees. A lease source that cannot be listed is recorded, not fatal: the
-controller fails open on it, and so do the command's decisions. Reads only.
+as kubectl does. `list_cluster` lists once, into a `ClusterView` (`view`), every
+resource the controller watches, with the controller's label selectors; the
+controller's lookups and snapshot functions (`flexinfer_k8s.observe`) then read it
+unchanged, so the command sees what the controller sees. A lease source that cannot
+be listed is recorded, not fatal: the controller fails open on it, and so do the
+command's decisions. `read_view` takes manifests (`-f`, `manifests`) instead when
+given. Reads only.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from typing import Any
 import attrs
 from kubernetes import config as k8s_config
 
+from flexinfer_cli.manifests import load_manifests
 from flexinfer_cli.output import CommandError, UsageError
-from flexinfer_k8s.cache import LEASE_SOURCES, WATCHED, ClusterCache
+from flexinfer_cli.view import FLEXINFER_GROUP, ClusterView
+from flexinfer_k8s.cache import LEASE_SOURCES, WATCHED
 from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
 from flexinfer_kube.kubeapi import KubeApi, KubeError, NotFound, Rejected, new_api_client
 from flexinfer_kube.resources import CONFIG_MAPS, Resource
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-FLEXINFER_GROUP = "ai.flexinfer"
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser, *, all_namespaces: bool = True) -> None:
@@ -109,42 +111,6 @@ def context_namespace(kubeconfig: str | None, context: str | None) -> str:
     return "default"
 
 
-class ClusterView(ClusterCache):
-    """The controller's cache, filled once (from a listing or from manifests).
-
-    `unreadable` names lease sources that could not be listed: the controller's
-    informers report the same through their health, and its election fails open.
-    """
-
-    def __init__(self, *, source: str) -> None:
-        super().__init__()
-        self.source = source
-        self.unreadable: set[str] = set()
-
-    def unreadable_lease_sources(self, namespace: str) -> list[str]:
-        # With informers (`status -w`), their health counts too, as in the controller.
-        return sorted(self.unreadable | set(super().unreadable_lease_sources(namespace)))
-
-    def add(
-        self, resource: Resource, items: Iterable[dict[str, Any]], *, namespace: str | None
-    ) -> None:
-        items = list(items)
-        for item in items:  # list items carry no kind
-            item.setdefault("kind", resource.kind)
-            item.setdefault("apiVersion", resource.api_version)
-        self.store(resource).replace(items, namespace=namespace)
-
-    def namespaces(self) -> list[str]:
-        """Every namespace that holds an object of ours."""
-        found = {
-            str((obj.get("metadata") or {}).get("namespace") or "")
-            for resource in WATCHED
-            if resource.group == FLEXINFER_GROUP
-            for obj in self.objects(resource)
-        }
-        return sorted(found - {""})
-
-
 def list_cluster(
     api: KubeApi, namespace: str | None, *, resources: Iterable[Resource] = WATCHED
 ) -> ClusterView:
@@ -176,8 +142,6 @@ def read_view(args: argparse.Namespace) -> tuple[ClusterView, str]:
     """The view a verb decides on, and its namespace: manifests given with `-f`
     (no cluster needed), else one listing of the cluster."""
     if getattr(args, "filename", None):
-        from flexinfer_cli.manifests import load_manifests
-
         namespace = args.namespace or "default"
         return load_manifests(args.filename, namespace=namespace), namespace
     target = connect(args)

@@ -37,8 +37,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from prometheus_client import CollectorRegistry
-
 from flexinfer_core import Policy
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.processes import die_with_thread_hook
@@ -80,7 +78,7 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
         cluster.install_crds(CRD_DIR)
         cluster.kubectl("create", "namespace", NAMESPACE)
         api = KubeApi(new_api_client(str(cluster.kubeconfig)))
-        metrics = ControllerMetrics(CollectorRegistry())
+        metrics = ControllerMetrics()
         controller = Controller(
             KubeApi(new_api_client(str(cluster.kubeconfig)), on_request=metrics.count_request),
             metrics=metrics,

@@ -32,10 +32,11 @@ from typing import Any
 
 import attrs
 
-from flexinfer_cli.cluster import ClusterView, Target, add_cluster_flags, connect, list_cluster
+from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
 from flexinfer_cli.explain import add_policy_flags, policy_from
 from flexinfer_cli.nodes import VENDOR_LABEL, plan_labels
 from flexinfer_cli.output import FAILED, FORMATS, OK, UsageError, emit, timestamp
+from flexinfer_cli.view import ClusterView
 from flexinfer_core import (
     FlexinferError,
     ModelState,

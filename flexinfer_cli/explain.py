@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from flexinfer_cli.cluster import ClusterView, add_cluster_flags, read_view
+from flexinfer_cli.cluster import add_cluster_flags, read_view
 from flexinfer_cli.output import (
     FORMATS,
     OK,
@@ -37,6 +37,7 @@ from flexinfer_cli.output import (
     timestamp,
     until,
 )
+from flexinfer_cli.view import ClusterView
 from flexinfer_core import (
     DEFAULT_POLICY,
     FlexinferError,

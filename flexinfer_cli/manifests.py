@@ -22,8 +22,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from flexinfer_cli.cluster import FLEXINFER_GROUP, ClusterView
 from flexinfer_cli.output import CommandError, UsageError
+from flexinfer_cli.view import FLEXINFER_GROUP, ClusterView
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s.cache import WATCHED
 from flexinfer_kube.resources import Resource

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from flexinfer_cli.cluster import ClusterView, Target, add_cluster_flags, connect, list_cluster
+from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
 from flexinfer_cli.explain import add_policy_flags, policy_from
 from flexinfer_cli.output import (
     FORMATS,
@@ -34,6 +34,7 @@ from flexinfer_cli.output import (
     timestamp,
     until,
 )
+from flexinfer_cli.view import ClusterView
 from flexinfer_core import (
     FlexinferError,
     GpuGroupDecision,

@@ -26,7 +26,6 @@ from datetime import timedelta
 from types import FrameType
 
 import attrs
-from prometheus_client import CollectorRegistry
 
 from flexinfer_core import InvalidFieldError, Policy, parse_duration
 from flexinfer_k8s.controller import Controller
@@ -245,8 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     )
 
-    registry = CollectorRegistry()
-    metrics = ControllerMetrics(registry)
+    metrics = ControllerMetrics()
+    registry = metrics.registry
     user_agent = f"flexinfer-controller/{identity}"
     leadership: Leadership | None = None
     if args.leader_elect:

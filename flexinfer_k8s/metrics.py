@@ -27,8 +27,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 
 class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # A registry of its own unless given one (tests pass theirs, to read it back).
+        self.registry = registry = registry if registry is not None else CollectorRegistry()
         self.lease_active = Gauge(
             "flexinfer_gpu_lease_active",
             "1 while a GPU lease parks the group",

@@ -30,7 +30,6 @@ from typing import Any
 
 import attrs
 from aiohttp.abc import AbstractResolver
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
@@ -76,6 +75,7 @@ from flexinfer_proxy.metrics import (
     OUTCOME_STREAM_CUT,
     OUTCOME_UNAUTHORIZED,
     OUTCOME_UNKNOWN_MODEL,
+    CollectorRegistry,
     ProxyMetrics,
 )
 from flexinfer_proxy.model_field import BadRequest
@@ -186,7 +186,7 @@ class Proxy:
         self.directory = directory
         self.config = config or ProxyConfig()
         self.clock = clock or SystemClock()
-        self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        self.metrics = ProxyMetrics(registry)
         self.api_keys = api_keys
         self.signaller = DemandSignaller(
             sink,
@@ -565,8 +565,8 @@ class Proxy:
         return json_answer({"status": "syncing"}, status=503)
 
     def handle_metrics(self, request: Request) -> Answer:
-        body = generate_latest(self.metrics.registry)
-        return Answer(200, body, content_type=CONTENT_TYPE_LATEST.encode())
+        content_type, body = self.metrics.exposition()
+        return Answer(200, body, content_type=content_type)
 
 
 def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any]:

@@ -8,7 +8,16 @@ stranger cannot grow the label set. This module counts; it decides nothing.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# CollectorRegistry is re-exported: the type of what callers may pass in.
+from prometheus_client import CollectorRegistry as CollectorRegistry
 
 # Outcomes of a client request, as `flexinfer_proxy_requests_total{outcome}`.
 OUTCOME_SERVED = "served"
@@ -32,8 +41,9 @@ QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # A registry of its own unless given one (tests pass theirs, to read it back).
+        self.registry = registry = registry if registry is not None else CollectorRegistry()
         self.queued = Gauge(
             "flexinfer_proxy_queued_requests",
             "Requests waiting in the proxy for their model to become Ready.",
@@ -92,3 +102,7 @@ class ProxyMetrics:
             child = self.requests.labels(model=model, outcome=outcome)
             self._request_children[(model, outcome)] = child
         child.inc()
+
+    def exposition(self) -> tuple[bytes, bytes]:
+        """`/metrics`: (content type, body) in Prometheus's text format."""
+        return CONTENT_TYPE_LATEST.encode(), generate_latest(self.registry)

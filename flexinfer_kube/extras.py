@@ -19,7 +19,7 @@ USAGE = 2
 # left out: the proxy runs on asyncio's loop without it.)
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "controller": ("kubernetes", "prometheus_client", "yaml"),
-    "proxy": ("kubernetes", "prometheus_client", "aiohttp", "httptools", "yaml"),
+    "proxy": ("kubernetes", "prometheus_client", "aiohttp", "httptools"),
     "cli": ("kubernetes", "prometheus_client", "yaml", "jsonschema"),
 }
 

@@ -296,15 +296,13 @@ def _scenario(
     )
 
 
-@st.composite
 def group_scenarios_for(
-    draw: st.DrawFn,
     members: Sequence[ModelState],
     *,
     with_leases: bool = True,
     lease_unreadable: bool | None = False,
     policy: Policy = DEFAULT_POLICY,
-) -> GroupScenario:
+) -> st.SearchStrategy[GroupScenario]:
     """Your own group: `members` as you wrote them (name, namespace, group, priority,
     swapCooldown, serverless, forcePromotion, serviceLabels kept), each in a drawn
     observed state (phase, `lastActiveTime`, `sharedGroup.state`, `preemptedAt`, cache
@@ -317,6 +315,20 @@ def group_scenarios_for(
         raise ValueError(f"members must share one namespace and group, not {sorted(places)}")
     if len({m.name for m in members}) != len(members):
         raise ValueError("members must have unique names")
+    return _group_scenarios_for(
+        tuple(members), with_leases=with_leases, lease_unreadable=lease_unreadable, policy=policy
+    )
+
+
+@st.composite
+def _group_scenarios_for(
+    draw: st.DrawFn,
+    members: tuple[ModelState, ...],
+    *,
+    with_leases: bool,
+    lease_unreadable: bool | None,
+    policy: Policy,
+) -> GroupScenario:
     namespace, group = members[0].namespace, members[0].group
     now = draw(INSTANTS)
     observed = []

@@ -37,7 +37,7 @@ from typing import Any
 
 from flexinfer_cli.output import FAILED, USAGE, CommandError
 from flexinfer_core import FlexinferError
-from flexinfer_core.simulate import Timeline, simulate
+from flexinfer_core.simulate import Timeline
 from flexinfer_kube.kubeapi import KubeError
 
 
@@ -162,18 +162,7 @@ def run_simulate(
         print(f"flexinfer: scenario file {str(path)!r} does not exist", file=sys.stderr)
         return 2
     scenario = load_scenario(path)
-    timeline = simulate(
-        scenario.models,
-        start=scenario.start,
-        until=scenario.until,
-        requests=scenario.requests,
-        leases=scenario.leases,
-        load_time=scenario.load_time,
-        termination_time=scenario.termination_time,
-        policy=scenario.policy,
-        proxy=scenario.proxy,
-        clients=scenario.clients,
-    )
+    timeline = scenario.simulate()
     if plot is not None:
         from flexinfer_cli.plot import plot_timeline
 

@@ -35,6 +35,8 @@ from flexinfer_core.simulate import (
     LeaseWindow,
     ProxySettings,
     Request,
+    Timeline,
+    simulate,
 )
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -52,6 +54,21 @@ class Scenario:
     policy: Policy = DEFAULT_POLICY
     proxy: ProxySettings = DEFAULT_PROXY
     clients: ClientSettings = DEFAULT_CLIENTS
+
+    def simulate(self) -> Timeline:
+        """The scenario played through the core's simulator."""
+        return simulate(
+            self.models,
+            start=self.start,
+            until=self.until,
+            requests=self.requests,
+            leases=self.leases,
+            load_time=self.load_time,
+            termination_time=self.termination_time,
+            policy=self.policy,
+            proxy=self.proxy,
+            clients=self.clients,
+        )
 
 
 def load_scenario(path: Path) -> Scenario:

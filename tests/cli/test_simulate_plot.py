@@ -13,7 +13,6 @@ import yaml
 from flexinfer_cli.__main__ import main
 from flexinfer_cli.plot import build_picture
 from flexinfer_cli.scenario import load_scenario
-from flexinfer_core.simulate import simulate
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "examples" / "scenarios").glob("*.yaml"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -38,17 +37,7 @@ def test_every_shipped_scenario_plots_a_png(scenario: Path, tmp_path: Path) -> N
 
 def test_the_picture_holds_what_the_timeline_says() -> None:
     scenario = load_scenario(next(p for p in SCENARIOS if p.stem == "priority-and-lease"))
-    timeline = simulate(
-        scenario.models,
-        start=scenario.start,
-        until=scenario.until,
-        requests=scenario.requests,
-        leases=scenario.leases,
-        load_time=scenario.load_time,
-        termination_time=scenario.termination_time,
-        proxy=scenario.proxy,
-        clients=scenario.clients,
-    )
+    timeline = scenario.simulate()
     picture = build_picture(scenario, timeline, progress="never")
     # coder (priority 500) takes the card at 2m, announced with the election's reason.
     assert any(

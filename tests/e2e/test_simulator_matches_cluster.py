@@ -29,7 +29,6 @@ import pytest
 
 from flexinfer_cli.scenario import Scenario, load_scenario
 from flexinfer_core import format_duration
-from flexinfer_core.simulate import simulate
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_kube.kubeapi import KubeApi
 from flexinfer_kube.resources import MODELS
@@ -51,17 +50,7 @@ def test_the_simulator_and_the_cluster_swap_alike(
     local_cluster: LocalCluster, cluster: Cluster
 ) -> None:
     scenario = load_scenario(SCENARIO)
-    timeline = simulate(
-        scenario.models,
-        start=scenario.start,
-        until=scenario.until,
-        requests=scenario.requests,
-        load_time=scenario.load_time,
-        termination_time=scenario.termination_time,
-        policy=scenario.policy,
-        proxy=scenario.proxy,
-        clients=scenario.clients,
-    )
+    timeline = scenario.simulate()
     simulated = [leader for _, leader in timeline.holders if leader is not None]
     simulated_served = [o.served_at is not None for o in timeline.requests]
     # The scenario is worth replaying: the card changes hands because chat kept asking

@@ -277,8 +277,11 @@ def _scenario(
     leases: tuple[GpuLease, ...],
     lease_unreadable: bool | None,
     policy: Policy = DEFAULT_POLICY,
+    settled: bool | None = None,
 ) -> GroupScenario:
     settle: bool = draw(_BOOLS)  # by a decision taken a little earlier
+    if settled is not None:
+        settle = settled
     if models and settle:
         earlier = now - draw(SHORT_AGES)
         running = draw(running_sets(models))
@@ -302,12 +305,19 @@ def group_scenarios_for(
     with_leases: bool = True,
     lease_unreadable: bool | None = False,
     policy: Policy = DEFAULT_POLICY,
+    settled: bool | None = None,
 ) -> st.SearchStrategy[GroupScenario]:
     """Your own group: `members` as you wrote them (name, namespace, group, priority,
     swapCooldown, serverless, forcePromotion, serviceLabels kept), each in a drawn
     observed state (phase, `lastActiveTime`, `sharedGroup.state`, `preemptedAt`, cache
     readiness), sometimes settled by an earlier decision as a controller leaves a group;
-    leases on its group, which members still have pods, and `now`."""
+    leases on its group, which members still have pods, and `now`.
+
+    `settled`: True draws only groups as a controller leaves them (decided and written
+    a little before `now`); False only raw observed states, which include ones the
+    controller never leaves behind (a Ready member that does not hold the card, after
+    someone scaled it by hand); None (the default) both.
+    """
     if not members:
         raise ValueError("group_scenarios_for needs at least one member")
     places = {(m.namespace, m.group) for m in members}
@@ -316,7 +326,11 @@ def group_scenarios_for(
     if len({m.name for m in members}) != len(members):
         raise ValueError("members must have unique names")
     return _group_scenarios_for(
-        tuple(members), with_leases=with_leases, lease_unreadable=lease_unreadable, policy=policy
+        tuple(members),
+        with_leases=with_leases,
+        lease_unreadable=lease_unreadable,
+        policy=policy,
+        settled=settled,
     )
 
 
@@ -328,6 +342,7 @@ def _group_scenarios_for(
     with_leases: bool,
     lease_unreadable: bool | None,
     policy: Policy,
+    settled: bool | None,
 ) -> GroupScenario:
     namespace, group = members[0].namespace, members[0].group
     now = draw(INSTANTS)
@@ -357,6 +372,7 @@ def _group_scenarios_for(
         leases=leases_,
         lease_unreadable=lease_unreadable,
         policy=policy,
+        settled=settled,
     )
 
 

@@ -1,4 +1,4 @@
-"""Properties of the shared-group decision (docs/election.md).
+"""Properties of the shared-group decision (docs/election.md 1.2–1.3).
 
 Each property states the spec's preconditions exactly (which rule of 1.2 would
 otherwise decide first) and would fail if the rule it names were broken.

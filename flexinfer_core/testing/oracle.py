@@ -1,9 +1,9 @@
-"""The election's small definitions, written out again independently of the core.
+"""The spec's small definitions, written out again independently of the core.
 
-Properties state their preconditions with these (docs/election.md), so a bug in the
-core's own helpers (its ordering, its cooldown, its windows) cannot hide by being used
-on both sides of an assertion. Only definitions live here; the rules under test are
-asserted by `invariants` and the tests. The windows are the default policy's.
+Properties state their preconditions with these (docs/election.md 1.1–1.3), so a
+bug in the core's own helpers (its ordering, its cooldown, its windows) cannot
+hide by being used on both sides of an assertion. Only definitions live here; the
+rules under test are asserted in the test modules.
 """
 
 from __future__ import annotations

@@ -39,11 +39,13 @@ from typing import Any, TextIO
 
 from flexinfer_core import Policy
 from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.policy import dev_policy
 from flexinfer_devcluster.processes import die_with_thread_hook
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
 from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
 
@@ -85,6 +87,9 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
             namespaces=[NAMESPACE],
             policy=DEMO_POLICY,
             identity="flexinfer-demo",
+            # The local cluster's administrator allows the tiny model's temporary path
+            # and the process node's taint (docs/security.md).
+            render_settings=RenderSettings(policy=dev_policy()),
         ).start(sync_timeout=30)
         say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).")
         with _proxy(cluster) as proxy:

@@ -14,7 +14,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flexinfer_core import GpuLease, Membership, MembershipKind, membership_of
-from flexinfer_k8s.convert_leases import gpu_lease_from_config_map, gpu_lease_from_k8s
+from flexinfer_k8s.convert_leases import (
+    GPU_LEASE_LABEL,
+    gpu_lease_from_config_map,
+    gpu_lease_from_k8s,
+)
 from flexinfer_k8s.convert_models import model_cache_is_ready
 from flexinfer_k8s.pods import live_pods, pods_of, selector_matches
 from flexinfer_k8s.render.model_files import CACHE_STRATEGIES, implied_cache_name
@@ -37,6 +41,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
     PODS,
     SERVICES,
@@ -55,7 +60,20 @@ WATCHED: tuple[Resource, ...] = (
     SERVICES,
     JOBS,
     PERSISTENT_VOLUME_CLAIMS,
+    NETWORK_POLICIES,
 )
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=flexinfer"
+INFORMER_SELECTORS: dict[Resource, str] = {
+    CONFIG_MAPS: GPU_LEASE_LABEL,
+    PODS: MANAGED_SELECTOR,
+    JOBS: MANAGED_SELECTOR,
+    PERSISTENT_VOLUME_CLAIMS: MANAGED_SELECTOR,
+}
+"""Label selectors of the informers that need only what flexinfer made (every pod,
+Job and claim it renders carries the managed-by label) or the lease ConfigMaps: the
+rest of a busy cluster's pods never reach the controller's memory. Deployments,
+Services and NetworkPolicies are watched whole: one a user made under a model's
+name is a name clash to report, not an object to take over."""
 LEASE_SOURCES: tuple[Resource, ...] = (GPU_LEASES, CONFIG_MAPS)
 
 

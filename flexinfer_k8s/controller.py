@@ -36,11 +36,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from flexinfer_core import DEFAULT_POLICY, FlexinferError, MembershipKind, Policy
 from flexinfer_k8s.apply import RetryNow, Writer
-from flexinfer_k8s.cache import WATCHED, ClusterCache
+from flexinfer_k8s.cache import INFORMER_SELECTORS, WATCHED, ClusterCache
 from flexinfer_k8s.convert_leases import (
-    GPU_LEASE_LABEL,
     gpu_lease_from_config_map,
     gpu_lease_from_k8s,
 )
@@ -68,6 +69,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
     PODS,
     SERVICES,
@@ -121,6 +123,8 @@ class Controller:
         self.shared = SharedGroupReconciler(wiring, policy=policy)
         self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
+        if finetune_image:
+            settings = attrs.evolve(settings, finetune_image=finetune_image)
         self.caches = CacheReconciler(
             wiring, settings=settings, finetune_image=finetune_image, timeouts=cache_timeouts
         )
@@ -145,7 +149,7 @@ class Controller:
                         namespace=namespace,
                         on_change=self._handler(resource),
                         on_health=self._health_changed,
-                        label_selector=(GPU_LEASE_LABEL if resource is CONFIG_MAPS else None),
+                        label_selector=INFORMER_SELECTORS.get(resource),
                         watch_timeout=watch_timeout,
                     )
                 )
@@ -262,7 +266,7 @@ class Controller:
         keys: set[WorkKey]
         if resource is MODELS:
             return self._model_keys(obj)
-        if resource in (DEPLOYMENTS, SERVICES):
+        if resource in (DEPLOYMENTS, SERVICES, NETWORK_POLICIES):
             return self._workload_keys(namespace, name)
         if resource is PODS:
             keys = set()
@@ -348,7 +352,7 @@ class Controller:
                 if obj is not None:
                     keys |= self.keys_for(resource, obj)
             if (
-                resource in (MODELS, MODEL_DEPLOYMENTS, DEPLOYMENTS, SERVICES)
+                resource in (MODELS, MODEL_DEPLOYMENTS, DEPLOYMENTS, SERVICES, NETWORK_POLICIES)
                 and old is not None
                 and new is not None
                 and not workload_inputs_changed(old, new)

@@ -29,8 +29,10 @@ follows, the GPU lease around that finetune, and the cleanup when it goes.
    `Adopted` for a user's copy.
 
 Bad input (a NodeLocal cache without a node, a finetune without a trainer image, a
-`gpuLease.ttlSeconds` no lease can carry) is a condition naming the field, with a
-Warning Event; nothing is created for it.
+`gpuLease.ttlSeconds` no lease can carry) and anything outside the administrator's
+policy (`render.tenant_policy`: an image, a host path, a node selector key, a pod
+annotation) is a condition naming the field, with a Warning Event; nothing is created
+for it. Every Job's pod is hardened (`render.pod_security`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ from flexinfer_k8s.render.cache import (
     ADOPTED_CONDITION,
     CACHE_LABEL,
     CacheSpec,
-    cache_from_k8s,
     claim_differs,
     claim_manifest,
     cleanup_job,
@@ -70,6 +71,8 @@ from flexinfer_k8s.render.cache import (
 )
 from flexinfer_k8s.render.cache_dir import DirResult, ScriptReport, parse_result
 from flexinfer_k8s.render.finetune import finetune_job, job_name
+from flexinfer_k8s.render.pod_security import secure_job
+from flexinfer_k8s.render.tenant_policy import cache_within_policy, check_finetune
 from flexinfer_k8s.render.workload import Vendor
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
@@ -246,6 +249,10 @@ class CacheReconciler:
         self.settings = settings or RenderSettings()
         self.images = self.settings.cache_images
         self.finetune_image = finetune_image
+        self.allowed_images = attrs.evolve(
+            self.settings, finetune_image=finetune_image or self.settings.finetune_image
+        ).rendered_images()
+        self.policy = self.settings.policy
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         now = self.clock.now()
@@ -260,7 +267,7 @@ class CacheReconciler:
             return Outcome(None, False)
         deleting = bool(get_path(obj, "metadata", "deletionTimestamp"))
         try:
-            spec = cache_from_k8s(obj)
+            spec = cache_within_policy(obj, self.policy, images=self.allowed_images)
         except InvalidFieldError as error:
             if deleting:  # nothing known to clean: never hold the deletion
                 return Outcome(None, self._release(obj, lease), reasons.DELETING)
@@ -284,7 +291,9 @@ class CacheReconciler:
             return Outcome(None, True, reasons.DOWNLOADING)
         phase = job_phase(download)
         if phase is JobPhase.ABSENT:
-            job = download_job(spec, self.images)
+            job = secure_job(
+                download_job(spec, self.images), policy=self.policy, writers=["download"]
+            )
             job["metadata"].setdefault("annotations", {})[SOURCE_ANNOTATION] = spec.source_text
             try:
                 wrote = self.writer.create(JOBS, namespace, job) is not None or wrote
@@ -500,6 +509,8 @@ class CacheReconciler:
             return Outcome(None, self._release(obj, lease), reasons.DELETING)
         bound = self.timeouts.cleanup
         body = cleanup_job(spec, self.images, deadline_seconds=max(1, int(bound.total_seconds())))
+        if body is not None:
+            body = secure_job(body, policy=self.policy, writers=["cleanup"])
         if body is None:
             return Outcome(None, self._release(obj, lease), reasons.DELETING)
         dirs = " and ".join(spec.node_dirs)
@@ -689,12 +700,17 @@ class CacheReconciler:
         finetune = get_path(obj, "spec", "finetune") or {}
         group = str(get_path(finetune, "gpuLease", "group") or "")
         try:
-            job_body = finetune_job(
-                spec,
-                obj,
-                default_image=self.finetune_image,
-                video_gid=self.settings.video_gid,
-                render_gid=self.settings.render_gid,
+            check_finetune(finetune, spec, self.policy, images=self.allowed_images)
+            job_body = secure_job(
+                finetune_job(
+                    spec,
+                    obj,
+                    default_image=self.finetune_image,
+                    video_gid=self.settings.video_gid,
+                    render_gid=self.settings.render_gid,
+                ),
+                policy=self.policy,
+                writers=["finetune"],
             )
             # Read before anything is created: a TTL no lease can carry (2**62 seconds,
             # stored before the CRD's bound) takes no lease and starts no Job.

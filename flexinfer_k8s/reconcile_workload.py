@@ -33,12 +33,13 @@ from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER
 from flexinfer_k8s.live_diff import holds
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.render import backend_cache
-from flexinfer_k8s.render.cache import CacheSpec, cache_from_k8s
+from flexinfer_k8s.render.cache import CacheSpec
 from flexinfer_k8s.render.model_files import (
     implied_cache_manifest,
     implied_cache_name,
     implies_cache,
 )
+from flexinfer_k8s.render.tenant_policy import cache_within_policy
 from flexinfer_k8s.render.workload import (
     Kind,
     Workload,
@@ -61,6 +62,7 @@ from flexinfer_kube.resources import (
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
+    NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
     SERVICES,
     Resource,
@@ -331,7 +333,9 @@ class WorkloadReconciler:
                 Problem(reasons.CACHE_NOT_FOUND, message),
             )
         try:
-            spec = cache_from_k8s(obj)
+            spec = cache_within_policy(
+                obj, self.settings.policy, images=self.settings.rendered_images()
+            )
         except InvalidFieldError as error:
             message = f"ModelCache {ref}{how} cannot be used: {error}"
             return (
@@ -488,7 +492,7 @@ class WorkloadReconciler:
         """A Deployment or Service of this name that is not this resource's own."""
         namespace, name = namespace_of(obj), name_of(obj)
         uid = get_path(obj, "metadata", "uid")
-        for kind in (DEPLOYMENTS, SERVICES):
+        for kind in (DEPLOYMENTS, SERVICES, NETWORK_POLICIES):
             live = self.cache.get(kind, namespace, name)
             if live is None:
                 continue
@@ -543,6 +547,10 @@ class WorkloadReconciler:
         if not holds(service, self.cache.get(SERVICES, namespace, name)):
             self.writer.apply(SERVICES, service)
             parts.append("service")
+        network = _with_hash(rendered.network_policy)
+        if not holds(network, self.cache.get(NETWORK_POLICIES, namespace, name)):
+            self.writer.apply(NETWORK_POLICIES, network)
+            parts.append("networkpolicy")
         if parts:
             log.info(
                 "applied workload",

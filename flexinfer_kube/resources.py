@@ -46,6 +46,7 @@ SECRETS = Resource("", "v1", "secrets", "Secret")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 EVENTS = Resource("", "v1", "events", "Event")
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(

@@ -166,9 +166,12 @@ find "$target" -mindepth 1 -maxdepth 1 ! -name '@BUSY@' ! -name 'lost+found' \\
   -exec rm -rf {} +
 """
 
-# After a download: the completion marker last (renamed into place, so it is never
-# half-written), then the busy marker goes.
+# After a download: no symbolic link survives it (a link in a node directory that a later
+# host path runs through would be followed on the node: `file://…/link` → `/`); the
+# completion marker last (renamed into place, so it is never half-written), then the
+# busy marker goes.
 _FINISH = """
+find "$target" -type l -exec rm -f {} +
 printf '%s\\n' "$FLEXINFER_SOURCE" > "$done_marker.partial"
 mv "$done_marker.partial" "$done_marker"
 rm -f "$busy_marker"

@@ -14,15 +14,21 @@ imagePrefixes: []      # empty: only the images flexinfer renders by default
 nodeSelectorKeys: [kubernetes.io/hostname, flexinfer.ai/*]
 podLabelKeys: []       # keys (or prefix/*) a tenant may put on its pods
 podAnnotationKeys: []
+allowControlPlaneNodes: false   # true only where the control plane is the GPU node
+backendIngressFrom:    # NetworkPolicy peers that may reach a model's port 8000
+  - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: flexinfer-system}}
+    podSelector: {matchLabels: {app.kubernetes.io/name: flexinfer-proxy}}
 ```
 
-This module parses and holds the policy; the renderer asks it. Pure: text in, values out.
+This module parses and holds the policy; `render.tenant_policy` checks resources
+against it and `render.pod_security` applies what every pod gets. Pure: text in,
+values out.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -59,6 +65,19 @@ class Taint:
         )
 
 
+CONTROL_PLANE_NODE_LABELS = (
+    "node-role.kubernetes.io/control-plane",
+    "node-role.kubernetes.io/master",
+)
+"""The labels (and taint keys) kubeadm, k3s and others put on control-plane nodes."""
+
+PROXY_PEER: JSON = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "flexinfer-system"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "flexinfer-proxy"}},
+}
+"""The proxy as `deploy/` installs it: the one client of every model's port."""
+PEER_FIELDS = ("namespaceSelector", "podSelector", "ipBlock")
+
 SEED_GPU_TAINT = Taint("dedicated", "gpu", "NoSchedule")
 """How the GPU nodes of a typical homelab are tainted (`kubectl taint nodes gpu-1
 dedicated=gpu:NoSchedule`), and so the default."""
@@ -72,13 +91,18 @@ class AdminPolicy:
     node_selector_keys: tuple[str, ...] = ("kubernetes.io/hostname", "flexinfer.ai/*")
     pod_label_keys: tuple[str, ...] = ()
     pod_annotation_keys: tuple[str, ...] = ()
+    allow_control_plane_nodes: bool = False
+    backend_ingress_from: tuple[JSON, ...] = (PROXY_PEER,)
+    """Who may connect to a model's port (`render.network_policy`)."""
+    """False: every rendered pod requires a node without a control-plane label. A
+    single-node cluster whose control plane is the GPU node sets it."""
 
     def gpu_node_tolerations(self) -> list[JSON]:
         """Tolerations of the GPU nodes' taints, for a pod that belongs on a GPU node."""
         return [taint.toleration() for taint in self.gpu_node_taints]
 
 
-def key_allowed(key: str, patterns: Sequence[str]) -> bool:
+def key_allowed(key: str, patterns: Iterable[str]) -> bool:
     """Whether `key` matches one of `patterns` (exact, or `prefix/*` style globs)."""
     return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
 
@@ -108,11 +132,42 @@ def _taints(document: Mapping[str, Any]) -> tuple[Taint, ...]:
         where = f"{field}[{index}]"
         if not isinstance(item, Mapping) or not isinstance(item.get("key"), str) or not item["key"]:
             raise InvalidFieldError(where, item, "must have a non-empty key")
+        if item["key"] in CONTROL_PLANE_NODE_LABELS:
+            raise InvalidFieldError(
+                f"{where}.key",
+                item["key"],
+                "is the control plane's taint: tenants' pods never tolerate it "
+                "(set allowControlPlaneNodes for a single-node cluster instead)",
+            )
         effect = item.get("effect", "NoSchedule")
         if effect not in TAINT_EFFECTS:
             raise InvalidFieldError(f"{where}.effect", effect, f"must be one of {TAINT_EFFECTS}")
         taints.append(Taint(item["key"], str(item.get("value") or ""), effect))
     return tuple(taints)
+
+
+def _peers(document: Mapping[str, Any]) -> tuple[JSON, ...]:
+    field = "backendIngressFrom"
+    if field not in document or document[field] is None:
+        return AdminPolicy().backend_ingress_from
+    value = document[field]
+    if not isinstance(value, list):
+        raise InvalidFieldError(field, value, "must be a list of NetworkPolicy peers")
+    if len(value) > MAX_ENTRIES:
+        raise InvalidFieldError(field, len(value), f"items: at most {MAX_ENTRIES}")
+    for index, peer in enumerate(value):
+        if (
+            not isinstance(peer, Mapping)
+            or not peer
+            or not set(peer) <= set(PEER_FIELDS)
+            or not all(isinstance(v, Mapping) for v in peer.values())
+        ):
+            raise InvalidFieldError(
+                f"{field}[{index}]",
+                peer,
+                f"must be a NetworkPolicy peer: a mapping of {', '.join(PEER_FIELDS)}",
+            )
+    return tuple(dict(peer) for peer in value)
 
 
 def admin_policy_from_yaml(text: str) -> AdminPolicy:
@@ -132,6 +187,8 @@ def admin_policy_from_yaml(text: str) -> AdminPolicy:
         "nodeSelectorKeys",
         "podLabelKeys",
         "podAnnotationKeys",
+        "allowControlPlaneNodes",
+        "backendIngressFrom",
     }
     unknown = sorted(set(document) - known)
     if unknown:
@@ -144,7 +201,12 @@ def admin_policy_from_yaml(text: str) -> AdminPolicy:
                 prefix,
                 "must be an absolute directory other than / without '..'",
             )
+    control_plane = document.get("allowControlPlaneNodes", False)
+    if not isinstance(control_plane, bool):
+        raise InvalidFieldError("allowControlPlaneNodes", control_plane, "must be true or false")
     return AdminPolicy(
+        allow_control_plane_nodes=control_plane,
+        backend_ingress_from=_peers(document),
         gpu_node_taints=_taints(document),
         host_path_prefixes=tuple(
             p.rstrip("/")

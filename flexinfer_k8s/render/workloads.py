@@ -29,8 +29,11 @@ from flexinfer_k8s.render.cache import CacheImages, CacheSpec
 from flexinfer_k8s.render.llama_cpp import LlamaCpp
 from flexinfer_k8s.render.mlc_llm import MlcLlm
 from flexinfer_k8s.render.model_files import model_location
+from flexinfer_k8s.render.network_policy import network_policy
 from flexinfer_k8s.render.ollama import Ollama
+from flexinfer_k8s.render.pod_security import NON_ROOT_BACKENDS, secure_pod
 from flexinfer_k8s.render.policy import AdminPolicy
+from flexinfer_k8s.render.tenant_policy import check_workload
 from flexinfer_k8s.render.vllm import Vllm
 from flexinfer_k8s.render.workload import Kind, Vendor, Workload
 from flexinfer_kube.objects import JSON
@@ -63,6 +66,18 @@ class RenderSettings:
     cache_images: CacheImages = attrs.field(factory=CacheImages)
     policy: AdminPolicy = attrs.field(factory=AdminPolicy)
     """The administrator's policy (`--policy FILE`; `render.policy`)."""
+    finetune_image: str = ""
+    """`--finetune-image`: only for `rendered_images` (the Job's default is
+    `reconcile_cache`'s)."""
+
+    def rendered_images(self) -> frozenset[str]:
+        """Every image flexinfer renders unless a resource names one: the backends'
+        (and `--image`'s), the cache helpers' and the trainer's. The policy allows
+        their repositories."""
+        backends = {i for b in BACKENDS.values() for i in b.default_images.values()}
+        helpers = {str(getattr(self.cache_images, f)) for f in attrs.fields_dict(CacheImages)}
+        configured = {*self.images.values(), self.finetune_image} - {""}
+        return frozenset(backends | helpers | configured)
 
     def image_for(self, backend: Backend, vendor: Vendor) -> str:
         return (
@@ -86,6 +101,8 @@ class VramCheck:
 class RenderedWorkload:
     deployment: JSON
     service: JSON
+    network_policy: JSON
+    """Only the administrator's peers (the proxy) reach port 8000 (`render.network_policy`)."""
     served_name: str
     endpoint: str
     """`http://<service>.<namespace>.svc:8000/v1`: for people; the proxy finds the
@@ -262,7 +279,10 @@ def vram_check(workload: Workload) -> VramCheck | None:
 def render_workload(
     workload: Workload, *, cache: CacheSpec | None, settings: RenderSettings
 ) -> RenderedWorkload:
-    """The Deployment (without `replicas`) and Service of one Model or ModelDeployment."""
+    """The Deployment (without `replicas`), Service and NetworkPolicy of one Model or
+    ModelDeployment; `InvalidFieldError` for a field that cannot work or that the
+    administrator's policy does not allow (`render.tenant_policy`)."""
+    check_workload(workload, settings.policy, images=settings.rendered_images())
     backend = backend_of(workload)
     model = model_location(workload, cache, settings.cache_images)
     plan = backend.plan(workload, model)
@@ -330,6 +350,12 @@ def render_workload(
     if workload.vendor is Vendor.AMD and workload.gpu_count > 0:
         # /dev/kfd and /dev/dri/renderD* belong to these groups on the host.
         pod["securityContext"] = {"supplementalGroups": [settings.video_gid, settings.render_gid]}
+    pod = secure_pod(
+        pod,
+        policy=settings.policy,
+        writers=[c["name"] for c in init_containers],
+        non_root=["server"] if backend.name in NON_ROOT_BACKENDS else [],
+    )
     meta = {
         "name": workload.name,
         "namespace": workload.namespace,
@@ -371,6 +397,14 @@ def render_workload(
     return RenderedWorkload(
         deployment=deployment,
         service=service,
+        network_policy=network_policy(
+            name=workload.name,
+            namespace=workload.namespace,
+            labels=labels,
+            selector=selector_labels(workload.kind, workload.name),
+            owner=owner_reference(workload),
+            policy=settings.policy,
+        ),
         served_name=plan.served_name,
         endpoint=f"http://{workload.name}.{workload.namespace}.svc:{PORT}/v1",
         vram=vram_check(workload),

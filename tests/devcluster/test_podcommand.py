@@ -3,6 +3,7 @@ container paths under hostPath mounts mapped to the host, anything else refused 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from flexinfer_devcluster.podcommand import (
     map_path,
     server_command,
 )
+from flexinfer_devcluster.policy import dev_policy
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_k8s.render.workload import workload_from_model
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
@@ -138,6 +140,10 @@ def test_the_readiness_probe_is_read_with_its_port_by_number_or_name() -> None:
         server_command(pod, binary=BINARY, address="127.0.0.2")
 
 
+# Under the temporary directory: the local cluster's policy allows that host path.
+MODEL_FILE = f"{tempfile.gettempdir()}/models/tiny.gguf"
+
+
 def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed() -> None:
     """The contract with flexinfer_k8s.render: what it writes for a file:// GGUF source."""
     model = {
@@ -146,19 +152,20 @@ def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed(
         "metadata": {"name": "tiny", "namespace": "ns", "uid": "uid-1"},
         "spec": {
             "backend": "llama-cpp",
-            "source": "file:///var/models/tiny.gguf",
+            "source": f"file://{MODEL_FILE}",
             "llamacpp": {"ctxSize": 256},
             "extraArgs": ["--threads", "1"],
             "nodeSelector": PROCESS_NODE_SELECTOR,
             "tolerations": [PROCESS_NODE_TOLERATION],
         },
     }
-    rendered = render_workload(workload_from_model(model), cache=None, settings=RenderSettings())
+    settings = RenderSettings(policy=dev_policy())
+    rendered = render_workload(workload_from_model(model), cache=None, settings=settings)
     template = rendered.deployment["spec"]["template"]
     pod = {"metadata": {"namespace": "ns", "name": "tiny-x", **template["metadata"]}, **template}
     command = server_command(pod, binary=BINARY, address="127.0.0.4")
     assert command.argv == (
-        str(BINARY), "-m", "/var/models/tiny.gguf", "--host", "127.0.0.4", "--port", "8000",
+        str(BINARY), "-m", MODEL_FILE, "--host", "127.0.0.4", "--port", "8000",
         "--alias", "tiny", "--n-gpu-layers", "999", "--ctx-size", "256", "--threads", "1",
     )  # fmt: skip
     assert command.readiness == ReadinessCheck("http", port=8000, path="/health")

@@ -35,10 +35,12 @@ from flexinfer_devcluster.localcluster import (
     TERMINATE_DELAY_ANNOTATION,
     LocalCluster,
 )
+from flexinfer_devcluster.policy import dev_policy, dev_policy_yaml
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODEL_CACHES, MODELS, PODS, SERVICES
@@ -225,7 +227,10 @@ def controller(
     impersonate: str | None = None,
     policy: Policy = TEST_POLICY,
     cache_timeouts: CacheTimeouts | None = None,
+    settings: RenderSettings | None = None,
 ) -> Iterator[RunningController]:
+    """An in-process controller; it renders under the local cluster's administrator
+    policy (`flexinfer_devcluster.policy`) unless `settings` say otherwise."""
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     api = KubeApi(
@@ -242,6 +247,7 @@ def controller(
         watch_timeout=30,
         identity=f"test-{namespace}",
         cache_timeouts=cache_timeouts,
+        render_settings=settings or RenderSettings(policy=dev_policy()),
     )
     endpoints = HttpEndpoints(
         0, registry=registry, healthz=ctl.healthy, readyz=ctl.ready, host="127.0.0.1"
@@ -262,6 +268,8 @@ class ControllerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT)
         self.log_path = log
+        policy = log.with_name(f"{log.name}.policy.yaml")
+        policy.write_text(dev_policy_yaml())
         self._log = log.open("ab")
         self.popen = subprocess.Popen(
             [
@@ -272,6 +280,7 @@ class ControllerProcess:
                 "--bind-address", "127.0.0.1",
                 "--demand-window", "4s", "--recent-window", "6s",
                 "--default-swap-cooldown", "3s",
+                "--policy", str(policy),
                 *extra,
             ],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),

@@ -12,10 +12,17 @@ import pytest
 
 from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render.cache import cache_from_k8s
+from flexinfer_k8s.render.policy import AdminPolicy, Taint
 from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
 
-SETTINGS = RenderSettings(images={("mlc-llm", "amd"): "registry.local/mlc-llm:rocm"})  # type: ignore[dict-item]
+# The administrator of these tests allows the host paths and the image they use
+# (tests/render/test_tenant_policy.py checks the default policy).
+POLICY = AdminPolicy(host_path_prefixes=("/srv", "/m.gguf"), image_prefixes=("my/",),
+                     gpu_node_taints=(Taint("gpu", "", "NoSchedule"),),
+                     pod_label_keys=("team",), pod_annotation_keys=("flexinfer.test/*",))
+SETTINGS = RenderSettings(images={("mlc-llm", "amd"): "registry.local/mlc-llm:rocm"},  # type: ignore[dict-item]
+                          policy=POLICY)
 
 
 def model(name: str = "m", **spec: Any) -> dict[str, Any]:
@@ -208,16 +215,17 @@ def test_mlc_llm_refuses_what_it_cannot_run_naming_the_field() -> None:
 
 
 def test_mlc_llm_has_a_default_image_per_vendor_that_the_flag_replaces() -> None:
-    amd = server(render(md(backend="mlc-llm", model="file:///srv/m"), settings=RenderSettings()))
+    amd = server(render(md(backend="mlc-llm", model="file:///srv/m"),
+                        settings=RenderSettings(policy=POLICY)))
     assert amd["image"] == "flexinfer-mlc-llm:rocm6.2"
     nvidia = server(render(md(backend="mlc-llm", model="file:///srv/m",
                               resources={"limits": {"nvidia.com/gpu": "1"}}),
-                           settings=RenderSettings()))
+                           settings=RenderSettings(policy=POLICY)))
     assert nvidia["image"] == "flexinfer-mlc-llm:cuda12.4"
     assert amd["image"] != server(render(md(backend="mlc-llm", model="file:///srv/m")))["image"]
     with pytest.raises(InvalidFieldError, match=r"spec.image.*--image mlc-llm="):
         render(model(backend="mlc-llm", source="file:///srv/m", gpu={"vendor": "cpu"}),
-               settings=RenderSettings())
+               settings=RenderSettings(policy=POLICY))
 
 
 def test_the_vram_estimate_warns_when_the_kv_cache_alone_cannot_fit() -> None:
@@ -311,7 +319,7 @@ def test_a_cpu_model_requests_no_gpu_and_offloads_no_layers() -> None:
     assert c["image"] == "ghcr.io/ggml-org/llama.cpp:server"
     assert "resources" not in c
     assert c["args"][c["args"].index("--n-gpu-layers") + 1] == "0"
-    assert "securityContext" not in pod(rendered)
+    assert "supplementalGroups" not in pod(rendered)["securityContext"]
 
 
 # --- Ollama --------------------------------------------------------------------------
@@ -341,7 +349,7 @@ def test_ollama_pulls_hugging_face_gguf_repositories_by_their_hub_name() -> None
 
 
 def test_amd_gpus_are_requested_and_limited_with_the_device_groups() -> None:
-    settings = RenderSettings(render_gid=110)
+    settings = RenderSettings(render_gid=110, policy=POLICY)
     rendered = render(model(gpu={"count": 2}, resources={"requests": {"cpu": "2"}}),
                       settings=settings)
     c = server(rendered)
@@ -349,7 +357,7 @@ def test_amd_gpus_are_requested_and_limited_with_the_device_groups() -> None:
         "requests": {"cpu": "2", "amd.com/gpu": "2"},
         "limits": {"amd.com/gpu": "2"},
     }
-    assert pod(rendered)["securityContext"] == {"supplementalGroups": [44, 110]}
+    assert pod(rendered)["securityContext"]["supplementalGroups"] == [44, 110]
     shm = next(v for v in pod(rendered)["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
@@ -360,7 +368,7 @@ def test_nvidia_swaps_the_resource_and_the_image() -> None:
     c = server(rendered)
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["image"] == "vllm/vllm-openai:latest"
-    assert "securityContext" not in pod(rendered)
+    assert "supplementalGroups" not in pod(rendered)["securityContext"]
 
 
 def test_a_model_deployment_follows_its_resources_for_the_vendor() -> None:
@@ -371,7 +379,7 @@ def test_a_model_deployment_follows_its_resources_for_the_vendor() -> None:
 
 
 def test_a_controller_image_without_a_vendor_serves_every_vendor() -> None:
-    settings = RenderSettings(images={("vllm", None): "mirror/vllm:1",
+    settings = RenderSettings(policy=POLICY, images={("vllm", None): "mirror/vllm:1",
                                       ("vllm", "nvidia"): "mirror/vllm:cuda"})  # type: ignore[dict-item]
     assert server(render(model(), settings=settings))["image"] == "mirror/vllm:1"
     nvidia = render(model(gpu={"vendor": "nvidia"}), settings=settings)
@@ -413,7 +421,7 @@ def test_env_selectors_tolerations_and_pod_metadata_pass_through() -> None:
         nodeSelector={"kubernetes.io/hostname": "gpu-1"},
         tolerations=[toleration],
         podAnnotations={"flexinfer.test/ready-delay": "3s"},
-        podLabels={"team": "a", "ai.flexinfer/model": "spoof"},
+        podLabels={"team": "a"},
         shmSize="2Gi",
     ))
     p = pod(rendered)
@@ -423,7 +431,6 @@ def test_env_selectors_tolerations_and_pod_metadata_pass_through() -> None:
     template = rendered.deployment["spec"]["template"]["metadata"]
     assert template["annotations"] == {"flexinfer.test/ready-delay": "3s"}
     assert template["labels"]["team"] == "a"
-    assert template["labels"]["ai.flexinfer/model"] == "m"  # ours win: the selector must hold
     shm = next(v for v in p["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["sizeLimit"] == "2Gi"
 

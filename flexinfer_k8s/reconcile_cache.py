@@ -57,6 +57,7 @@ from flexinfer_core import (
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.outcome import Outcome, Wiring
+from flexinfer_k8s.reconcile_workload import controller_of
 from flexinfer_k8s.render.cache import (
     ADOPTED_CONDITION,
     CACHE_LABEL,
@@ -75,8 +76,9 @@ from flexinfer_k8s.render.pod_security import secure_job
 from flexinfer_k8s.render.tenant_policy import cache_within_policy, check_finetune
 from flexinfer_k8s.render.workload import Vendor
 from flexinfer_k8s.render.workloads import RenderSettings
+from flexinfer_k8s.scrub import scrub
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
-from flexinfer_kube.kubeapi import KubeError, Rejected
+from flexinfer_kube.kubeapi import KubeError, NotFound, Rejected
 from flexinfer_kube.objects import JSON, get_path
 from flexinfer_kube.resources import (
     EVENTS,
@@ -132,7 +134,7 @@ def job_phase(job: Mapping[str, Any] | None) -> JobPhase:
 def job_failure(job: Mapping[str, Any] | None, pods: list[JSON]) -> str:
     """Why a Job failed, in its own words (its Failed condition) and its last failed
     pod's (the container's termination reason and message: "401 Unauthorized" says
-    more than "BackoffLimitExceeded")."""
+    more than "BackoffLimitExceeded"), scrubbed of secrets (`flexinfer_k8s.scrub`)."""
     why = "the Job failed"
     for condition in get_path(job, "status", "conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
@@ -150,7 +152,8 @@ def job_failure(job: Mapping[str, Any] | None, pods: list[JSON]) -> str:
             terminated = get_path(container, "state", "terminated") or {}
             if terminated:
                 detail = terminated.get("message") or f"exit code {terminated.get('exitCode')}"
-                why += f" (last pod: {terminated.get('reason') or 'Error'}: {str(detail)[:512]})"
+                said = scrub(f"{terminated.get('reason') or 'Error'}: {detail}")
+                why += f" (last pod: {said})"
                 break
     return why
 
@@ -275,6 +278,11 @@ class CacheReconciler:
             return Outcome(None, self._write_status(obj, status, path="", now=now), status.reason)
         if deleting:
             return self._delete(obj, spec, lease, now=now)
+        clash = self._foreign_job(spec, spec.download_job_name) or (
+            self._foreign_job(spec, job_name(name)) if get_path(obj, "spec", "finetune") else None
+        )
+        if clash is not None:
+            return Outcome(None, self._write_status(obj, clash, path="", now=now), clash.reason)
         wrote = self._finalizer(obj, spec)
         wrote = self._claim(spec) or wrote
         download = self.cache.get(JOBS, namespace, spec.download_job_name)
@@ -610,6 +618,26 @@ class CacheReconciler:
         )
         return Outcome(None, self._release(obj, lease) or True, reasons.CLEANUP_FAILED)
 
+    def _foreign_job(self, spec: CacheSpec, name: str) -> CacheStatus | None:
+        """A Job of one of this cache's names that this cache does not control: it is
+        never used, nor deleted (someone else's work), and the cache says so."""
+        job = self.cache.get(JOBS, spec.namespace, name)
+        owner = controller_of(job)
+        if job is None or (owner is not None and owner.get("uid") == spec.uid):
+            return None
+        whose = (
+            f"belongs to {owner.get('kind')} {owner.get('name')}"
+            if owner is not None
+            else "was not created by flexinfer"
+        )
+        return CacheStatus(
+            "Failed",
+            False,
+            reasons.NAME_CLASH,
+            f"Job {spec.namespace}/{name} {whose}: flexinfer neither uses nor deletes it; "
+            "delete or rename it, or rename the ModelCache",
+        )
+
     # -- storage ---------------------------------------------------------------------
 
     def _claim(self, spec: CacheSpec) -> bool:
@@ -636,6 +664,12 @@ class CacheReconciler:
         if not spec.claim:
             return False
         live = self.cache.get(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
+        if live is None and not spec.create_claim:
+            # The controller watches only the claims it made; the user's is asked for.
+            try:
+                live = self.api.get(PERSISTENT_VOLUME_CLAIMS, spec.namespace, spec.claim)
+            except NotFound:
+                return True
         return bool(get_path(live, "status", "phase") != "Bound")
 
     def _claim_events(self, spec: CacheSpec) -> tuple[bool, str]:

@@ -103,6 +103,8 @@ class CacheSpec:
     download_timeout: int = DEFAULT_DOWNLOAD_TIMEOUT_SECONDS
     download_resources: JSON = attrs.field(factory=lambda: dict(DOWNLOAD_RESOURCES), hash=False)
     adopted: bool = False
+    hf_token: tuple[str, str] | None = None
+    """`spec.hfTokenSecretRef` as (Secret name, key): the only Secret a download reads."""
     """The controller found a user's model in the copy's directory (status `Adopted`)."""
 
     @property
@@ -258,7 +260,16 @@ def cache_from_k8s(obj: Mapping[str, Any]) -> CacheSpec:
             defaults=DOWNLOAD_RESOURCES,
         ),
         adopted=status_says_adopted(obj),
+        hf_token=_secret_ref(spec.get("hfTokenSecretRef")),
     )
+
+
+def _secret_ref(ref: Any) -> tuple[str, str] | None:
+    if ref in (None, {}):
+        return None
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        raise InvalidFieldError("spec.hfTokenSecretRef", ref, "must name a Secret: {name, key}")
+    return str(ref["name"]), str(ref.get("key") or "token")
 
 
 def status_says_adopted(obj: Mapping[str, Any]) -> bool:
@@ -415,18 +426,13 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             {"name": "FLEXINFER_REPO", "value": source.repo},
             {"name": "FLEXINFER_PATTERN", "value": source.path},
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
-            # Gated repositories: a Secret `<cache>-hf-token` with key `token`, if any.
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": f"{cache.name}-hf-token",
-                        "key": "token",
-                        "optional": True,
-                    }
-                },
-            },
         ]
+        if cache.hf_token is not None:
+            # Gated repositories: only the Secret the cache names (never one by convention).
+            secret, key = cache.hf_token
+            env.append(
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            )
         body = (
             "pip install --quiet --no-cache-dir 'huggingface_hub>=0.23,<2'\n"
             f'FLEXINFER_TARGET="$target" python -c {shlex.quote(HF_DOWNLOAD)}\n'

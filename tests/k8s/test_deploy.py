@@ -28,6 +28,23 @@ from flexinfer_devcluster.localcluster import (
     READY_DELAY_ANNOTATION,
     LocalCluster,
 )
+from flexinfer_devcluster.policy import dev_policy_yaml
+from flexinfer_kube.kubeapi import KubeApi, Rejected
+from flexinfer_kube.resources import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    GPU_GROUPS,
+    GPU_LEASES,
+    JOBS,
+    MODEL_CACHES,
+    MODEL_DEPLOYMENTS,
+    MODELS,
+    NETWORK_POLICIES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PODS,
+    SERVICES,
+)
 from tests.polling import wait_until
 
 from .kubectl import (
@@ -67,6 +84,7 @@ def deployed(kubectl: Kubectl) -> Iterator[None]:
     kubectl.run(
         "delete", "-n", SYSTEM_NAMESPACE, "deployment", "flexinfer-controller", "flexinfer-proxy"
     )
+    kubectl.run("delete", "-n", SYSTEM_NAMESPACE, "job", "flexinfer-proxy-keys")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +135,7 @@ def proxy_policy_active(kubectl: Kubectl, proxy: Kubectl, namespace: str) -> Non
 
 def assert_forbidden(result: Any) -> None:
     assert result.returncode != 0, result.stdout
-    assert "(Forbidden)" in result.stderr, result.stderr
+    assert "(Forbidden)" in result.stderr or "is forbidden: User" in result.stderr, result.stderr
 
 
 def apply(kubectl: Kubectl, namespace: str, manifest: dict[str, Any]) -> None:
@@ -153,8 +171,11 @@ def test_base_renders_with_kubectls_kustomize(kubectl: Kubectl) -> None:
     kinds = sorted(doc["kind"] for doc in rendered)
     assert kinds.count("CustomResourceDefinition") == 5
     assert kinds.count("Deployment") == 2
-    assert kinds.count("ServiceAccount") == 2
+    assert kinds.count("ServiceAccount") == 3  # controller, proxy, the keys Job
     assert kinds.count("ClusterRole") == 2
+    assert kinds.count("ValidatingAdmissionPolicy") == 3
+    assert kinds.count("NetworkPolicy") == 2
+    assert kinds.count("Job") == 1
     assert "Namespace" in kinds
     cluster_scoped = {
         "CustomResourceDefinition",
@@ -173,10 +194,70 @@ def test_base_renders_with_kubectls_kustomize(kubectl: Kubectl) -> None:
     images = {
         container["image"]
         for doc in rendered
-        if doc["kind"] == "Deployment"
+        if doc["kind"] in ("Deployment", "Job")
         for container in doc["spec"]["template"]["spec"]["containers"]
     }
     assert images == {"flexinfer:0.1.0"}
+    # The controller reads the administrator's policy from the generated ConfigMap.
+    (config_map,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["name"].startswith("flexinfer-policy-")
+    controller = next(d for d in rendered if d["metadata"]["name"] == "flexinfer-controller"
+                      and d["kind"] == "Deployment")
+    pod = controller["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--policy") + 1] == "/etc/flexinfer/policy.yaml"
+    volume = next(v for v in pod["volumes"] if v["name"] == "policy")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert yaml.safe_load(config_map["data"]["policy.yaml"]) == yaml.safe_load(
+        (DEPLOY_DIR / "policy.yaml").read_text())
+    # API keys are on.
+    proxy = next(d for d in rendered if d["metadata"]["name"] == "flexinfer-proxy"
+                 and d["kind"] == "Deployment")
+    command = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--api-key-secret") + 1] == (
+        "flexinfer-system/flexinfer-proxy-api-keys")
+
+
+def test_the_namespaced_overlay_binds_rights_per_namespace(kubectl: Kubectl) -> None:
+    rendered = [
+        doc for doc in yaml.safe_load_all(kubectl.ok("kustomize", str(ROOT / "deploy-namespaced")))
+        if doc
+    ]
+    assert not [d for d in rendered if d["kind"] == "ClusterRoleBinding"]
+    bindings = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered
+                if d["kind"] == "RoleBinding"}
+    assert {("team-a", "flexinfer-controller"), ("team-a", "flexinfer-proxy")} <= bindings
+    for name in ("flexinfer-controller", "flexinfer-proxy"):
+        deployment = next(d for d in rendered if d["kind"] == "Deployment"
+                          and d["metadata"]["name"] == name)
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == [
+            "--namespace", "team-a"]
+
+
+def test_a_namespace_binding_grants_the_controllers_rules_there_only(
+    kubectl: Kubectl, deployed: None, tmp_path: Path
+) -> None:
+    """What the overlay's RoleBinding does, for a ServiceAccount bound by nothing else."""
+    home = create_namespace(kubectl, "overlay-sa")
+    watched = create_namespace(kubectl, "overlay-watched")
+    other = create_namespace(kubectl, "overlay-other")
+    try:
+        kubectl.ok("create", "serviceaccount", "flexinfer-controller", "-n", home)
+        (binding,) = [d for d in yaml.safe_load_all(
+            (ROOT / "deploy-namespaced" / "rolebindings.yaml").read_text())
+            if d and d["metadata"]["name"] == "flexinfer-controller"]
+        binding["metadata"]["namespace"] = watched
+        binding["subjects"][0]["namespace"] = home
+        kubectl.ok("apply", "-f", "-", stdin=json.dumps(binding))
+        token = kubectl.ok("create", "token", "flexinfer-controller", "-n", home).strip()
+        scoped = kubectl.as_token(token, tmp_path)
+        scoped.ok("get", "models.ai.flexinfer", "-n", watched)
+        scoped.ok("get", "pods", "-n", watched)
+        assert_forbidden(scoped.run("get", "models.ai.flexinfer", "-n", other))
+        assert_forbidden(scoped.run("get", "models.ai.flexinfer", "--all-namespaces"))
+    finally:
+        for name in (home, watched, other):
+            delete_namespace(kubectl, name)
 
 
 def test_base_applies_and_its_pods_are_created(kubectl: Kubectl, deployed: None) -> None:
@@ -208,37 +289,123 @@ def test_base_applies_and_its_pods_are_created(kubectl: Kubectl, deployed: None)
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_controller_can_do_its_job(kubectl: Kubectl, controller: Kubectl, namespace: str) -> None:
+MANAGED = {"app.kubernetes.io/managed-by": "flexinfer"}
+
+
+def hardened_pod(**extra: Any) -> dict[str, Any]:
+    """A pod template as the renderer writes it (render.pod_security)."""
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "c", "image": "flexinfer:0.1.0",
+            "securityContext": {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}},
+        }],
+        **extra,
+    }
+
+
+def workload(kind: str, name: str, *, labels: dict[str, str] | None = None,
+             pod: dict[str, Any] | None = None) -> dict[str, Any]:
+    template = {"metadata": {"labels": {"app": name}}, "spec": pod or hardened_pod()}
+    if kind == "Job":
+        template["spec"] = {"restartPolicy": "Never", **template["spec"]}
+        spec: dict[str, Any] = {"template": template}
+        version = "batch/v1"
+    else:
+        spec = {"selector": {"matchLabels": {"app": name}}, "template": template}
+        version = "apps/v1"
+    return {"apiVersion": version, "kind": kind,
+            "metadata": {"name": name, "labels": MANAGED if labels is None else labels},
+            "spec": spec}
+
+
+def server_side_apply(kubectl: Kubectl, namespace: str, manifest: dict[str, Any],
+                      *, check: bool = True) -> Any:
+    args = ("apply", "--server-side", "--field-manager=flexinfer-controller", "-n", namespace,
+            "-f", "-")
+    if check:
+        return kubectl.ok(*args, stdin=json.dumps(manifest))
+    return kubectl.run(*args, stdin=json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def controller_policy_active(kubectl: Kubectl, controller: Kubectl, namespace: str) -> None:
+    """Wait until the API server enforces controller-policy.yaml (policies reach the
+    admission chain a moment after they are created)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = server_side_apply(
+            controller, namespace, workload("Deployment", "policy-probe", labels={}), check=False)
+        if "flexinfer-controller-writes" in result.stderr:
+            return
+        if result.returncode == 0:
+            kubectl.ok("delete", "-n", namespace, "deployment/policy-probe")
+        time.sleep(0.5)
+    pytest.fail("the flexinfer-controller-writes policy never took effect")
+
+
+def test_controller_can_do_its_job(
+    local_cluster: LocalCluster, kubectl: Kubectl, controller: Kubectl, namespace: str,
+    controller_policy_active: None,
+) -> None:
+    """Each request the controller sends, sent as it sends it (KubeApi, no kubectl
+    read-before-write), on the ServiceAccount's token."""
+    api = KubeApi(local_cluster.api_client_for_token(token_for(kubectl, CONTROLLER_SA)))
     apply(kubectl, namespace, MODEL)
     apply(kubectl, namespace, MODEL_DEPLOYMENT)
     apply(kubectl, namespace, GROUP)
-    for plural in ("models", "gpuleases", "gpugroups", "modelcaches", "modeldeployments"):
-        controller.ok("get", f"{plural}.ai.flexinfer", "--all-namespaces")
+    for resource in (MODELS, GPU_LEASES, GPU_GROUPS, MODEL_CACHES, MODEL_DEPLOYMENTS, PODS,
+                     CONFIG_MAPS, JOBS, PERSISTENT_VOLUME_CLAIMS, NETWORK_POLICIES, SERVICES,
+                     DEPLOYMENTS):
+        api.list(resource, None)
     status = {"status": {"phase": "Idle", "message": "nobody asked for it"}}
-    controller.patch_status(namespace, "model/rbac-model", status)
-    controller.patch_status(namespace, "gpugroup/rbac-group", {"status": {"phase": "Idle"}})
-    controller.patch_status(
-        namespace, "modeldeployment/rbac-deployment", {"status": {"phase": "Idle"}}
-    )
-    # Render, then scale through the scale subresource.
-    controller.ok("create", "deployment", "rbac-model", "-n", namespace, "--image=flexinfer:0.1.0")
-    controller.ok("scale", "-n", namespace, "deployment/rbac-model", "--replicas=0")
+    api.patch(MODELS, namespace, "rbac-model", status, subresource="status")
+    api.get(MODELS, namespace, "rbac-model")
+    api.patch(GPU_GROUPS, namespace, "rbac-group", {"status": {"phase": "Idle"}},
+              subresource="status")
+    api.patch(MODEL_DEPLOYMENTS, namespace, "rbac-deployment", {"status": {"phase": "Idle"}},
+              subresource="status")
+    # Render by server-side apply (a patch, creating too), then scale.
+    manager = "flexinfer-controller"
+    api.apply(DEPLOYMENTS, namespace, "rbac-model", workload("Deployment", "rbac-model"),
+              field_manager=manager)
+    api.patch(DEPLOYMENTS, namespace, "rbac-model", {"spec": {"replicas": 0}},
+              subresource="scale", field_manager="flexinfer-scale")
     assert kubectl.json("get", "-n", namespace, "deployment/rbac-model")["spec"]["replicas"] == 0
-    controller.ok("create", "service", "clusterip", "rbac-model", "-n", namespace, "--tcp=8000")
-    controller.ok("get", "pods", "-n", namespace)
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "rbac-model", "labels": MANAGED},
+               "spec": {"selector": {"app": "rbac-model"}, "ports": [{"port": 8000}]}}
+    api.apply(SERVICES, namespace, "rbac-model", service, field_manager=manager)
+    api.patch(SERVICES, namespace, "rbac-model",
+              {"metadata": {"annotations": {"ai.flexinfer/active-services": "x"}}})
+    network = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "rbac-model", "labels": MANAGED},
+               "spec": {"podSelector": {"matchLabels": {"app": "rbac-model"}},
+                        "policyTypes": ["Ingress"]}}
+    api.apply(NETWORK_POLICIES, namespace, "rbac-model", network, field_manager=manager)
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": "rbac-models", "labels": MANAGED},
+             "spec": {"accessModes": ["ReadWriteMany"],
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+    api.apply(PERSISTENT_VOLUME_CLAIMS, namespace, "rbac-models", claim, field_manager=manager)
+    api.get(PERSISTENT_VOLUME_CLAIMS, namespace, "rbac-models")
     lease = {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "GPULease",
         "metadata": {"name": "rbac-lease"},
         "spec": {"group": "homelab-gpu", "owner": "finetune"},
     }
-    apply(controller, namespace, lease)
-    controller.ok("delete", "-n", namespace, "gpulease/rbac-lease")
-    controller.ok(
-        "create", "configmap", "gpu-lease-homelab-gpu", "-n", namespace, "--from-literal=group=g"
-    )
-    controller.ok("create", "job", "rbac-finetune", "-n", namespace, "--image=flexinfer:0.1.0")
-    controller.ok("delete", "-n", namespace, "job/rbac-finetune")
+    api.create(GPU_LEASES, namespace, lease)
+    api.patch(GPU_LEASES, namespace, "rbac-lease", {"status": {"active": True}},
+              subresource="status")
+    api.patch(GPU_LEASES, namespace, "rbac-lease", {"spec": {"expiresAt": "2030-01-01T00:00:00Z"}})
+    api.get(GPU_LEASES, namespace, "rbac-lease")
+    api.delete(GPU_LEASES, namespace, "rbac-lease")
+    api.create(JOBS, namespace, workload("Job", "rbac-finetune"))
+    api.get(JOBS, namespace, "rbac-finetune")
+    api.delete(JOBS, namespace, "rbac-finetune")
     event = {
         "apiVersion": "v1",
         "kind": "Event",
@@ -248,7 +415,7 @@ def test_controller_can_do_its_job(kubectl: Kubectl, controller: Kubectl, namesp
         "message": "rbac test",
         "type": "Normal",
     }
-    controller.ok("create", "-n", namespace, "-f", "-", stdin=json.dumps(event))
+    api.create(EVENTS, namespace, event)
     election = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -256,7 +423,8 @@ def test_controller_can_do_its_job(kubectl: Kubectl, controller: Kubectl, namesp
         "spec": {"holderIdentity": "controller-0", "leaseDurationSeconds": 15},
     }
     controller.ok("create", "-n", SYSTEM_NAMESPACE, "-f", "-", stdin=json.dumps(election))
-    controller.ok("delete", "-n", SYSTEM_NAMESPACE, "lease/rbac-election")
+    controller.ok("get", "-n", SYSTEM_NAMESPACE, "lease/rbac-election")
+    kubectl.ok("delete", "-n", SYSTEM_NAMESPACE, "lease/rbac-election")
 
 
 def test_controller_is_refused_what_it_must_not_do(
@@ -274,6 +442,14 @@ def test_controller_is_refused_what_it_must_not_do(
     assert_forbidden(controller.run("get", "leases.coordination.k8s.io", "-n", namespace))
     apply(kubectl, namespace, MODEL)
     assert_forbidden(controller.run("delete", "-n", namespace, "model/rbac-model"))
+    # Verbs it never uses are not granted: deleting or replacing workloads, writing
+    # ConfigMaps, deleting claims.
+    kubectl.ok("create", "deployment", "users-app", "-n", namespace, "--image=flexinfer:0.1.0")
+    assert_forbidden(controller.run("delete", "-n", namespace, "deployment/users-app"))
+    assert_forbidden(controller.run("create", "configmap", "x", "-n", namespace))
+    assert_forbidden(controller.run("create", "configmap", "x", "-n", "kube-system"))
+    kubectl.ok("create", "service", "clusterip", "users-svc", "-n", namespace, "--tcp=80")
+    assert_forbidden(controller.run("delete", "-n", namespace, "service/users-svc"))
     # The same refusal seen by the kubernetes client: HTTP 403.
     api = k8s_client.CoreV1Api(
         local_cluster.api_client_for_token(token_for(kubectl, CONTROLLER_SA))
@@ -283,76 +459,91 @@ def test_controller_is_refused_what_it_must_not_do(
     assert refused.value.status == 403
 
 
-def test_proxy_signals_demand_and_nothing_more(
-    kubectl: Kubectl, proxy: Kubectl, namespace: str, proxy_policy_active: None
+@pytest.fixture(scope="module")
+def controller_api(local_cluster: LocalCluster, kubectl: Kubectl, deployed: None) -> KubeApi:
+    """Requests as the controller sends them, on its ServiceAccount's token."""
+    return KubeApi(local_cluster.api_client_for_token(token_for(kubectl, CONTROLLER_SA)))
+
+
+def refused_by(write: Any, policy: str, message: str) -> None:
+    with pytest.raises(Rejected) as refused:
+        write()
+    assert policy in str(refused.value), refused.value
+    assert message in str(refused.value), refused.value
+
+
+def test_admission_narrows_the_controllers_writes_to_what_flexinfer_makes(
+    kubectl: Kubectl, controller_api: KubeApi, namespace: str, controller_policy_active: None
 ) -> None:
-    apply(kubectl, namespace, MODEL)
-    apply(kubectl, namespace, MODEL_DEPLOYMENT)
-    apply(kubectl, namespace, GROUP)
-    for plural in ("models", "modeldeployments", "gpugroups"):
-        proxy.ok("get", f"{plural}.ai.flexinfer", "--all-namespaces")
-    proxy.ok("get", "services", "--all-namespaces")
-    now = "2026-11-29T17:00:00Z"
-    proxy.patch_status(namespace, "model/rbac-model", {"status": {"lastActiveTime": now}})
-    proxy.patch_status(
-        namespace, "modeldeployment/rbac-deployment", {"status": {"lastAccessTime": now}}
-    )
-    demand = json.dumps({"queued": 1, "oldestWaiting": now, "reportedAt": now})
-    patch = {"metadata": {"annotations": {"demand.ai.flexinfer/rbac-deployment": demand}}}
-    proxy.ok(
-        "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge", "-p", json.dumps(patch)
-    )
-    stored = kubectl.json("get", "-n", namespace, "model/rbac-model")
-    assert stored["status"]["lastActiveTime"] == now
-
-    assert_forbidden(proxy.run("delete", "-n", namespace, "model/rbac-model"))
-    spec_patch = json.dumps({"spec": {"gpu": {"priority": 1000}}})
-    assert_forbidden(
-        proxy.run("patch", "-n", namespace, "model/rbac-model", "--type=merge", "-p", spec_patch)
-    )
-    assert_forbidden(proxy.run("get", "secrets", "-n", namespace))
-    assert_forbidden(proxy.run("get", "gpuleases.ai.flexinfer", "-n", namespace))
-    kubectl.ok("create", "deployment", "rbac-scaled", "-n", namespace, "--image=flexinfer:0.1.0")
-    assert_forbidden(proxy.run("scale", "-n", namespace, "deployment/rbac-scaled", "--replicas=0"))
+    """RBAC allows the patch; the admission policy allows only flexinfer's objects."""
+    writes, api = "flexinfer-controller-writes", controller_api
+    manager = "flexinfer-controller"
+    # A user's Deployment (pod template as baseline as ours) cannot be taken over by an
+    # apply, nor relabelled into ours.
+    apply(kubectl, namespace, workload("Deployment", "users-db", labels={"app": "db"}))
+    refused_by(lambda: api.apply(DEPLOYMENTS, namespace, "users-db",
+                                 workload("Deployment", "users-db"), field_manager=manager),
+               writes, "managed-by=flexinfer")
+    refused_by(lambda: api.patch(DEPLOYMENTS, namespace, "users-db", {"metadata": {"labels": {
+        "app.kubernetes.io/managed-by": "flexinfer"}}}), writes, "managed-by=flexinfer")
+    kubectl.ok("create", "service", "clusterip", "users-db", "-n", namespace, "--tcp=5432")
+    refused_by(lambda: api.patch(SERVICES, namespace, "users-db", {"metadata": {
+        "annotations": {"x": "y"}}}), writes, "managed-by=flexinfer")
+    refused_by(lambda: api.apply(DEPLOYMENTS, namespace, "unlabelled",
+                                 workload("Deployment", "unlabelled", labels={}),
+                                 field_manager=manager), writes, "managed-by=flexinfer")
+    kubectl.ok("create", "job", "users-job", "-n", namespace, "--image=busybox:1.36")
+    refused_by(lambda: api.delete(JOBS, namespace, "users-job"), writes, "managed-by=flexinfer")
+    refused_by(lambda: api.create(JOBS, "kube-system", workload("Job", "in-kube-system")),
+               writes, "cluster's own namespaces")
 
 
-def test_proxy_writes_are_narrowed_to_its_fields(
-    kubectl: Kubectl, proxy: Kubectl, namespace: str, proxy_policy_active: None
+@pytest.mark.parametrize(("pod", "message"), [
+    (hardened_pod(hostNetwork=True), "network, PID or IPC namespace"),
+    (hardened_pod(hostPID=True), "network, PID or IPC namespace"),
+    (hardened_pod(volumes=[{"name": "root", "hostPath": {"path": "/", "type": "Directory"}}]),
+     "host paths only under the allowed prefixes"),
+    (hardened_pod(volumes=[{"name": "sock", "hostPath": {
+        "path": "/var/lib/flexinfer/models/x"}}]), "as a Directory or File"),
+    (hardened_pod(volumes=[{"name": "beside", "hostPath": {
+        "path": "/var/lib/flexinfer/models-and-more", "type": "Directory"}}]),
+     "host paths only under the allowed prefixes"),
+    (hardened_pod(automountServiceAccountToken=True), "without a token"),
+    (hardened_pod(serviceAccountName="flexinfer-controller"), "default ServiceAccount"),
+    (hardened_pod(securityContext={}), "RuntimeDefault seccomp"),
+    (hardened_pod(nodeName="control-plane-0"), "names no node"),
+    (hardened_pod(tolerations=[{"operator": "Exists"}]), "tolerates no taint without a key"),
+    (hardened_pod(nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
+     "selects no control-plane role"),
+    # (A privileged container is refused before admission here: the local API server
+    # runs with --allow-privileged=false. The same rule refuses it on other clusters.)
+    (hardened_pod(containers=[{"name": "c", "image": "x", "securityContext": {
+        "allowPrivilegeEscalation": False, "capabilities": {"add": ["SYS_ADMIN"]}}}]),
+     "no capability beyond"),
+    (hardened_pod(containers=[{"name": "c", "image": "x"}]), "never escalates"),
+    (hardened_pod(containers=[{"name": "c", "image": "x", "ports": [{
+        "containerPort": 22, "hostPort": 22}], "securityContext": {
+        "allowPrivilegeEscalation": False}}]), "binds no host port"),
+])
+def test_admission_keeps_the_controllers_pods_within_baseline_and_the_policy(
+    controller_api: KubeApi, namespace: str, controller_policy_active: None,
+    pod: dict[str, Any], message: str,
 ) -> None:
-    """RBAC allows the patch; the admission policy allows only the proxy's fields."""
-    apply(kubectl, namespace, MODEL)
-    apply(kubectl, namespace, MODEL_DEPLOYMENT)
-    apply(kubectl, namespace, GROUP)
+    refused_by(lambda: controller_api.apply(
+        DEPLOYMENTS, namespace, "escape", workload("Deployment", "escape", pod=pod),
+        field_manager="flexinfer-controller"), "flexinfer-controller-pods", message)
+    refused_by(lambda: controller_api.create(JOBS, namespace, workload("Job", "escape", pod=pod)),
+               "flexinfer-controller-pods", message)
 
-    def refused(result: Any, message: str) -> None:
-        assert result.returncode != 0, result.stdout
-        assert "flexinfer-proxy-writes" in result.stderr, result.stderr
-        assert message in result.stderr, result.stderr
 
-    only_demand = "may change only demand.ai.flexinfer/* annotations"
-    for patch in (
-        {"metadata": {"annotations": {"ai.flexinfer/other": "x"}}},
-        {"metadata": {"labels": {"team": "x"}}},
-        {"spec": {"antiThrashing": {"enabled": False}}},
-    ):
-        result = proxy.run(
-            "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge", "-p", json.dumps(patch)
-        )
-        refused(result, only_demand)
-    result = proxy.patch_status(
-        namespace, "model/rbac-model", {"status": {"phase": "Ready"}}, check=False
-    )
-    refused(result, "may change only status.lastActiveTime of a Model")
-    result = proxy.patch_status(
-        namespace, "modeldeployment/rbac-deployment", {"status": {"phase": "Running"}}, check=False
-    )
-    refused(result, "may change only status.lastAccessTime of a ModelDeployment")
-    # The controller is not narrowed by the policy.
-    controller_patch = {"metadata": {"annotations": {"ai.flexinfer/other": "x"}}}
-    kubectl.ok(
-        "patch", "-n", namespace, "gpugroup/rbac-group", "--type=merge",
-        "-p", json.dumps(controller_patch),
-    )  # fmt: skip
+def test_admission_lets_the_controllers_own_pods_through(
+    kubectl: Kubectl, controller_api: KubeApi, namespace: str, controller_policy_active: None
+) -> None:
+    cache = hardened_pod(volumes=[{"name": "target", "hostPath": {
+        "path": "/var/lib/flexinfer/models/team/x", "type": "DirectoryOrCreate"}}])
+    cache["containers"][0]["securityContext"]["capabilities"]["add"] = ["CHOWN", "FOWNER"]
+    controller_api.create(JOBS, namespace, workload("Job", "allowed-download", pod=cache))
+    controller_api.delete(JOBS, namespace, "allowed-download")
 
 
 def pod_manifest() -> dict[str, Any]:
@@ -391,9 +582,11 @@ def assert_never_forbidden(log: Path) -> None:
 
 
 def test_controller_process_works_on_its_service_account(
-    kubectl: Kubectl, controller: Kubectl, namespace: str, tmp_path: Path
+    kubectl: Kubectl, controller: Kubectl, namespace: str, tmp_path: Path,
+    controller_policy_active: None,
 ) -> None:
-    """`python -m flexinfer_k8s --leader-elect` with only the deploy base's rights."""
+    """`python -m flexinfer_k8s --leader-elect` with only the deploy base's rights, and
+    under its admission policies: what it renders passes them."""
     shared = {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
@@ -411,6 +604,9 @@ def test_controller_process_works_on_its_service_account(
     }
     apply(kubectl, namespace, shared)
     log = tmp_path / "controller.log"
+    # The kwok annotations and node label are the local cluster's administrator's to allow.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(dev_policy_yaml())
     identity = "sa-controller-0"
     election = "flexinfer-controller-rbac-test"  # not the real lease other suites may use
     process = start(
@@ -418,7 +614,7 @@ def test_controller_process_works_on_its_service_account(
             "-m", "flexinfer_k8s", "--kubeconfig", controller.kubeconfig,
             "--leader-elect", "--leader-election-id", election, "--identity", identity,
             "--namespace", namespace, "--metrics-port", "0", "--health-port", "0",
-            "--bind-address", "127.0.0.1",
+            "--bind-address", "127.0.0.1", "--policy", str(policy),
         ],
         log,
     )  # fmt: skip

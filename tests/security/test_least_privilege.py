@@ -40,7 +40,8 @@ Grant = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 # What each Writer method sends (flexinfer_k8s/apply.py): (subresource, verb) pairs on
 # the resource it is given. A conflict or a missing object is re-read with a get.
 WRITER = {
-    "apply": [("", "patch")],  # server-side apply, also when it creates
+    # Server-side apply is a patch; one that creates is authorized as a create too.
+    "apply": [("", "patch"), ("", "create")],
     "annotate": [("", "patch")],
     "patch": [("", "patch"), ("", "get")],
     "patch_status": [("status", "patch"), ("", "get")],
@@ -182,7 +183,7 @@ def test_config_maps_are_read_only_and_secrets_and_nodes_out_of_reach() -> None:
 
 
 def test_the_namespaced_overlay_binds_the_same_rules_only_in_its_namespaces() -> None:
-    bindings = [d for d in yaml.safe_load_all((DEPLOY / "namespaced" / "rolebindings.yaml")
+    bindings = [d for d in yaml.safe_load_all((ROOT / "deploy-namespaced" / "rolebindings.yaml")
                                                   .read_text()) if d]
     assert {(b["kind"], b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == {
         ("RoleBinding", "ClusterRole", "flexinfer-controller"),

@@ -10,7 +10,8 @@ process, `dev_policy_yaml()` as a `--policy` file), which is the built-in policy
   `flexinfer.dev/process-node`;
 - `gpuNodeTaints`: the process node's `flexinfer.dev/process-node=true:NoSchedule`;
 - `hostPathPrefixes`: the temporary directory, where tests and the demo write the tiny
-  model that the process node serves through a `file://` source;
+  model that the process node serves through a `file://` source, and `/srv/datasets`,
+  where `examples/finetune-modelcache.yaml` finds its dataset;
 - `imagePrefixes`: `registry.local/` and `registry.example/`, the images the examples
   name for servers and trainers you build yourself (docs/backends/mlc-llm.md).
 
@@ -29,6 +30,7 @@ from flexinfer_devcluster.processnode import PROCESS_NODE_LABEL, PROCESS_NODE_TA
 from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 
 EXAMPLE_IMAGE_PREFIXES = ("registry.local/", "registry.example/")
+EXAMPLE_DATASETS = "/srv/datasets"
 
 
 def dev_policy_yaml() -> str:
@@ -41,7 +43,11 @@ def dev_policy_yaml() -> str:
             ),
             dict(PROCESS_NODE_TAINT),
         ],
-        "hostPathPrefixes": [*defaults.host_path_prefixes, tempfile.gettempdir()],
+        "hostPathPrefixes": [
+            *defaults.host_path_prefixes,
+            tempfile.gettempdir(),
+            EXAMPLE_DATASETS,
+        ],
         "imagePrefixes": list(EXAMPLE_IMAGE_PREFIXES),
         "nodeSelectorKeys": [*defaults.node_selector_keys, KWOK_NODE_LABEL, PROCESS_NODE_LABEL],
         "podAnnotationKeys": ["flexinfer.test/*"],

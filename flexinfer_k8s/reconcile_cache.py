@@ -271,6 +271,11 @@ class CacheReconciler:
         deleting = bool(get_path(obj, "metadata", "deletionTimestamp"))
         try:
             spec = cache_within_policy(obj, self.policy, images=self.allowed_images)
+            # Before anything is made: the download of a cache whose training is outside
+            # the policy would be for nothing.
+            finetune = get_path(obj, "spec", "finetune")
+            if finetune:
+                check_finetune(finetune, spec, self.policy, images=self.allowed_images)
         except InvalidFieldError as error:
             if deleting:  # nothing known to clean: never hold the deletion
                 return Outcome(None, self._release(obj, lease), reasons.DELETING)
@@ -304,7 +309,7 @@ class CacheReconciler:
             )
             job["metadata"].setdefault("annotations", {})[SOURCE_ANNOTATION] = spec.source_text
             try:
-                wrote = self.writer.create(JOBS, namespace, job) is not None or wrote
+                created = self.writer.create(JOBS, namespace, job)
             except Rejected as error:
                 if error.status != 422:  # forbidden and the like are not the spec's fault
                     raise
@@ -318,6 +323,11 @@ class CacheReconciler:
                 return Outcome(
                     None, self._write_status(obj, status, path=spec.path, now=now), status.reason
                 )
+            if created is None:
+                # It existed after all (re-read into the cache, though it may be one the
+                # informer does not watch): decide again on what it is.
+                return Outcome(now, wrote, reasons.DOWNLOADING)
+            wrote = True
             phase = JobPhase.ACTIVE
         next_at: datetime | None = None
         if phase is JobPhase.FAILED:
@@ -734,7 +744,6 @@ class CacheReconciler:
         finetune = get_path(obj, "spec", "finetune") or {}
         group = str(get_path(finetune, "gpuLease", "group") or "")
         try:
-            check_finetune(finetune, spec, self.policy, images=self.allowed_images)
             job_body = secure_job(
                 finetune_job(
                     spec,

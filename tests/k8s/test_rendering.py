@@ -8,6 +8,7 @@ the real scheduler places and kwok runs; the election owns only replicas."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "scenarios" not in p.parts)
 EXAMPLE_NODES = ("gpu-workstation", "gpu-node-1", "5930k")
 MANAGED = "app.kubernetes.io/managed-by=flexinfer"
+HOST_MODELS = f"{tempfile.gettempdir()}/models"
+"""A host directory the local cluster's policy allows (flexinfer_devcluster.policy)."""
 
 
 def hold_while_seconds(seconds: float, check: Any, *, what: str) -> None:
@@ -266,6 +269,7 @@ def test_a_deployment_left_without_the_replicas_hand_over_gets_it_first(
     """A controller killed between creating a Deployment and handing `spec.replicas` to
     the scale writes: the next reconcile finds the field owned only by the applier (in
     managedFields) and hands it over before any apply that would reset it to 1."""
+    from flexinfer_devcluster.policy import dev_policy
     from flexinfer_k8s.render.workload import workload_from_model
     from flexinfer_k8s.render.workloads import RenderSettings, render_workload
 
@@ -274,7 +278,8 @@ def test_a_deployment_left_without_the_replicas_hand_over_gets_it_first(
     c.add_model("a")
     c.add_model("b")
     model = c.api.get(MODELS, c.namespace, "b")
-    rendered = render_workload(workload_from_model(model), cache=None, settings=RenderSettings())
+    settings = RenderSettings(policy=dev_policy())
+    rendered = render_workload(workload_from_model(model), cache=None, settings=settings)
     half = dict(rendered.deployment)
     half["spec"] = {**half["spec"], "replicas": 0}
     c.api.apply(DEPLOYMENTS, c.namespace, "b", half, field_manager="flexinfer-controller")
@@ -444,7 +449,7 @@ def test_bad_input_is_a_condition_naming_it_and_touches_nothing_else(
     vram = {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
         "metadata": {"name": "too-big"},
-        "spec": {"backend": "mlc-llm", "model": "file:///srv/models/qwen-mlc",
+        "spec": {"backend": "mlc-llm", "model": f"file://{HOST_MODELS}/qwen-mlc",
                  "image": "registry.local/mlc-llm:rocm",
                  "mlcllm": {"mode": "server", "gpuMemoryBytes": 8_000_000_000,
                             "overrides": {"maxNumSequence": 4, "maxTotalSeqLength": 65536}},
@@ -504,7 +509,7 @@ def test_a_model_and_a_model_deployment_of_one_name_never_share_a_deployment(
         c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
             "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
             "metadata": {"name": "twin"},
-            "spec": {"backend": "llama-cpp", "model": "file:///m.gguf", **on_kwok()},
+            "spec": {"backend": "llama-cpp", "model": f"file://{HOST_MODELS}/m.gguf", **on_kwok()},
         })
         md = wait_until(
             lambda: (m if condition(m := c.api.get(MODEL_DEPLOYMENTS, c.namespace, "twin"),

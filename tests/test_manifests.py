@@ -419,15 +419,22 @@ def test_rbac_grants_no_wildcards_and_no_secrets() -> None:
             assert "*" not in rule["resources"], document["metadata"]["name"]
             if "secrets" not in rule["resources"]:
                 continue
-            # Only the proxy's API keys: one named Secret, read only, in its namespace.
+            # Only the proxy's API keys, in its namespace: the proxy reads that one
+            # Secret; the Job that generates it once reads it and may create Secrets.
             assert document["kind"] == "Role", document["metadata"]["name"]
-            assert document["metadata"]["name"] == API_KEY_SECRET_ROLE
-            assert rule == {
-                "apiGroups": [""],
-                "resources": ["secrets"],
-                "resourceNames": [API_KEY_SECRET_ROLE],
-                "verbs": ["get"],
-            }
+            assert document["metadata"]["namespace"] == "flexinfer-system"
+            assert document["metadata"]["name"] in (API_KEY_SECRET_ROLE, "flexinfer-proxy-keys")
+            assert rule in (
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": [API_KEY_SECRET_ROLE],
+                    "verbs": ["get"],
+                },
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            ), rule
+            if "resourceNames" not in rule:
+                assert document["metadata"]["name"] == "flexinfer-proxy-keys"
 
 
 def test_proxy_may_not_delete_or_scale() -> None:
@@ -451,12 +458,16 @@ def test_workloads_are_hardened() -> None:
     assert container["command"] == [
         "python", "-m", "flexinfer_k8s", "--leader-elect",
         "--metrics-port", "8080", "--health-port", "8081",
+        "--policy", "/etc/flexinfer/policy.yaml",
     ]  # fmt: skip
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     proxy = deployments["flexinfer-proxy"]["spec"]
     (proxy_container,) = proxy["template"]["spec"]["containers"]
-    assert proxy_container["command"] == ["python", "-m", "flexinfer_proxy", "--port", "8000"]
+    assert proxy_container["command"] == [
+        "python", "-m", "flexinfer_proxy", "--port", "8000",
+        "--api-key-secret", "flexinfer-system/flexinfer-proxy-api-keys",
+    ]  # fmt: skip
     assert proxy_container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert proxy_container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     for deployment in deployments.values():
@@ -503,7 +514,12 @@ def test_deployment_commands_parse_with_the_real_entry_points() -> None:
     }
     controller = commands["flexinfer-controller"]
     assert controller[:3] == ["python", "-m", "flexinfer_k8s"]
-    args = parse_args(controller[3:])
+    # The policy file is the ConfigMap mounted at /etc/flexinfer: here, deploy/'s own.
+    policy = controller.index("--policy") + 1
+    assert controller[policy] == "/etc/flexinfer/policy.yaml"
+    arguments = [*controller[3:policy], str(ROOT / "deploy" / "policy.yaml"),
+                 *controller[policy + 1:]]
+    args = parse_args(arguments)
     assert (args.leader_elect, args.metrics_port, args.health_port) == (True, 8080, 8081)
     proxy = commands["flexinfer-proxy"]
     assert proxy[:3] == ["python", "-m", "flexinfer_proxy"]
@@ -526,3 +542,17 @@ def test_the_mlc_llm_recipe_builds_the_default_images_and_checks_the_rendered_co
     for vendor, tag in mlc_llm.DEFAULT_IMAGES.items():
         assert f"docker build -t {tag}" in text, vendor
     assert "mlc-ai-nightly-cu124" in text and "cuda12.4" in mlc_llm.DEFAULT_IMAGES[Vendor.NVIDIA]
+
+
+def test_the_admission_policy_allows_the_host_paths_of_the_shipped_policy() -> None:
+    """controller-policy.yaml cannot read the ConfigMap: its list is kept in step."""
+    import re
+
+    policy = yaml.safe_load((ROOT / "deploy" / "policy.yaml").read_text())
+    admission = next(
+        doc for doc in yaml.safe_load_all((ROOT / "deploy" / "controller-policy.yaml").read_text())
+        if doc and doc["metadata"]["name"] == "flexinfer-controller-pods"
+        and doc["kind"] == "ValidatingAdmissionPolicy"
+    )
+    (variable,) = [v for v in admission["spec"]["variables"] if v["name"] == "hostPathPrefixes"]
+    assert re.findall(r"'([^']+)'", variable["expression"]) == policy["hostPathPrefixes"]

@@ -32,6 +32,7 @@ from flexinfer_kube.resources import (
     MODEL_DEPLOYMENTS,
     MODELS,
     NETWORK_POLICIES,
+    PERSISTENT_VOLUME_CLAIMS,
     PODS,
     SECRETS,
     Resource,
@@ -327,6 +328,30 @@ def test_what_is_rendered_passes_pod_security_baseline_and_admits_only_the_proxy
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SYSTEM}},
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "flexinfer-proxy"}},
         }]
+
+
+def test_a_llama_cpp_server_passes_pod_security_restricted(
+    local_cluster: LocalCluster, kubectl: Kubectl, tenant: Tenant
+) -> None:
+    """Its image needs no root: in a namespace that enforces "restricted" its pod is
+    created (PodSecurity admission would refuse it otherwise)."""
+    kubectl.ok("label", "--overwrite", "namespace", tenant.namespace,
+               "pod-security.kubernetes.io/enforce=restricted")
+    tenant.admin.create(PERSISTENT_VOLUME_CLAIMS, tenant.namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "weights"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    })
+    tenant.create(MODELS, model("small", backend="llama-cpp", source="pvc://weights/q.gguf",
+                                nodeSelector={"kubernetes.io/hostname": "kwok-gpu-1"}))
+    tenant.admin.patch(MODELS, tenant.namespace, "small", {"status": {
+        "lastActiveTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}},
+        subresource="status")
+    with controller(local_cluster, tenant.namespace, impersonate=CONTROLLER, settings=SHIPPED):
+        pod = wait_until(lambda: next(iter(tenant.admin.list(PODS, tenant.namespace)
+                                           .get("items") or []), None),
+                         what="small's pod, admitted as restricted", timeout=90)
+    (server,) = pod["spec"]["containers"]
+    assert server["securityContext"]["runAsNonRoot"] is True
 
 
 def test_a_cache_gets_no_secret_it_does_not_name(local_cluster: LocalCluster,

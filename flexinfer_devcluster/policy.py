@@ -13,7 +13,8 @@ process, `dev_policy_yaml()` as a `--policy` file), which is the built-in policy
   model that the process node serves through a `file://` source, and `/srv/datasets`,
   where `examples/finetune-modelcache.yaml` finds its dataset;
 - `imagePrefixes`: `registry.local/` and `registry.example/`, the images the examples
-  name for servers and trainers you build yourself (docs/backends/mlc-llm.md).
+  name for servers and trainers you build yourself (docs/backends/mlc-llm.md), and
+  `trainer.local/`, the trainer the finetune tests name (kwok runs no image).
 
 Everything else (tolerations of other taints, other keys, host paths, images) is
 refused as on a real cluster. Data only.
@@ -29,7 +30,7 @@ from flexinfer_devcluster.localcluster import KWOK_NODE_LABEL
 from flexinfer_devcluster.processnode import PROCESS_NODE_LABEL, PROCESS_NODE_TAINT
 from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 
-EXAMPLE_IMAGE_PREFIXES = ("registry.local/", "registry.example/")
+EXAMPLE_IMAGE_PREFIXES = ("registry.local/", "registry.example/", "trainer.local/")
 EXAMPLE_DATASETS = "/srv/datasets"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -338,7 +339,7 @@ def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
             selector = node if blocker == "untolerated-taint" else "no-such-node"
             c.api.patch(MODEL_CACHES, c.namespace, "ft", {"spec": {
                 "nodeSelector": {"kubernetes.io/hostname": selector},
-                "finetune": {"image": "trainer:1", "gpuLease": {"group": "g"}},
+                "finetune": {"image": "trainer.local/qlora:1", "gpuLease": {"group": "g"}},
             }})
             words = "node affinity/selector" if blocker == "no-such-node" else "untolerated taint"
             # Whichever the test sees first (no timing assumed): the scheduler's words
@@ -372,6 +373,9 @@ def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
 # --- deleting a node-bound cache ------------------------------------------------------------
 
 
+HOST_FILE = f"{tempfile.gettempdir()}/local.gguf"
+
+
 def test_a_deleted_node_local_cache_is_cleaned_on_its_node_then_goes(
     local_cluster: Any, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -380,7 +384,8 @@ def test_a_deleted_node_local_cache_is_cleaned_on_its_node_then_goes(
     c.api.create(MODEL_CACHES, c.namespace, {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
         "metadata": {"name": "local"},
-        "spec": {"source": "file:///srv/local.gguf", "storageStrategy": "Memory",
+        # Under the temporary directory: a host path the local cluster's policy allows.
+        "spec": {"source": f"file://{HOST_FILE}", "storageStrategy": "Memory",
                  "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"},
                  "tolerations": [taint],
                  "podAnnotations": {COMPLETE_DELAY_ANNOTATION: "1h"}},
@@ -393,8 +398,9 @@ def test_a_deleted_node_local_cache_is_cleaned_on_its_node_then_goes(
         pod = wait_until(lambda: job_pod(c, "local-download"), what="the download pod")
         assert taint in pod["spec"]["tolerations"]
         # The download writes the node directory for real (under the test's node root).
-        (node_root / "srv").mkdir(parents=True)
-        (node_root / "srv" / "local.gguf").write_bytes(b"GGUF")
+        on_node = node_root / HOST_FILE.lstrip("/")
+        on_node.parent.mkdir(parents=True)
+        on_node.write_bytes(b"GGUF")
         assert play_pod(c, pod, node_root=node_root, log=tmp_path / "log") == 0
         wait_until(lambda: cache_status(c, "local").get("ready"), what="the download over",
                    timeout=60)

@@ -173,7 +173,7 @@ def test_base_renders_with_kubectls_kustomize(kubectl: Kubectl) -> None:
     assert kinds.count("Deployment") == 2
     assert kinds.count("ServiceAccount") == 3  # controller, proxy, the keys Job
     assert kinds.count("ClusterRole") == 2
-    assert kinds.count("ValidatingAdmissionPolicy") == 3
+    assert kinds.count("ValidatingAdmissionPolicy") == 4
     assert kinds.count("NetworkPolicy") == 2
     assert kinds.count("Job") == 1
     assert "Namespace" in kinds
@@ -496,6 +496,20 @@ def test_admission_narrows_the_controllers_writes_to_what_flexinfer_makes(
     refused_by(lambda: api.delete(JOBS, namespace, "users-job"), writes, "managed-by=flexinfer")
     refused_by(lambda: api.create(JOBS, "kube-system", workload("Job", "in-kube-system")),
                writes, "cluster's own namespaces")
+    # Of a tenant's ModelCache (the one it may patch at all) it changes the finalizers
+    # only: a node cache's cleanup.
+    resources = "flexinfer-controller-resources"
+    cache = {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+             "metadata": {"name": "rbac-cache"}, "spec": {"source": "HF://o/r"}}
+    apply(kubectl, namespace, cache)
+    for change in ({"spec": {"source": "file:///."}}, {"metadata": {"labels": {"x": "y"}}},
+                   {"metadata": {"annotations": {"x": "y"}}}):
+        refused_by(lambda change=change: api.patch(MODEL_CACHES, namespace, "rbac-cache",
+                                                   change),
+                   resources, "changes only the finalizers")
+    api.patch(MODEL_CACHES, namespace, "rbac-cache",
+              {"metadata": {"finalizers": ["ai.flexinfer/node-cleanup"]}})
+    api.patch(MODEL_CACHES, namespace, "rbac-cache", {"metadata": {"finalizers": None}})
 
 
 @pytest.mark.parametrize(("pod", "message"), [

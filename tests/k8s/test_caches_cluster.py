@@ -380,6 +380,7 @@ def test_a_deleted_node_local_cache_is_cleaned_on_its_node_then_goes(
     local_cluster: Any, cluster: Cluster, tmp_path: Path
 ) -> None:
     c = cluster
+    c.allow_host_paths()
     taint = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
     c.api.create(MODEL_CACHES, c.namespace, {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
@@ -428,6 +429,7 @@ def test_a_cleanup_that_cannot_run_lets_the_cache_go_within_the_bound(
     local_cluster: Any, cluster: Cluster
 ) -> None:
     c = cluster
+    c.allow_host_paths()
     node = f"doomed-{c.namespace}"
     local_cluster.add_node(KwokNode(name=node, gpus=1))
     try:
@@ -522,6 +524,7 @@ def test_a_download_on_a_tainted_node_says_so_and_runs_once_tolerated(
     local_cluster: Any, cluster: Cluster
 ) -> None:
     c = cluster
+    c.allow_host_paths()
     node = f"gpu-{c.namespace}"
     local_cluster.add_node(KwokNode(name=node, gpus=1))
     c.api.patch(NODES, "", node, {"spec": {"taints": [

@@ -187,7 +187,7 @@ def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
 @pytest.fixture
 def namespace(local_cluster: LocalCluster) -> Iterator[str]:
     kubectl = kubectl_for(local_cluster)
-    name = create_namespace(kubectl, "pn")
+    name = create_namespace(kubectl, "pn", pod_security="privileged")  # host paths
     yield name
     delete_namespace(kubectl, name)
 

@@ -140,6 +140,9 @@ def test_every_example_applies_and_yields_its_objects(
             "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
                      "resources": {"requests": {"storage": "20Gi"}}}}))
+    if any(d["kind"] == "ModelCache" and d["spec"].get("storageStrategy") in ("NodeLocal", "Memory")
+           for d in documents):
+        c.allow_host_paths()
     kubectl.ok("apply", "-n", c.namespace, "-f", str(path))
     with controller(local_cluster, c.namespace):
         caches = [d["metadata"]["name"] for d in documents if d["kind"] == "ModelCache"]
@@ -414,6 +417,7 @@ def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
     local_cluster: Any, cluster: Cluster
 ) -> None:
     c = cluster
+    c.allow_host_paths()
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "ram", storageStrategy="Memory", nodeSelector={"kubernetes.io/hostname": "kwok-gpu-1"}))
     body = model_body("a")

@@ -32,6 +32,7 @@ import attrs
 from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render import cache_dir
 from flexinfer_k8s.render.cache_dir import FLASH_LOADER_SCRIPT, REFUSED_EXIT_CODE, TERMINATION_LOG
+from flexinfer_k8s.render.hf_download import HF_DOWNLOAD
 from flexinfer_k8s.render.source import Scheme, Source, parse_source
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_CACHES
@@ -377,21 +378,6 @@ def _target_volume(cache: CacheSpec) -> tuple[JSON, JSON]:
     )
 
 
-HF_DOWNLOAD = """\
-import os
-from huggingface_hub import snapshot_download
-pattern = os.environ.get("FLEXINFER_PATTERN") or None
-repo = os.environ["FLEXINFER_REPO"]
-target = os.environ["FLEXINFER_TARGET"]
-snapshot_download(
-    repo_id=repo,
-    local_dir=target,
-    allow_patterns=[pattern, pattern + "/*"] if pattern else None,
-)
-fetched = [p for p in os.listdir(target) if not p.startswith(".")]
-if not fetched:
-    raise SystemExit(f"{repo}: nothing matches {pattern or 'the repository'}")
-"""
 
 
 def model_entry(source: Source | None) -> str:
@@ -434,7 +420,6 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
             )
         body = (
-            "pip install --quiet --no-cache-dir 'huggingface_hub>=0.23,<2'\n"
             f'FLEXINFER_TARGET="$target" python -c {shlex.quote(HF_DOWNLOAD)}\n'
         )
     elif source.scheme in (Scheme.FILE, Scheme.PVC):

@@ -204,7 +204,7 @@ def job_container(job: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("source", "image", "fragment", "args"),
     [
-        ("HF://org/repo", "python:3.12-slim", "snapshot_download", []),
+        ("HF://org/repo", "python:3.12-slim", "/resolve/{commit}/", []),
         ("file:///srv/models/qwen", "busybox:1.36", 'cp -a "$3" "$target"/', ["/source/qwen"]),
         ("pvc://models/qwen/7b", "busybox:1.36", 'cp -a "$3" "$target"/', ["/source/qwen/7b"]),
         ("pvc://models", "busybox:1.36", 'cp -a "$3"/. "$target"/', ["/source"]),

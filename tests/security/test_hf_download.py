@@ -45,7 +45,7 @@ class Fake:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 fake.seen.append((role, self.path, self.headers.get("Authorization")))
                 fake.answer(role, self)
 

@@ -535,6 +535,15 @@ class CacheReconciler:
         node = ", ".join(f"{k}={v}" for k, v in spec.node_selector)
         by_hand = f"remove it on the node by hand: rm -rf {' '.join(spec.node_dirs)}"
         job = self.cache.get(JOBS, namespace, spec.cleanup_job_name)
+        labels = get_path(job, "metadata", "labels") or {}
+        if job is not None and labels.get(CACHE_LABEL) != spec.name:
+            # Not flexinfer's (someone else's Job of that name): never deleted or read.
+            return self._give_up(
+                obj,
+                lease,
+                f"Job {namespace}/{spec.cleanup_job_name} is not flexinfer's; {by_hand}",
+                now=now,
+            )
         if (
             job is not None
             and (get_path(job, "metadata", "annotations") or {}).get(UID_ANNOTATION) != spec.uid

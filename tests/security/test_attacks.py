@@ -27,6 +27,7 @@ from flexinfer_k8s.render.workloads import RenderSettings, render_workload
 from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, Rejected, new_api_client
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
+    EVENTS,
     JOBS,
     MODEL_CACHES,
     MODEL_DEPLOYMENTS,
@@ -385,6 +386,28 @@ def test_a_job_the_cache_does_not_own_is_neither_used_nor_deleted(
         assert f"Job {tenant.namespace}/other-download was not created by flexinfer" in (
             ready["message"])
     assert tenant.admin.get(JOBS, tenant.namespace, "other-download")
+
+
+def test_a_cleanup_job_name_taken_by_someone_else_is_never_deleted(
+    local_cluster: LocalCluster, tenant: Tenant
+) -> None:
+    tenant.admin.create(JOBS, tenant.namespace, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "local-cleanup"},
+        "spec": {"suspend": True, "template": {"spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "busybox:1.36"}]}}}})
+    tenant.create(MODEL_CACHES, model_cache("local", storageStrategy="NodeLocal",
+                                            nodeSelector={"kubernetes.io/hostname": "kwok-gpu-0"}))
+    with controller(local_cluster, tenant.namespace, impersonate=CONTROLLER, settings=SHIPPED):
+        wait_until(lambda: tenant.api.get(MODEL_CACHES, tenant.namespace, "local")["metadata"]
+                   .get("finalizers"), what="the cleanup finalizer", timeout=60)
+        tenant.api.delete(MODEL_CACHES, tenant.namespace, "local")
+        wait_until(lambda: _get(tenant.admin, MODEL_CACHES, tenant.namespace, "local") is None,
+                   what="the cache gone without its cleanup", timeout=90)
+    job = tenant.admin.get(JOBS, tenant.namespace, "local-cleanup")
+    assert "ai.flexinfer/modelcache" not in (job["metadata"].get("labels") or {})
+    events = tenant.admin.list(EVENTS, tenant.namespace).get("items") or []
+    assert any("local-cleanup is not flexinfer's" in (e.get("message") or "") for e in events)
 
 
 def test_a_failed_downloads_secrets_do_not_reach_the_caches_status(

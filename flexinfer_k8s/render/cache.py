@@ -106,6 +106,16 @@ class CacheSpec:
     adopted: bool = False
     hf_token: tuple[str, str] | None = None
     """`spec.hfTokenSecretRef` as (Secret name, key): the only Secret a download reads."""
+    host_max_bytes: int | None = None
+    """The most a node directory of this cache may hold (`tenant_policy.host_cache_bound`);
+    the download and the flash loader stop there. None: not bounded here."""
+
+    @property
+    def size_env(self) -> list[JSON]:
+        """`FLEXINFER_MAX_KIB` for the scripts that fill a bounded node directory."""
+        if self.host_max_bytes is None:
+            return []
+        return [{"name": "FLEXINFER_MAX_KIB", "value": str(self.host_max_bytes // 1024)}]
     """The controller found a user's model in the copy's directory (status `Adopted`)."""
 
     @property
@@ -392,6 +402,22 @@ def model_entry(source: Source | None) -> str:
     return ""
 
 
+SIZE_CHECK = (
+    """\
+if [ -n "${FLEXINFER_MAX_KIB:-}" ]; then
+  need="$(du -sk "$3" | cut -f1)"
+  if [ "$need" -gt "$FLEXINFER_MAX_KIB" ]; then
+    report "flexinfer: too large: the source is ${need} KiB, more than the cache's" \
+      "${FLEXINFER_MAX_KIB} KiB (spec.storageSize)"
+    exit @REFUSED@
+  fi
+fi
+"""
+).replace("@REFUSED@", str(REFUSED_EXIT_CODE))
+"""A copy's source measured before a byte is copied into a bounded node directory (the
+download script checks the result again before its completion marker)."""
+
+
 def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
     """The Job that fills the cache from its source, under `cache_dir`'s ownership rules;
     without a source, the Job only looks at what is there (adopts it or says so)."""
@@ -401,6 +427,7 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
     env: list[JSON] = [
         {"name": "FLEXINFER_SOURCE", "value": cache.source_text},
         {"name": "FLEXINFER_ENTRY", "value": model_entry(cache.source)},
+        *(cache.size_env if cache.on_node else []),
     ]
     args: list[str] = []
     source = cache.source
@@ -439,7 +466,9 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
             inside = posixpath.join("/source", source.path) if source.path else "/source"
         # A named file or directory keeps its name under the copy; a whole claim is
         # copied as it is (model_entry follows the same rule).
-        body = 'cp -a "$3"/. "$target"/\n' if inside == "/source" else 'cp -a "$3" "$target"/\n'
+        body = SIZE_CHECK + (
+            'cp -a "$3"/. "$target"/\n' if inside == "/source" else 'cp -a "$3" "$target"/\n'
+        )
         args = [inside]
     else:  # ollama
         image = images.ollama
@@ -604,6 +633,7 @@ def serving_mount(cache: CacheSpec, images: CacheImages) -> CacheMount:
                 # A user's copy carries no marker of ours: the controller vouched for it.
                 *(["adopted"] if cache.adopted else []),
             ],
+            **({"env": cache.size_env} if cache.size_env else {}),
             "volumeMounts": [
                 {
                     "name": "cache-source",

@@ -172,6 +172,16 @@ find "$target" -mindepth 1 -maxdepth 1 ! -name '@BUSY@' ! -name 'lost+found' \\
 # busy marker goes.
 _FINISH = """
 find "$target" -type l -exec rm -f {} +
+if [ -n "${FLEXINFER_MAX_KIB:-}" ]; then
+  used="$(du -sk "$target" | cut -f1)"
+  if [ "$used" -gt "$FLEXINFER_MAX_KIB" ]; then
+    find "$target" -mindepth 1 -maxdepth 1 ! -name '@BUSY@' ! -name 'lost+found' \\
+      -exec rm -rf {} +
+    report "flexinfer: too large: the copy is ${used} KiB, more than the cache's" \\
+      "${FLEXINFER_MAX_KIB} KiB (spec.storageSize)"
+    exit @REFUSED@
+  fi
+fi
 printf '%s\\n' "$FLEXINFER_SOURCE" > "$done_marker.partial"
 mv "$done_marker.partial" "$done_marker"
 rm -f "$busy_marker"
@@ -233,6 +243,14 @@ if [ ! -f "$dst/$marker" ] && [ ! -f "$dst/$busy" ] && [ -n "$(foreign_entries "
   echo "flash-loader: $dst holds files flexinfer did not write ($(foreign_entries "$dst")):" \\
     "it never replaces them; remove them on the node" >&2
   exit 1
+fi
+if [ -n "${FLEXINFER_MAX_KIB:-}" ]; then
+  need="$(du -sk "$src" | cut -f1)"
+  if [ "$need" -gt "$FLEXINFER_MAX_KIB" ]; then
+    echo "flash-loader: the copy is ${need} KiB, more than the cache's ${FLEXINFER_MAX_KIB}" \
+      "KiB (spec.storageSize): not loaded into memory" >&2
+    exit 1
+  fi
 fi
 touch "$dst/$busy"
 rm -f "$dst/$marker"

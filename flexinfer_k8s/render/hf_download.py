@@ -14,7 +14,9 @@ no package at all, so the image (`--cache-image huggingface=…`, default
 3. the token (`HF_TOKEN`, from the Secret the cache names) goes only to the Hub's own
    host, never along a redirect to another (the CDN a file is served from);
 4. a name that would leave the target (`..`) fails the Job; nothing matching the
-   pattern fails it too, rather than leaving an empty "ready" copy.
+   pattern fails it too, rather than leaving an empty "ready" copy;
+5. with `FLEXINFER_MAX_KIB` (a node cache's bound), files whose sizes add up to more
+   fail it before a byte is written, and so does a download that grows past it.
 
 `HF_ENDPOINT` moves the Hub (a mirror; the tests' fake one). The script is a constant,
 run as `python -c HF_DOWNLOAD`; its tests run it against a local HTTP server. Pure:
@@ -66,6 +68,11 @@ wanted = [
 ]
 if not wanted:
     raise SystemExit(f"{repo}: nothing matches {pattern or 'the repository'}")
+limit = int(os.environ.get("FLEXINFER_MAX_KIB") or 0) * 1024
+total = sum(int(entry.get("size") or 0) for entry in wanted)
+if limit and total > limit:
+    raise SystemExit(f"{repo}: {total} bytes, more than the cache's {limit} (spec.storageSize)")
+written = 0
 for entry in wanted:
     name = entry["rfilename"]
     path = os.path.normpath(os.path.join(target, name))
@@ -82,6 +89,11 @@ for entry in wanted:
                 break
             digest.update(chunk)
             out.write(chunk)
+            written += len(chunk)
+            if limit and written > limit:
+                out.close()
+                os.remove(path + ".partial")
+                raise SystemExit(f"{repo}: more than the cache's {limit} bytes (spec.storageSize)")
     if expected and digest.hexdigest() != expected:
         os.remove(path + ".partial")
         raise SystemExit(f"{repo}: {name} has sha256 {digest.hexdigest()}, the Hub says {expected}")

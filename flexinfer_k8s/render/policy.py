@@ -15,6 +15,7 @@ nodeSelectorKeys: [kubernetes.io/hostname, flexinfer.ai/*]
 podLabelKeys: []       # keys (or prefix/*) a tenant may put on its pods
 podAnnotationKeys: []
 allowControlPlaneNodes: false   # true only where the control plane is the GPU node
+hostCacheMaxSize: 200Gi   # the most one NodeLocal or Memory cache directory may hold
 backendIngressFrom:    # NetworkPolicy peers that may reach a model's port 8000
   - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: flexinfer-system}}
     podSelector: {matchLabels: {app.kubernetes.io/name: flexinfer-proxy}}
@@ -28,7 +29,9 @@ values out.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -38,6 +41,13 @@ from flexinfer_core import InvalidFieldError
 from flexinfer_kube.objects import JSON
 
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
+_UNITS: dict[str | None, int] = {
+    None: 1,
+    **{f"{u}i": 1024 ** (i + 1) for i, u in enumerate("KMGTPE")},
+    **{u: 1000 ** (i + 1) for i, u in enumerate("kMGTPE")},
+}
+DEFAULT_HOST_CACHE_MAX_SIZE = "200Gi"
 MAX_ENTRIES = 64
 """Per list of the policy: an administrator's list, but still a bound."""
 
@@ -94,12 +104,23 @@ class AdminPolicy:
     allow_control_plane_nodes: bool = False
     backend_ingress_from: tuple[JSON, ...] = (PROXY_PEER,)
     """Who may connect to a model's port (`render.network_policy`)."""
+    host_cache_max_size: str = DEFAULT_HOST_CACHE_MAX_SIZE
+    """The most one node-bound cache directory (NodeLocal, Memory) may hold: a cache's
+    `spec.storageSize` may not exceed it, and its download and flash loader stop there."""
     """False: every rendered pod requires a node without a control-plane label. A
     single-node cluster whose control plane is the GPU node sets it."""
 
     def gpu_node_tolerations(self) -> list[JSON]:
         """Tolerations of the GPU nodes' taints, for a pod that belongs on a GPU node."""
         return [taint.toleration() for taint in self.gpu_node_taints]
+
+
+def quantity_bytes(text: str, *, field: str) -> int:
+    """A Kubernetes quantity of bytes (`50Gi`, `1.5T`, `1048576`) as an integer."""
+    match = _QUANTITY.match(str(text).strip())
+    if not match:
+        raise InvalidFieldError(field, text, "must be a quantity of bytes such as 50Gi")
+    return int(Decimal(match[1]) * _UNITS[match[2]])
 
 
 def key_allowed(key: str, patterns: Iterable[str]) -> bool:
@@ -189,6 +210,7 @@ def admin_policy_from_yaml(text: str) -> AdminPolicy:
         "podAnnotationKeys",
         "allowControlPlaneNodes",
         "backendIngressFrom",
+        "hostCacheMaxSize",
     }
     unknown = sorted(set(document) - known)
     if unknown:
@@ -204,7 +226,11 @@ def admin_policy_from_yaml(text: str) -> AdminPolicy:
     control_plane = document.get("allowControlPlaneNodes", False)
     if not isinstance(control_plane, bool):
         raise InvalidFieldError("allowControlPlaneNodes", control_plane, "must be true or false")
+    max_size = str(document.get("hostCacheMaxSize") or DEFAULT_HOST_CACHE_MAX_SIZE)
+    if quantity_bytes(max_size, field="hostCacheMaxSize") <= 0:
+        raise InvalidFieldError("hostCacheMaxSize", max_size, "must be more than 0")
     return AdminPolicy(
+        host_cache_max_size=max_size,
         allow_control_plane_nodes=control_plane,
         backend_ingress_from=_peers(document),
         gpu_node_taints=_taints(document),

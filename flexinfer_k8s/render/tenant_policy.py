@@ -32,9 +32,14 @@ from typing import Any
 import attrs
 
 from flexinfer_core import InvalidFieldError
-from flexinfer_k8s.render.cache import CacheSpec, cache_from_k8s
+from flexinfer_k8s.render.cache import CacheSpec, Strategy, cache_from_k8s
 from flexinfer_k8s.render.cache_dir import MEMORY_ROOT, NODE_MODELS_ROOT
-from flexinfer_k8s.render.policy import CONTROL_PLANE_NODE_LABELS, AdminPolicy, key_allowed
+from flexinfer_k8s.render.policy import (
+    CONTROL_PLANE_NODE_LABELS,
+    AdminPolicy,
+    key_allowed,
+    quantity_bytes,
+)
 from flexinfer_k8s.render.source import Scheme
 from flexinfer_k8s.render.workload import Kind, Workload
 from flexinfer_kube.objects import get_path
@@ -258,6 +263,24 @@ def check_finetune(
         )
 
 
+def host_cache_bound(cache: CacheSpec, policy: AdminPolicy) -> int | None:
+    """The most a node-bound cache's directory may hold: its `spec.storageSize` (default
+    50Gi), never more than the policy's `hostCacheMaxSize`; None for a claim's copy
+    (the claim's own size bounds it)."""
+    if not cache.on_node and cache.strategy is not Strategy.MEMORY:
+        return None
+    wanted = quantity_bytes(cache.storage_size, field="spec.storageSize")
+    most = quantity_bytes(policy.host_cache_max_size, field="hostCacheMaxSize")
+    if wanted > most:
+        raise InvalidFieldError(
+            "spec.storageSize",
+            cache.storage_size,
+            f"is more than a node cache directory may hold ({policy.host_cache_max_size}; "
+            "hostCacheMaxSize of the controller's policy)",
+        )
+    return wanted
+
+
 def cache_within_policy(
     obj: Mapping[str, Any], policy: AdminPolicy, *, images: Collection[str]
 ) -> CacheSpec:
@@ -267,6 +290,7 @@ def cache_within_policy(
     does not."""
     cache = cache_from_k8s(obj)
     check_cache(obj, cache, policy, images=images)
+    cache = attrs.evolve(cache, host_max_bytes=host_cache_bound(cache, policy))
     spec_annotations = {
         str(k): str(v) for k, v in (get_path(obj, "spec", "podAnnotations") or {}).items()
     }

@@ -416,3 +416,4 @@ def test_the_default_policy_is_what_the_docs_say() -> None:
     assert (policy.image_prefixes, policy.pod_label_keys, policy.pod_annotation_keys) == (
         (), (), ())
     assert policy.allow_control_plane_nodes is False
+    assert policy.host_cache_max_size == "200Gi"

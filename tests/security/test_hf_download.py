@@ -61,7 +61,7 @@ class Fake:
         if role == "hub" and path == "/api/models/org/repo/revision/main?blobs=true":
             siblings = []
             for name, data in FILES.items():
-                entry: dict[str, Any] = {"rfilename": name}
+                entry: dict[str, Any] = {"rfilename": name, "size": len(data)}
                 if name in LARGE:
                     digest = hashlib.sha256(data).hexdigest()
                     entry["lfs"] = {"sha256": "0" * 64 if name == self.lie_about else digest}
@@ -102,9 +102,10 @@ def fake() -> Iterator[Fake]:
 
 
 def download(fake: Fake, target: Path, *, pattern: str = "", token: str = "",
-             repo: str = "org/repo") -> subprocess.CompletedProcess[str]:
+             repo: str = "org/repo", max_kib: int = 0) -> subprocess.CompletedProcess[str]:
     env = {"HF_ENDPOINT": fake.url(fake.hub), "FLEXINFER_REPO": repo,
-           "FLEXINFER_PATTERN": pattern, "FLEXINFER_TARGET": str(target), "HF_TOKEN": token}
+           "FLEXINFER_PATTERN": pattern, "FLEXINFER_TARGET": str(target), "HF_TOKEN": token,
+           "FLEXINFER_MAX_KIB": str(max_kib or "")}
     # -I -S: no site-packages, so no huggingface_hub or anything else could help.
     return subprocess.run([sys.executable, "-I", "-S", "-c", HF_DOWNLOAD], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -164,3 +165,15 @@ def test_a_large_file_that_is_not_what_the_hub_says_fails_the_download(
 def test_a_refused_repository_says_its_status(fake: Fake, tmp_path: Path) -> None:
     result = download(fake, tmp_path / "copy", repo="org/gated")
     assert result.returncode != 0 and "org/gated: 404" in result.stderr
+
+
+def test_a_repository_larger_than_a_node_caches_bound_is_refused_before_any_file(
+    fake: Fake, tmp_path: Path
+) -> None:
+    total = sum(len(data) for data in FILES.values())  # about 16 KiB
+    result = download(fake, tmp_path / "copy", max_kib=8)
+    assert result.returncode != 0
+    assert f"{total} bytes, more than the cache's 8192" in result.stderr
+    assert not [p for p in (tmp_path / "copy").rglob("*") if p.is_file()]
+    assert not [role for role, path, _ in fake.seen if "/resolve/" in path]
+    assert download(fake, tmp_path / "fits", max_kib=64).returncode == 0

@@ -55,6 +55,7 @@ from flexinfer_k8s.render.workloads import (
     selector_labels,
 )
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
+from flexinfer_kube.kubeapi import Rejected
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
@@ -235,8 +236,11 @@ class WorkloadReconciler:
             wrote = claim_wrote or wrote
             if claim_condition is not None:
                 conditions.append(claim_condition)
-            wrote = self._apply(rendered) or wrote
-            self._answer_foreign_scale(resource, obj, now=now)
+            applied, problem = self._apply_admitted(rendered)
+            wrote = applied or wrote
+            if problem is None:
+                self._answer_foreign_scale(resource, obj, now=now)
+        if problem is None and rendered is not None and workload is not None:
             conditions.append(
                 Condition(
                     "Rendered",
@@ -514,6 +518,21 @@ class WorkloadReconciler:
                 "name cannot share their workload: rename one",
             )
         return None
+
+    def _apply_admitted(self, rendered: RenderedWorkload) -> tuple[bool, Problem | None]:
+        """`_apply`, or why the API server refused it (422: an admission policy such as
+        deploy/controller-policy.yaml, or a value it cannot store): said on the resource
+        instead of a reconcile that fails and retries without a word."""
+        try:
+            return self._apply(rendered), None
+        except Rejected as error:
+            if error.status != 422:  # forbidden and the like are not the spec's fault
+                raise
+            name = str(rendered.deployment["metadata"]["name"])
+            return True, Problem(
+                reasons.INVALID_SPEC,
+                f"the API server refused what flexinfer rendered for {name}: {error}",
+            )
 
     def _apply(self, rendered: RenderedWorkload) -> bool:
         parts: list[str] = []  # what was written, for the log line

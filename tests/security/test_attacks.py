@@ -207,6 +207,24 @@ def test_a_host_path_outside_the_policy_is_refused_at_both_layers(
     assert "host paths only under the allowed prefixes" in str(refused.value)
 
 
+def test_a_controller_whose_check_lets_a_host_path_through_is_stopped_by_admission(
+    local_cluster: LocalCluster, tenant: Tenant
+) -> None:
+    """The second layer end to end: an administrator's policy that allows every host
+    path (or a bug in the check) renders the attack; the admission policy refuses the
+    controller's write and the Model says so; nothing runs."""
+    tenant.create(MODELS, model("takeover", source="file:///."))
+    careless = RenderSettings(policy=AdminPolicy(host_path_prefixes=("/",)))
+    with controller(local_cluster, tenant.namespace, impersonate=CONTROLLER, settings=careless):
+        found = wait_until(lambda: tenant.condition(MODELS, "takeover", "Rendered"),
+                           what="takeover's Rendered condition", timeout=60)
+    assert (found["status"], found["reason"]) == ("False", "InvalidSpec")
+    assert "ValidatingAdmissionPolicy 'flexinfer-controller-pods'" in found["message"]
+    assert "host paths only under the allowed prefixes" in found["message"]
+    with pytest.raises(NotFound):
+        tenant.admin.get(DEPLOYMENTS, tenant.namespace, "takeover")
+
+
 def test_another_namespaces_cache_directory_is_refused(
     local_cluster: LocalCluster, tenant: Tenant
 ) -> None:

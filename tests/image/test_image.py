@@ -42,6 +42,7 @@ from flexinfer_devcluster.image import (
     default_buildah,
 )
 from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.policy import dev_policy_yaml
 from tests.k8s.harness import Cluster, PodTimeline
 from tests.k8s.kubectl import (
     DEPLOY_DIR,
@@ -203,7 +204,7 @@ def deploy_rbac(
     rest = [
         doc
         for doc in rendered
-        if doc["kind"] not in ("CustomResourceDefinition", "Deployment", "Service")
+        if doc["kind"] not in ("CustomResourceDefinition", "Deployment", "Service", "Job")
     ]
     kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump_all(rest))
 
@@ -215,9 +216,11 @@ def namespace(kubectl: Kubectl, deploy_rbac: None) -> Iterator[str]:
     delete_namespace(kubectl, name)
 
 
-def deployment_command(rendered: list[dict[str, Any]], name: str) -> list[str]:
+def deployment_command(
+    rendered: list[dict[str, Any]], name: str, *, kind: str = "Deployment"
+) -> list[str]:
     (deployment,) = [
-        d for d in rendered if d["kind"] == "Deployment" and d["metadata"]["name"] == name
+        d for d in rendered if d["kind"] == kind and d["metadata"]["name"] == name
     ]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return list(container["command"])
@@ -250,6 +253,7 @@ class InImage:
         credentials: Path,
         env: dict[str, str],
         log: Path,
+        mounts: dict[Path, str] | None = None,
     ) -> None:
         buildah, build = image
         assert build.container is not None
@@ -261,7 +265,7 @@ class InImage:
         command = buildah.run_command(
             build.container,
             argv,
-            volumes={credentials: SERVICE_ACCOUNT_DIR},
+            volumes={credentials: SERVICE_ACCOUNT_DIR, **(mounts or {})},
             env={**in_cluster, **env},
         )
         self.log = log
@@ -293,9 +297,12 @@ def assert_never_forbidden(log: Path) -> None:
     assert "forbidden" not in text.lower(), text[-3000:]
 
 
-def get(url: str) -> tuple[int, str]:
+def get(url: str, *, token: str = "") -> tuple[int, str]:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as error:
         return int(error.code), error.read().decode()
@@ -317,6 +324,11 @@ def test_the_controller_in_the_image_swaps_models_as_its_service_account(
     cluster.add_model("b", priority=100)
     cluster.demand("a")
     identity = f"image-controller-{uuid.uuid4().hex[:6]}"
+    # What the Deployment mounts from the ConfigMap: here the local cluster's policy (the
+    # kwok annotations and node label the test models use are its to allow).
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "policy.yaml").write_text(dev_policy_yaml())
     # The Deployment's command, then the test's own: one namespace, its own election
     # Lease, free ports, short windows.
     argv = [
@@ -334,6 +346,7 @@ def test_the_controller_in_the_image_swaps_models_as_its_service_account(
         ),
         env={"POD_NAME": identity, "POD_NAMESPACE": SYSTEM_NAMESPACE},
         log=tmp_path / "controller.log",
+        mounts={policy: "/etc/flexinfer"},
     )
     try:
 
@@ -380,6 +393,35 @@ def test_the_proxy_in_the_image_answers_healthz_as_its_service_account(
 ) -> None:
     cluster = Cluster(local_cluster, namespace)
     cluster.add_model("listed")
+    # API keys are on: the keys Job generates the Secret, as its own ServiceAccount.
+    kubectl.run("delete", "secret", "-n", SYSTEM_NAMESPACE, "flexinfer-proxy-api-keys")
+    keys = InImage(
+        image,
+        local_cluster,
+        deployment_command(rendered, "flexinfer-proxy-keys", kind="Job"),
+        credentials=service_account_files(
+            local_cluster, kubectl, "flexinfer-proxy-keys", tmp_path / "keys-sa"
+        ),
+        env={},
+        log=tmp_path / "keys.log",
+    )
+    assert keys.popen.wait(120) == 0, keys.text()[-3000:]
+    assert "created with one key, 'admin'" in keys.text()
+    secret = kubectl.json("get", "secret", "-n", SYSTEM_NAMESPACE, "flexinfer-proxy-api-keys")
+    key = base64.b64decode(secret["data"]["admin"]).decode()
+    assert len(key) >= 32
+    again = InImage(
+        image,
+        local_cluster,
+        deployment_command(rendered, "flexinfer-proxy-keys", kind="Job"),
+        credentials=service_account_files(
+            local_cluster, kubectl, "flexinfer-proxy-keys", tmp_path / "keys-sa-2"
+        ),
+        env={},
+        log=tmp_path / "keys-again.log",
+    )
+    assert again.popen.wait(120) == 0, again.text()[-3000:]
+    assert "exists: kept as it is" in again.text()
     argv = [
         *deployment_command(rendered, "flexinfer-proxy"),
         "--namespace", namespace, "--host", "127.0.0.1", "--port", "0",
@@ -406,7 +448,8 @@ def test_the_proxy_in_the_image_answers_healthz_as_its_service_account(
         assert get(f"{base}/healthz") == (200, json.dumps({"status": "ok"}))
         # Ready once its informers listed through the API server on the proxy's token.
         wait_until(lambda: get(f"{base}/readyz")[0] == 200, what="the proxy to be ready")
-        status, body = get(f"{base}/v1/models")
+        assert get(f"{base}/v1/models")[0] == 401
+        status, body = get(f"{base}/v1/models", token=key)
         assert status == 200
         assert [card["id"] for card in json.loads(body)["data"]] == ["listed"]
     finally:

@@ -39,13 +39,11 @@ from flexinfer_core import (
     FlexinferError,
     GpuGroupDecision,
     Membership,
-    Phase,
     Policy,
     decide_gpu_group,
     decide_standalone,
-    group_cooldown,
 )
-from flexinfer_core.election import in_cooldown
+from flexinfer_core.election import Ballot, cooldown_ends_at
 from flexinfer_core.explain import explain_group
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import observe
@@ -144,14 +142,8 @@ def shared_group_row(
     decision = explanation.decision
     holder = next((s for s in snapshot.states if s.name == decision.leader), None)
     queue = sorted((m for m in decision.members if not m.is_leader), key=lambda m: m.queue_position)
-    cooldown = group_cooldown(snapshot.states, policy)
-    ends = [
-        m.preempted_at + cooldown
-        for m in snapshot.states
-        if m.preempted_at is not None
-        and m.phase is not Phase.READY
-        and in_cooldown(m, now, cooldown=cooldown)
-    ]
+    # The swap cooldown rule's own reading of when the running cooldown ends.
+    cooldown_ends = cooldown_ends_at(Ballot.of(snapshot.states, now=now, policy=policy))
     lease = decision.election.lease
     change = explanation.next_change
     return {
@@ -164,7 +156,7 @@ def shared_group_row(
         "queue": [
             {"name": m.name, "position": m.queue_position, "reason": m.reason} for m in queue
         ],
-        "cooldownEndsAt": timestamp(max(ends)) if ends else None,
+        "cooldownEndsAt": timestamp(cooldown_ends),
         "lease": None
         if lease is None
         else {"name": lease.name, "owner": lease.owner, "expiresAt": timestamp(lease.expires_at)},

@@ -1,26 +1,44 @@
 """The shared-group election: who holds the card, and why.
 
-Spec: spec/election.md 1.1–1.2, rule by rule and in that order. Each rule is a
-pure check over the snapshot that either names the leader with a reason and a
-message or passes to the next. `better` is a total order, so the result never
-depends on the order of the input.
+docs/election.md 1.1–1.2. The election is a chain of named rules (`CHAIN`), in the
+order of docs/election.md 1.2. A rule is a function of one `Ballot` (the group's
+members best-first, the instant, the policy, the leases) that either decides (returns
+the `Election`) or passes, saying why it does not decide (a `Passed`: a thunk, only
+called for `flexinfer explain`, so the controller's election formats nothing it does
+not keep). The first rule that decides wins; `better` is a total order, so the result
+never depends on the order of the input.
 
-Leases fail open here too (spec section 2): the adapter passes the leases it could
+Each rule also lists the instants at which something it reads crosses a boundary
+(its `crossings`) and says what each crossing means. So the controller's election
+(`elect_leader`), `explain_election`, the timer (`flexinfer_core.group.next_change_at`),
+what `flexinfer explain` says will happen next and `flexinfer status`'s cooldown end
+all walk this one chain: a rule, its thresholds and their wording exist once.
+
+The rules read a member as a `Candidate`: its `ModelState` plus the three facts that
+a written decision changes (whether it is Active, its phase, its `preemptedAt`). A
+decision is explained as of after it is written by electing again on the ballot with
+those facts settled (`Ballot.settled`), without copying a single `ModelState`. A rule
+reads those three facts from the candidate, never from `candidate.model`
+(tests/core/test_election_chain.py checks it).
+
+Leases fail open here too (docs/election.md 2): the adapter passes the leases it could
 read and the names of the sources it could not; a lease whose fields could not be
 read carries its `problem`. A readable active lease parks the group whatever else is
 unreadable; with none, an unreadable source or lease means the election proceeds as
 unleased and its message says which and why.
 
-`explain_election` runs the very same rules and also records, for each one, whether
-it decided and why (or why not): what `flexinfer explain` prints. The notes are
-written only when asked for, so the controller's election pays nothing for them.
+Adding a rule (a holder that drains before it is preempted, a set of holders packed
+into a VRAM budget) is adding a `Rule` to `CHAIN` where docs/election.md puts it,
+with its own crossings and wording; nothing else walks the members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import functools
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from enum import StrEnum
+from typing import Final, NamedTuple
 
 import attrs
 
@@ -38,21 +56,8 @@ from flexinfer_core.snapshot import (
 )
 
 _OLDEST = float("-inf")
-
-# The rules of spec/election.md 1.2, numbered as there.
-RULES: Final = (
-    (1, "empty group"),
-    (2, "GPU lease"),
-    (3, "forcePromotion"),
-    (4, "swap cooldown"),
-    (5, "loading holder"),
-    (6, "classify"),
-    (7, "demand preemption"),
-    (8, "ready member"),
-    (9, "recent demand"),
-    (10, "fallback"),
-)
-_RULE_NAMES: Final = dict(RULES)
+_TICK = timedelta(microseconds=1)
+_LOADING = (Phase.PENDING, Phase.LOADING)
 
 
 def candidate_rank(model: ModelState) -> tuple[int, float, str]:
@@ -62,7 +67,7 @@ def candidate_rank(model: ModelState) -> tuple[int, float, str]:
 
 
 def best(models: Iterable[ModelState]) -> ModelState | None:
-    """The best member by `better` (spec 1.1), or None for no members."""
+    """The best member by `better` (docs/election.md 1.1), or None for no members."""
     return min(models, key=candidate_rank, default=None)
 
 
@@ -151,7 +156,7 @@ class RuleCheck:
 
 @attrs.frozen
 class ElectionTrace:
-    """The election and every rule's outcome, in spec order (all ten)."""
+    """The election and every rule's outcome, in the chain's order."""
 
     election: Election
     rules: tuple[RuleCheck, ...]
@@ -183,6 +188,513 @@ def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
     return namespace, group
 
 
+# --- what the rules read ---------------------------------------------------------------
+
+
+class Candidate(NamedTuple):
+    """A member as the rules read it.
+
+    `active`, `phase` and `preempted_at` are the facts a written decision changes
+    (`sharedGroup.state` is Active, `status.phase`, `sharedGroup.preemptedAt`): rules
+    read them here, so that `Ballot.settled` can change them without copying the
+    model. Everything else (priority, `lastActiveTime`, serverless settings, …) is
+    read from `model`.
+    """
+
+    model: ModelState
+    active: bool
+    phase: Phase
+    preempted_at: datetime | None
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def runnable(self) -> bool:
+        """Not Failed, and its model cache (if any) is ready."""
+        return self.phase is not Phase.FAILED and self.model.cache_ready
+
+    @property
+    def loading(self) -> bool:
+        """Pending or Loading: its pod is on its way."""
+        return self.phase in _LOADING
+
+    @classmethod
+    def of(cls, model: ModelState) -> Candidate:
+        return cls(model, model.shared_state is SharedState.ACTIVE, model.phase, model.preempted_at)
+
+
+class Threshold(StrEnum):
+    """What crosses a boundary at a `next_change_at` instant (for `flexinfer explain`)."""
+
+    LEASE_EXPIRY = "lease expiry"
+    DEMAND_WINDOW = "demand window"
+    IDLE = "idle past the demand window"
+    RECENT_WINDOW = "recent window"
+    LOAD_GRACE = "load grace"
+    IDLE_TIMEOUT = "idle timeout"
+    SWAP_COOLDOWN = "swap cooldown"
+
+
+class Crossing(NamedTuple):
+    """An instant at which something a rule reads crosses a boundary, and whose."""
+
+    at: datetime
+    kind: Threshold
+    subject: str  # a member's or a lease's name
+
+
+class Ballot:
+    """What every rule reads: one group's members best-first, the instant, the policy,
+    the leases that were read and the lease sources that could not be.
+
+    Values several rules share (the group's cooldown, the holder, the classification
+    of rule 6, the governing lease) are computed on first use and kept, so the chain
+    computes each once per election.
+    """
+
+    def __init__(
+        self,
+        candidates: tuple[Candidate, ...],
+        *,
+        namespace: str,
+        group: str,
+        now: datetime,
+        policy: Policy,
+        leases: tuple[GpuLease, ...],
+        unreadable: tuple[str, ...],
+    ) -> None:
+        self.candidates = candidates
+        self.namespace = namespace
+        self.group = group
+        self.now = now
+        self.policy = policy
+        self.leases = leases
+        self.unreadable = unreadable
+
+    @classmethod
+    def of(
+        cls,
+        models: Sequence[ModelState],
+        *,
+        now: datetime,
+        leases: Iterable[GpuLease] = (),
+        unreadable_lease_sources: Collection[str] = (),
+        policy: Policy = DEFAULT_POLICY,
+        check: bool = True,
+    ) -> Ballot:
+        """The ballot of one group; with `check`, raise unless `models` form one group."""
+        if check:
+            key = check_one_group(models) or ("", "")
+        else:
+            key = (models[0].namespace, models[0].group) if models else ("", "")
+        # One sort by the total order: "the best member such that ..." is then the
+        # first one that qualifies.
+        ranked = sorted(models, key=candidate_rank)
+        return cls(
+            tuple(map(Candidate.of, ranked)),
+            namespace=key[0],
+            group=key[1],
+            now=now,
+            policy=policy,
+            leases=tuple(leases),
+            unreadable=tuple(sorted(set(unreadable_lease_sources))),
+        )
+
+    def settled(self, facts: Callable[[str], tuple[bool, Phase, datetime | None]]) -> Ballot | None:
+        """The ballot once a decision is written: `facts(name)` gives each member's
+        (active, phase, preemptedAt) as the decision writes them. None when no member's
+        facts change (nothing the election reads moves: no need to elect again)."""
+        out: list[Candidate] = []
+        changed = False
+        for candidate in self.candidates:
+            fact = facts(candidate.model.name)
+            if fact == candidate[1:]:
+                out.append(candidate)
+            else:
+                changed = True
+                out.append(Candidate(candidate.model, *fact))
+        if not changed:
+            return None
+        return Ballot(
+            tuple(out),
+            namespace=self.namespace,
+            group=self.group,
+            now=self.now,
+            policy=self.policy,
+            leases=self.leases,
+            unreadable=self.unreadable,
+        )
+
+    @property
+    def models(self) -> list[ModelState]:
+        return [c.model for c in self.candidates]
+
+    @functools.cached_property
+    def cooldown(self) -> timedelta:
+        return group_cooldown(self.models, self.policy)
+
+    @functools.cached_property
+    def lease(self) -> GpuLease | None:
+        """The active lease that parks the group (shared groups only)."""
+        if not self.group:
+            return None
+        return governing_lease(
+            self.leases, namespace=self.namespace, group=self.group, now=self.now
+        )
+
+    @functools.cached_property
+    def holder(self) -> Candidate | None:
+        """The best Active member."""
+        return next((c for c in self.candidates if c.active), None)
+
+    @functools.cached_property
+    def runnable(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.runnable)
+
+    @functools.cached_property
+    def ready(self) -> Candidate | None:
+        """Rule 6: the best runnable Ready member."""
+        return next((c for c in self.runnable if c.phase is Phase.READY), None)
+
+    @functools.cached_property
+    def recent(self) -> Candidate | None:
+        """Rule 6: the best runnable member wanted within the recent window."""
+        now, window = self.now, self.policy.recent_window
+        return next(
+            (
+                c
+                for c in self.runnable
+                if c.model.last_active is not None and now - c.model.last_active < window
+            ),
+            None,
+        )
+
+    @functools.cached_property
+    def demanded(self) -> Candidate | None:
+        """Rule 6: the best runnable member demanded within the demand window."""
+        return next((c for c in self.runnable if self.is_demanded(c)), None)
+
+    def is_demanded(self, candidate: Candidate) -> bool:
+        return is_demanded(candidate.model, self.now, policy=self.policy)
+
+    def is_idle(self, candidate: Candidate) -> bool:
+        return is_idle(candidate.model, self.now, policy=self.policy)
+
+    def candidate(self, name: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.model.name == name), None)
+
+    def after_demand(self, offset: timedelta, kind: Threshold) -> Iterator[Crossing]:
+        """`lastActiveTime + offset` of every member that has one."""
+        for c in self.candidates:
+            if c.model.last_active is not None:
+                yield Crossing(c.model.last_active + offset, kind, c.model.name)
+
+
+# --- the rules ---------------------------------------------------------------------------
+
+Passed = Callable[[], str]
+"""A rule that does not decide: says why, when asked (explain only)."""
+
+Verdict = Election | Passed
+
+
+def _no_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    return iter(())
+
+
+def _says_nothing(ballot: Ballot, crossing: Crossing) -> str | None:
+    return None
+
+
+@attrs.frozen
+class Rule:
+    """One named rule of the chain.
+
+    `decide` returns the `Election` when the rule decides, else a `Passed` saying why
+    not. `crossings` lists the instants at which what the rule reads crosses a
+    boundary (its part of `next_change_at`), and `says` words one of them for
+    `flexinfer explain` (None: not worth saying, or not this rule's). A rule with
+    `stops_the_clock` makes nothing but its own crossings (and those of the rules
+    before it) matter while it decides: under a GPU lease no window or timeout can
+    change anything.
+    """
+
+    name: str
+    decide: Callable[[Ballot], Verdict]
+    crossings: Callable[[Ballot], Iterable[Crossing]] = _no_crossings
+    says: Callable[[Ballot, Crossing], str | None] = _says_nothing
+    stops_the_clock: bool = False
+
+
+def _empty_group(ballot: Ballot) -> Verdict:
+    if not ballot.candidates:
+        return Election(None, reasons.EMPTY_GROUP, "the group has no members")
+    count = len(ballot.candidates)
+    return lambda: f"{count} member(s)"
+
+
+def _gpu_lease(ballot: Ballot) -> Verdict:
+    """A GPU lease parks everyone; it beats forcePromotion."""
+    lease = ballot.lease
+    if lease is not None:
+        # No expiry in the text: a refreshed lease must not rewrite every status.
+        return Election(
+            None,
+            reasons.GPU_LEASE_HELD,
+            f"GPU lease {lease.name} held by {lease_holder_label(lease)}; every member is parked",
+            lease=lease,
+        )
+    return lambda: _why_no_lease(ballot)
+
+
+def _lease_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    for lease in ballot.leases:
+        if (
+            lease.expires_at is not None
+            and lease.group == ballot.group
+            and lease.namespace == ballot.namespace
+        ):
+            yield Crossing(lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+
+
+def _lease_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    if crossing.kind is Threshold.LEASE_EXPIRY:
+        return f"GPU lease {crossing.subject} expires"
+    return None
+
+
+def _force_promotion(ballot: Ballot) -> Verdict:
+    forced = next((c for c in ballot.candidates if c.model.force_promotion), None)
+    if forced is not None:
+        return Election(
+            forced.model, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set"
+        )
+    return lambda: "no member has forcePromotion set"
+
+
+def cooling(ballot: Ballot) -> list[Candidate]:
+    """Rule 4's members: preempted less than the group's cooldown ago and not Ready again.
+
+    A member that is Ready again has its stamp cleared by this very decision
+    (docs/election.md 1.3); counting it would hold the card now and release it on the
+    next reconcile with no news.
+    """
+    now, cooldown = ballot.now, ballot.cooldown
+    return [
+        c
+        for c in ballot.candidates
+        if c.preempted_at is not None
+        and c.phase is not Phase.READY
+        and now - c.preempted_at < cooldown
+    ]
+
+
+def _swap_cooldown(ballot: Ballot) -> Verdict:
+    """Anti-thrashing: after a real eviction the Active holder keeps the card."""
+    recently_preempted = cooling(ballot)
+    holder = ballot.holder
+    if recently_preempted and holder is not None:
+        victim = min(recently_preempted, key=lambda c: (-_ts(c.preempted_at), c.name))
+        assert victim.preempted_at is not None
+        return Election(
+            holder.model,
+            reasons.SWAP_COOLDOWN,
+            f"{holder.name} keeps the card: {victim.name} was preempted at "
+            f"{victim.preempted_at.isoformat()}, inside the {_fmt(ballot.cooldown)} swap cooldown",
+        )
+    return lambda: _why_no_cooldown(ballot, recently_preempted)
+
+
+def _cooldown_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    for c in ballot.candidates:
+        if c.preempted_at is not None:
+            yield Crossing(c.preempted_at + ballot.cooldown, Threshold.SWAP_COOLDOWN, c.name)
+
+
+def _cooldown_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    if crossing.kind is Threshold.SWAP_COOLDOWN:
+        return (
+            f"the {_fmt(ballot.cooldown)} swap cooldown after {crossing.subject}'s preemption ends"
+        )
+    return None
+
+
+def cooldown_ends_at(ballot: Ballot) -> datetime | None:
+    """When the running swap cooldown ends (the latest of rule 4's members), if one runs."""
+    ends = [c.preempted_at + ballot.cooldown for c in cooling(ballot) if c.preempted_at]
+    return max(ends, default=None)
+
+
+def _within_load_grace(ballot: Ballot, candidate: Candidate) -> bool:
+    last = candidate.model.last_active
+    return last is not None and ballot.now - last <= loading_grace(candidate.model, ballot.policy)
+
+
+def _loading_holder(ballot: Ballot) -> Verdict:
+    """A holder in the middle of its load is not torn down for anything less."""
+    loading = next(
+        (c for c in ballot.candidates if c.active and c.loading and _within_load_grace(ballot, c)),
+        None,
+    )
+    if loading is None:
+        return lambda: "no holder is pending or loading within its load grace"
+    priority = loading.model.priority
+    challenger = next(
+        (c for c in ballot.runnable if c.model.priority > priority and ballot.is_demanded(c)),
+        None,
+    )
+    if challenger is None:
+        return Election(
+            loading.model,
+            reasons.LOADING_HOLDER,
+            f"{loading.name} is {loading.phase.value.lower()} and keeps the card until "
+            "its load finishes; no higher-priority model is demanded",
+        )
+    return lambda: (
+        f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
+        f"(priority {challenger.model.priority}) is demanded and outranks it "
+        f"(priority {priority})"
+    )
+
+
+def _load_grace_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    for c in ballot.candidates:
+        if c.model.last_active is not None:
+            grace = loading_grace(c.model, ballot.policy)
+            yield Crossing(c.model.last_active + grace + _TICK, Threshold.LOAD_GRACE, c.name)
+
+
+def _load_grace_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    if crossing.kind is not Threshold.LOAD_GRACE:
+        return None
+    candidate = ballot.candidate(crossing.subject)
+    # The load grace only protects a holder that is still loading.
+    if candidate is None or not (candidate.active and candidate.loading):
+        return None
+    grace = _fmt(loading_grace(candidate.model, ballot.policy))
+    return f"{crossing.subject}'s {grace} load grace ends"
+
+
+def _classify(ballot: Ballot) -> Verdict:
+    """Never decides: names the best ready, recent and demanded runnable members."""
+    return lambda: _classification(ballot)
+
+
+def _window_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    yield from ballot.after_demand(ballot.policy.demand_window, Threshold.DEMAND_WINDOW)
+    yield from ballot.after_demand(ballot.policy.recent_window, Threshold.RECENT_WINDOW)
+
+
+def _window_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    if crossing.kind is Threshold.DEMAND_WINDOW:
+        window = _fmt(ballot.policy.demand_window)
+        return f"{crossing.subject}'s last demand leaves the {window} demand window"
+    if crossing.kind is Threshold.RECENT_WINDOW:
+        window = _fmt(ballot.policy.recent_window)
+        return f"{crossing.subject}'s last demand leaves the {window} recent window"
+    return None
+
+
+def _demand_preemption(ballot: Ballot) -> Verdict:
+    demanded, ready = ballot.demanded, ballot.ready
+    if demanded is not None and ready is not None and demanded is not ready:
+        if demanded.model.priority > ready.model.priority:
+            return Election(
+                demanded.model,
+                reasons.DEMAND_PREEMPTION,
+                f"{demanded.name} (priority {demanded.model.priority}) is demanded and outranks "
+                f"the ready leader {ready.name} (priority {ready.model.priority})",
+            )
+        if ballot.is_idle(ready) and demanded.model.priority >= ready.model.priority:
+            return Election(
+                demanded.model,
+                reasons.DEMAND_PREEMPTION,
+                f"{demanded.name} is demanded and the ready leader {ready.name} is idle at "
+                f"equal priority ({ready.model.priority})",
+            )
+    return lambda: _why_no_preemption(ballot)
+
+
+def _idle_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    # A member is idle only once strictly older than the window.
+    return ballot.after_demand(ballot.policy.demand_window + _TICK, Threshold.IDLE)
+
+
+def _ready_member(ballot: Ballot) -> Verdict:
+    ready = ballot.ready
+    if ready is not None:
+        return Election(
+            ready.model, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card"
+        )
+    return lambda: "no runnable member is Ready"
+
+
+def _recent_demand(ballot: Ballot) -> Verdict:
+    recent = ballot.recent
+    window = ballot.policy.recent_window
+    if recent is not None:
+        return Election(
+            recent.model,
+            reasons.RECENT_DEMAND,
+            f"{recent.name} was wanted within the last {_fmt(window)}",
+        )
+    return lambda: f"no runnable member was wanted within the last {_fmt(window)}"
+
+
+def _fallback(ballot: Ballot) -> Verdict:
+    """Always decides: the best member that would run, else the best runnable, else the best."""
+    runnable = ballot.runnable
+    would_run = next(
+        (
+            c
+            for c in runnable
+            if c.model.serverless.min_replicas >= 1 or not c.model.serverless.enabled
+        ),
+        None,
+    )
+    if would_run is not None:
+        chosen, why = would_run, "the best runnable member that runs without demand"
+    elif runnable:
+        chosen, why = runnable[0], "the best runnable member; nobody is demanded"
+    else:
+        chosen, why = ballot.candidates[0], "the best member; no member is runnable"
+    return Election(chosen.model, reasons.FALLBACK, f"{chosen.name} is {why}")
+
+
+# docs/election.md 1.2, in order; a rule's number is its place here.
+CHAIN: Final = (
+    Rule("empty group", _empty_group),
+    Rule("GPU lease", _gpu_lease, _lease_crossings, _lease_says, stops_the_clock=True),
+    Rule("forcePromotion", _force_promotion),
+    Rule("swap cooldown", _swap_cooldown, _cooldown_crossings, _cooldown_says),
+    Rule("loading holder", _loading_holder, _load_grace_crossings, _load_grace_says),
+    Rule("classify", _classify, _window_crossings, _window_says),
+    Rule("demand preemption", _demand_preemption, _idle_crossings),
+    Rule("ready member", _ready_member),
+    Rule("recent demand", _recent_demand),
+    Rule("fallback", _fallback),
+)
+
+# (number, name) of each rule, as `flexinfer explain` numbers them.
+RULES: Final = tuple((number, rule.name) for number, rule in enumerate(CHAIN, start=1))
+
+
+def run_chain(ballot: Ballot) -> tuple[int, Election]:
+    """The first rule that decides: its number and its election."""
+    for number, rule in enumerate(CHAIN, start=1):
+        verdict = rule.decide(ballot)
+        if isinstance(verdict, Election):
+            return number, verdict
+    raise AssertionError("the fallback rule always decides")
+
+
+def elect(ballot: Ballot) -> Election:
+    """The chain's election on `ballot`, failing open on unreadable leases."""
+    return _failed_open(run_chain(ballot)[1], ballot)
+
+
 def elect_leader(
     models: Sequence[ModelState],
     *,
@@ -191,17 +703,22 @@ def elect_leader(
     unreadable_lease_sources: Collection[str] = (),
     policy: Policy = DEFAULT_POLICY,
 ) -> Election:
-    """Apply spec/election.md 1.2 in order and return the first rule that decides.
+    """Apply docs/election.md 1.2 in order and return the first rule that decides.
 
     `unreadable_lease_sources` names the lease carriers the adapter could not read
     (e.g. "gpuleases", "configmaps"), and a lease with a `problem` (its `expiresAt`
     does not parse) could not be read either; see the module docstring for what they
     change.
     """
-    leases = tuple(leases)
-    key = check_one_group(models)
-    election = _elect(models, key, now=now, leases=leases, policy=policy)
-    return _failed_open(election, key, leases, unreadable_lease_sources)
+    return elect(
+        Ballot.of(
+            models,
+            now=now,
+            leases=leases,
+            unreadable_lease_sources=unreadable_lease_sources,
+            policy=policy,
+        )
+    )
 
 
 def explain_election(
@@ -213,38 +730,60 @@ def explain_election(
     policy: Policy = DEFAULT_POLICY,
 ) -> ElectionTrace:
     """`elect_leader`, plus each rule's outcome in order (for `flexinfer explain`)."""
-    leases = tuple(leases)
-    key = check_one_group(models)
-    notes: list[RuleCheck] = []
-    election = _elect(
+    ballot = Ballot.of(
         models,
-        key,
         now=now,
         leases=leases,
+        unreadable_lease_sources=unreadable_lease_sources,
         policy=policy,
-        notes=notes,
-        unreadable=tuple(sorted(set(unreadable_lease_sources))),
     )
-    election = _failed_open(election, key, leases, unreadable_lease_sources)
-    decided = next(rule.number for rule in notes if rule.applied)
-    skipped = tuple(
-        RuleCheck(number, name, False, f"not reached: rule {decided} decided")
-        for number, name in RULES
-        if number > decided
-    )
-    return ElectionTrace(election, (*notes, *skipped))
+    checks: list[RuleCheck] = []
+    decided: Election | None = None
+    deciding = 0
+    for number, rule in enumerate(CHAIN, start=1):
+        if decided is not None:
+            checks.append(
+                RuleCheck(number, rule.name, False, f"not reached: rule {deciding} decided")
+            )
+            continue
+        verdict = rule.decide(ballot)
+        if isinstance(verdict, Election):
+            decided, deciding = verdict, number
+            checks.append(RuleCheck(number, rule.name, True, verdict.message))
+        else:
+            checks.append(RuleCheck(number, rule.name, False, verdict()))
+    assert decided is not None, "the fallback rule always decides"
+    return ElectionTrace(_failed_open(decided, ballot), tuple(checks))
 
 
-def _failed_open(
-    election: Election,
-    key: tuple[str, str] | None,
-    leases: Sequence[GpuLease],
-    unreadable_lease_sources: Collection[str],
-) -> Election:
-    if election.lease is not None or key is None or not key[1]:
+def crossings(ballot: Ballot, *, extra: Iterable[Rule] = ()) -> Iterator[Crossing]:
+    """Every instant at which something the chain (and `extra`) reads crosses a
+    boundary, past ones included, unordered. While a rule that `stops_the_clock`
+    decides, only its crossings and those of the rules before it."""
+    for rule in CHAIN:
+        yield from rule.crossings(ballot)
+        if rule.stops_the_clock and isinstance(rule.decide(ballot), Election):
+            return
+    for rule in extra:
+        yield from rule.crossings(ballot)
+
+
+def describe_crossing(
+    ballot: Ballot, crossing: Crossing, *, extra: Iterable[Rule] = ()
+) -> str | None:
+    """The owning rule's words for `crossing` (None when it says nothing of it)."""
+    for rule in (*CHAIN, *extra):
+        said = rule.says(ballot, crossing)
+        if said is not None:
+            return said
+    return None
+
+
+def _failed_open(election: Election, ballot: Ballot) -> Election:
+    if election.lease is not None or not ballot.candidates or not ballot.group:
         return election
-    sources = tuple(sorted(set(unreadable_lease_sources)))
-    broken = unreadable_leases(leases, namespace=key[0], group=key[1])
+    sources = ballot.unreadable
+    broken = unreadable_leases(ballot.leases, namespace=ballot.namespace, group=ballot.group)
     if not sources and not broken:
         return election
     why = [f"GPU leases could not be read ({', '.join(sources)})"] if sources else []
@@ -260,218 +799,11 @@ def _failed_open(
     )
 
 
-def _note(notes: list[RuleCheck] | None, number: int, applied: bool, why: str) -> None:
-    if notes is not None:
-        notes.append(RuleCheck(number, _RULE_NAMES[number], applied, why))
-
-
-def _elect(
-    models: Sequence[ModelState],
-    key: tuple[str, str] | None,
-    *,
-    now: datetime,
-    leases: Iterable[GpuLease],
-    policy: Policy,
-    notes: list[RuleCheck] | None = None,
-    unreadable: tuple[str, ...] = (),
-) -> Election:
-    # Each rule either decides (`_decided`) or, when notes are asked for, says why not.
-    # 1. Empty group.
-    if key is None:
-        return _decided(notes, 1, Election(None, reasons.EMPTY_GROUP, "the group has no members"))
-    if notes is not None:
-        _note(notes, 1, False, f"{len(models)} member(s)")
-    namespace, group = key
-    # One sort by the total order; "the best member such that ..." is then the first
-    # one that qualifies (the same as `best` over the filtered members, cheaper).
-    models = sorted(models, key=candidate_rank)
-
-    # 2. A GPU lease parks everyone; it beats forcePromotion.
-    if group:
-        lease = governing_lease(leases, namespace=namespace, group=group, now=now)
-        if lease is not None:
-            # No expiry in the text: a refreshed lease must not rewrite every status.
-            return _decided(
-                notes,
-                2,
-                Election(
-                    None,
-                    reasons.GPU_LEASE_HELD,
-                    f"GPU lease {lease.name} held by {lease_holder_label(lease)}; "
-                    "every member is parked",
-                    lease=lease,
-                ),
-            )
-    if notes is not None:
-        _note(notes, 2, False, _why_no_lease(leases, key, now=now, unreadable=unreadable))
-
-    # 3. forcePromotion.
-    forced = next((m for m in models if m.force_promotion), None)
-    if forced is not None:
-        return _decided(
-            notes,
-            3,
-            Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set"),
-        )
-    if notes is not None:
-        _note(notes, 3, False, "no member has forcePromotion set")
-
-    # 4. Anti-thrashing cooldown.
-    cooldown = group_cooldown(models, policy)
-    # A member that is Ready again has its stamp cleared by this very decision
-    # (spec 1.3); counting it would hold the card now and release it on the next
-    # reconcile with no news.
-    recently_preempted = [
-        m for m in models if m.phase is not Phase.READY and in_cooldown(m, now, cooldown=cooldown)
-    ]
-    holder = next((m for m in models if m.shared_state is SharedState.ACTIVE), None)
-    if recently_preempted and holder is not None:
-        victim = min(recently_preempted, key=lambda m: (-_ts(m.preempted_at), m.name))
-        assert victim.preempted_at is not None
-        return _decided(
-            notes,
-            4,
-            Election(
-                holder,
-                reasons.SWAP_COOLDOWN,
-                f"{holder.name} keeps the card: {victim.name} was preempted at "
-                f"{victim.preempted_at.isoformat()}, inside the {_fmt(cooldown)} swap cooldown",
-            ),
-        )
-    if notes is not None:
-        _note(notes, 4, False, _why_no_cooldown(models, cooldown, recently_preempted, now=now))
-
-    # 5. A holder in the middle of its load is not torn down for anything less.
-    loading = best(
-        m
-        for m in models
-        if m.shared_state is SharedState.ACTIVE
-        and m.phase in (Phase.PENDING, Phase.LOADING)
-        and m.last_active is not None
-        and now - m.last_active <= loading_grace(m, policy)
-    )
-    if loading is not None:
-        challenger = best(
-            m
-            for m in models
-            if m.runnable and m.priority > loading.priority and is_demanded(m, now, policy=policy)
-        )
-        if challenger is None:
-            return _decided(
-                notes,
-                5,
-                Election(
-                    loading,
-                    reasons.LOADING_HOLDER,
-                    f"{loading.name} is {loading.phase.value.lower()} and keeps the card until "
-                    "its load finishes; no higher-priority model is demanded",
-                ),
-            )
-        if notes is not None:
-            _note(
-                notes,
-                5,
-                False,
-                f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
-                f"(priority {challenger.priority}) is demanded and outranks it "
-                f"(priority {loading.priority})",
-            )
-    elif notes is not None:
-        _note(notes, 5, False, "no holder is pending or loading within its load grace")
-
-    # 6. Classify the runnable members.
-    runnable = [m for m in models if m.runnable]
-    ready = next((m for m in runnable if m.phase is Phase.READY), None)
-    recent = next((m for m in runnable if is_recent(m, now, policy=policy)), None)
-    demanded = next((m for m in runnable if is_demanded(m, now, policy=policy)), None)
-    if notes is not None:
-        _note(notes, 6, False, _classification(models, ready, recent, demanded, policy))
-
-    # 7. Demand preemption.
-    if demanded is not None and ready is not None and demanded.name != ready.name:
-        if demanded.priority > ready.priority:
-            return _decided(
-                notes,
-                7,
-                Election(
-                    demanded,
-                    reasons.DEMAND_PREEMPTION,
-                    f"{demanded.name} (priority {demanded.priority}) is demanded and outranks "
-                    f"the ready leader {ready.name} (priority {ready.priority})",
-                ),
-            )
-        if is_idle(ready, now, policy=policy) and demanded.priority >= ready.priority:
-            return _decided(
-                notes,
-                7,
-                Election(
-                    demanded,
-                    reasons.DEMAND_PREEMPTION,
-                    f"{demanded.name} is demanded and the ready leader {ready.name} is idle at "
-                    f"equal priority ({ready.priority})",
-                ),
-            )
-    if notes is not None:
-        _note(notes, 7, False, _why_no_preemption(ready, demanded, now=now, policy=policy))
-
-    # 8–9. The ready member, else the most recently wanted one.
-    if ready is not None:
-        return _decided(
-            notes,
-            8,
-            Election(ready, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card"),
-        )
-    if notes is not None:
-        _note(notes, 8, False, "no runnable member is Ready")
-    if recent is not None:
-        return _decided(
-            notes,
-            9,
-            Election(
-                recent,
-                reasons.RECENT_DEMAND,
-                f"{recent.name} was wanted within the last {_fmt(policy.recent_window)}",
-            ),
-        )
-    if notes is not None:
-        _note(
-            notes,
-            9,
-            False,
-            f"no runnable member was wanted within the last {_fmt(policy.recent_window)}",
-        )
-
-    # 10. Fallback.
-    would_run = best(
-        m for m in runnable if m.serverless.min_replicas >= 1 or not m.serverless.enabled
-    )
-    chosen = would_run or best(runnable) or best(models)
-    assert chosen is not None
-    if would_run is not None:
-        why = "the best runnable member that runs without demand"
-    elif runnable:
-        why = "the best runnable member; nobody is demanded"
-    else:
-        why = "the best member; no member is runnable"
-    return _decided(notes, 10, Election(chosen, reasons.FALLBACK, f"{chosen.name} is {why}"))
-
-
-def _decided(notes: list[RuleCheck] | None, number: int, election: Election) -> Election:
-    _note(notes, number, True, election.message)
-    return election
-
-
 # --- why a rule did not decide (only computed for `explain_election`) ------------------
 
 
-def _why_no_lease(
-    leases: Iterable[GpuLease],
-    key: tuple[str, str],
-    *,
-    now: datetime,
-    unreadable: tuple[str, ...],
-) -> str:
-    namespace, group = key
+def _why_no_lease(ballot: Ballot) -> str:
+    namespace, group, unreadable = ballot.namespace, ballot.group, ballot.unreadable
     if not group:
         return "not a shared group: GPU leases park shared groups only"
     if unreadable:
@@ -480,7 +812,7 @@ def _why_no_lease(
             "read: proceeding as unleased (fail open)"
         )
     ours = sorted(
-        (lease for lease in leases if lease.namespace == namespace and lease.group == group),
+        (lease for lease in ballot.leases if lease.namespace == namespace and lease.group == group),
         key=lambda lease: lease.name,
     )
     if not ours:
@@ -494,28 +826,23 @@ def _why_no_lease(
     expired = ", ".join(
         f"{lease.name} expired at {lease.expires_at.isoformat()}"
         for lease in ours
-        if lease.expires_at is not None and lease.expires_at <= now
+        if lease.expires_at is not None and lease.expires_at <= ballot.now
     )
     return f"no active GPU lease on group {group} ({expired})"
 
 
-def _why_no_cooldown(
-    models: Sequence[ModelState],
-    cooldown: timedelta,
-    recently_preempted: Sequence[ModelState],
-    *,
-    now: datetime,
-) -> str:
+def _why_no_cooldown(ballot: Ballot, recently_preempted: Sequence[Candidate]) -> str:
+    cooldown = ballot.cooldown
     if recently_preempted:
-        names = ", ".join(m.name for m in recently_preempted)
+        names = ", ".join(c.name for c in recently_preempted)
         return (
             f"{names} preempted inside the {_fmt(cooldown)} swap cooldown, but no member "
             "holds the card to keep it"
         )
-    stamped = [m for m in models if m.preempted_at is not None]
+    stamped = [c for c in ballot.candidates if c.preempted_at is not None]
     if not stamped:
         return f"no member was preempted within the {_fmt(cooldown)} swap cooldown"
-    last = max(stamped, key=lambda m: (_ts(m.preempted_at), m.name))
+    last = max(stamped, key=lambda c: (_ts(c.preempted_at), c.name))
     assert last.preempted_at is not None
     if last.phase is Phase.READY:
         return f"{last.name} is Ready again, so its preemption no longer holds the group"
@@ -525,57 +852,52 @@ def _why_no_cooldown(
     )
 
 
-def _classification(
-    models: Sequence[ModelState],
-    ready: ModelState | None,
-    recent: ModelState | None,
-    demanded: ModelState | None,
-    policy: Policy,
-) -> str:
+def _classification(ballot: Ballot) -> str:
+    policy = ballot.policy
     parts = [
-        f"ready: {_name(ready)}",
-        f"wanted within {_fmt(policy.recent_window)}: {_name(recent)}",
-        f"demanded within {_fmt(policy.demand_window)}: {_name(demanded)}",
+        f"ready: {_name(ballot.ready)}",
+        f"wanted within {_fmt(policy.recent_window)}: {_name(ballot.recent)}",
+        f"demanded within {_fmt(policy.demand_window)}: {_name(ballot.demanded)}",
     ]
     blocked = [
-        f"{m.name} ({'failed' if m.phase is Phase.FAILED else 'cache not ready'})"
-        for m in models
-        if not m.runnable
+        f"{c.name} ({'failed' if c.phase is Phase.FAILED else 'cache not ready'})"
+        for c in ballot.candidates
+        if not c.runnable
     ]
     if blocked:
         parts.append(f"not runnable: {', '.join(blocked)}")
     return "; ".join(parts)
 
 
-def _why_no_preemption(
-    ready: ModelState | None, demanded: ModelState | None, *, now: datetime, policy: Policy
-) -> str:
-    window = _fmt(policy.demand_window)
+def _why_no_preemption(ballot: Ballot) -> str:
+    ready, demanded = ballot.ready, ballot.demanded
+    window = _fmt(ballot.policy.demand_window)
     if demanded is None:
         return f"no runnable member was demanded within the last {window}"
     if ready is None:
         return f"{demanded.name} is demanded, but no member is Ready to be preempted"
-    if demanded.name == ready.name:
+    if demanded is ready:
         return f"the best demanded member, {demanded.name}, is the ready one"
-    if is_demanded(ready, now, policy=policy):
+    asker, holder = demanded.model.priority, ready.model.priority
+    if ballot.is_demanded(ready):
         return (
-            f"{demanded.name} (priority {demanded.priority}) does not outrank the ready "
-            f"{ready.name} (priority {ready.priority}), which is busy (demanded within {window})"
+            f"{demanded.name} (priority {asker}) does not outrank the ready "
+            f"{ready.name} (priority {holder}), which is busy (demanded within {window})"
         )
-    if not is_idle(ready, now, policy=policy):
+    if not ballot.is_idle(ready):
         return (
-            f"{demanded.name} (priority {demanded.priority}) does not outrank the ready "
-            f"{ready.name} (priority {ready.priority}), last demanded exactly {window} ago: "
+            f"{demanded.name} (priority {asker}) does not outrank the ready "
+            f"{ready.name} (priority {holder}), last demanded exactly {window} ago: "
             "neither busy nor yet idle"
         )
     return (
-        f"{demanded.name} (priority {demanded.priority}) ranks below the idle ready "
-        f"{ready.name} (priority {ready.priority})"
+        f"{demanded.name} (priority {asker}) ranks below the idle ready "
+        f"{ready.name} (priority {holder})"
     )
 
 
-def _name(model: ModelState | None) -> str:
-    return "-" if model is None else model.name
+def _name(candidate: Candidate | None) -> str:
+    return "-" if candidate is None else candidate.name
 
 
 def _ts(value: datetime | None) -> float:

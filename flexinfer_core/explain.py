@@ -18,14 +18,7 @@ from datetime import datetime
 
 import attrs
 
-from flexinfer_core.durations import format_duration
-from flexinfer_core.election import (
-    RuleCheck,
-    explain_election,
-    group_cooldown,
-    is_demanded,
-    loading_grace,
-)
+from flexinfer_core.election import RuleCheck, explain_election, is_demanded
 from flexinfer_core.gpugroup import (
     GpuGroupDecision,
     GpuGroupState,
@@ -35,20 +28,13 @@ from flexinfer_core.gpugroup import (
 )
 from flexinfer_core.group import (
     GroupDecision,
-    Threshold,
     apply_decision,
     decide_group,
+    describe_threshold,
     next_change_at,
     thresholds,
 )
-from flexinfer_core.snapshot import (
-    DEFAULT_POLICY,
-    GpuLease,
-    ModelState,
-    Phase,
-    Policy,
-    SharedState,
-)
+from flexinfer_core.snapshot import DEFAULT_POLICY, GpuLease, ModelState, Policy
 
 # How many thresholds to look past for the changes ahead (each is one decision).
 MAX_LOOKAHEAD = 64
@@ -176,18 +162,18 @@ def _upcoming(
         later = decide(state, instant)
         if not _differs(base, later):
             continue
-        crossing = [
-            (kind, subject)
-            for at, kind, subject in thresholds(
-                at_time(state, instant), now=instant, leases=leases, policy=policy
-            )
-            if at == instant
-        ]
+        here = at_time(state, instant)
+        crossing = sorted(
+            c
+            for c in thresholds(here, now=instant, leases=leases, policy=policy)
+            if c.at == instant
+        )
+        said = (describe_threshold(here, c, now=instant, policy=policy) for c in crossing)
         found.append(
             NextChange(
                 at=instant,
                 what=_what_changes(base, later),
-                when=_when(sorted(crossing), state, policy=policy),
+                when=" and ".join(phrase for phrase in said if phrase),
                 leader=later.leader,
                 reason=later.reason,
                 message=later.message,
@@ -221,41 +207,6 @@ def _what_changes(before: GroupDecision, after: GroupDecision) -> str:
     if scaled:
         return "; ".join(scaled)
     return f"{after.leader} keeps the card as {after.reason}"
-
-
-def _when(
-    crossing: Sequence[tuple[Threshold, str]], models: Sequence[ModelState], *, policy: Policy
-) -> str:
-    by_name = {m.name: m for m in models}
-    phrases = []
-    for kind, subject in crossing:
-        model = by_name.get(subject)
-        if kind is Threshold.LEASE_EXPIRY:
-            phrases.append(f"GPU lease {subject} expires")
-        elif kind is Threshold.SWAP_COOLDOWN:
-            cooldown = format_duration(group_cooldown(models, policy))
-            phrases.append(f"the {cooldown} swap cooldown after {subject}'s preemption ends")
-        elif kind is Threshold.DEMAND_WINDOW:
-            window = format_duration(policy.demand_window)
-            phrases.append(f"{subject}'s last demand leaves the {window} demand window")
-        elif kind is Threshold.RECENT_WINDOW:
-            window = format_duration(policy.recent_window)
-            phrases.append(f"{subject}'s last demand leaves the {window} recent window")
-        elif kind is Threshold.LOAD_GRACE and model is not None and _loading(model):
-            grace = format_duration(loading_grace(model, policy))
-            phrases.append(f"{subject}'s {grace} load grace ends")
-        elif kind is Threshold.IDLE_TIMEOUT and model is not None:
-            idle = format_duration(model.serverless.idle_timeout)
-            phrases.append(f"{subject}'s {idle} idle timeout ends")
-    return " and ".join(phrases)
-
-
-def _loading(model: ModelState) -> bool:
-    """The load grace only protects a holder that is still loading (rule 5)."""
-    return model.shared_state is SharedState.ACTIVE and model.phase in (
-        Phase.PENDING,
-        Phase.LOADING,
-    )
 
 
 @attrs.frozen

@@ -14,22 +14,27 @@ yields no writes (after such a rewrite, one: the message no longer has it to say
 
 from __future__ import annotations
 
-import enum
 import functools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Final
 
 import attrs
 
 from flexinfer_core import reasons
+from flexinfer_core.durations import format_duration
 from flexinfer_core.election import (
+    Ballot,
+    Crossing,
     Election,
+    Rule,
+    Threshold,
     candidate_rank,
-    elect_leader,
-    group_cooldown,
-    loading_grace,
+    crossings,
+    describe_crossing,
+    elect,
 )
-from flexinfer_core.leases import governing_lease, lease_holder_label
+from flexinfer_core.leases import lease_holder_label
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     Condition,
@@ -245,17 +250,15 @@ def decide_group(
     `running` names the members that still have pods (any phase, terminating
     included); the leader is not scaled up while another member is in it.
     """
-    leases = tuple(leases)
     models, from_the_future = read_as_now(models, now=now)
-    election = elect_leader(
+    ballot = Ballot.of(
         models,
         now=now,
         leases=leases,
         unreadable_lease_sources=unreadable_lease_sources,
         policy=policy,
     )
-    namespace = models[0].namespace if models else ""
-    group = models[0].group if models else ""
+    election = elect(ballot)
     members = _member_decisions(models, election, now=now, running=running)
     if election.leader is not None:
         # The leader's condition gives the reason it holds the card once this decision
@@ -263,15 +266,15 @@ def decide_group(
         # starts the cooldown; the new holder becomes Active), and a condition written
         # with the pre-apply reason would be rewritten on the next reconcile with no
         # news. The Events keep the reason for the change itself.
-        settled = _settled_for_election(models, members)
+        targets = {m.name: m for m in members}
+
+        def written(name: str) -> tuple[bool, Phase, datetime | None]:
+            target = targets[name]
+            return (target.state is SharedState.ACTIVE, target.phase, target.preempted_at)
+
+        settled = ballot.settled(written)
         if settled is not None:
-            again = elect_leader(
-                settled,
-                now=now,
-                leases=leases,
-                unreadable_lease_sources=unreadable_lease_sources,
-                policy=policy,
-            )
+            again = elect(settled)
             if again.leader_name == election.leader_name:
                 members = tuple(
                     _held_because(member, again) if member.is_leader else member
@@ -285,11 +288,11 @@ def decide_group(
             for member in members
         )
     return GroupDecision(
-        namespace=namespace,
-        group=group,
+        namespace=ballot.namespace,
+        group=ballot.group,
         election=election,
         members=members,
-        next_change_at=next_change_at(models, now=now, leases=leases, policy=policy),
+        next_change_at=_next_change(ballot),
     )
 
 
@@ -359,35 +362,6 @@ def _from_the_future(
         ),
         rewrite_last_active=now if instants.last_active is not None else None,
     )
-
-
-def _settled_for_election(
-    models: Sequence[ModelState], members: Sequence[MemberDecision]
-) -> list[ModelState] | None:
-    """The members as the election will read them after `members` is applied, or None
-    when applying changes nothing the election reads (the steady state: no rework)."""
-    targets = {m.name: m for m in members}
-    settled = []
-    changed = False
-    for model in models:
-        target = targets[model.name]
-        if (model.shared_state, model.phase, model.preempted_at) == (
-            target.state,
-            target.phase,
-            target.preempted_at,
-        ):
-            settled.append(model)
-            continue
-        changed = True
-        settled.append(
-            attrs.evolve(
-                model,
-                shared_state=target.state,
-                phase=target.phase,
-                preempted_at=target.preempted_at,
-            )
-        )
-    return settled if changed else None
 
 
 def _held_because(leader: MemberDecision, holding: Election) -> MemberDecision:
@@ -596,16 +570,33 @@ def _ready_condition(phase: Phase, name: str, *, preempt_reason: str) -> Conditi
     return Condition(CONDITION_READY, False, phase.value, f"{name} is {phase.value.lower()}")
 
 
-class Threshold(enum.StrEnum):
-    """What crosses a boundary at a `next_change_at` instant (for `flexinfer explain`)."""
+def _idle_timeout_crossings(ballot: Ballot) -> Iterator[Crossing]:
+    # The leader scales to minReplicas once idle strictly longer than its idle timeout.
+    for c in ballot.candidates:
+        last = c.model.last_active
+        if last is not None:
+            yield Crossing(
+                last + c.model.serverless.idle_timeout + _TICK, Threshold.IDLE_TIMEOUT, c.name
+            )
 
-    LEASE_EXPIRY = "lease expiry"
-    DEMAND_WINDOW = "demand window"
-    IDLE = "idle past the demand window"
-    RECENT_WINDOW = "recent window"
-    LOAD_GRACE = "load grace"
-    IDLE_TIMEOUT = "idle timeout"
-    SWAP_COOLDOWN = "swap cooldown"
+
+def _idle_timeout_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    candidate = ballot.candidate(crossing.subject)
+    if crossing.kind is not Threshold.IDLE_TIMEOUT or candidate is None:
+        return None
+    idle = format_duration(candidate.model.serverless.idle_timeout)
+    return f"{crossing.subject}'s {idle} idle timeout ends"
+
+
+def _never_decides(ballot: Ballot) -> Callable[[], str]:
+    return lambda: "sizes the holder, never elects"
+
+
+# Not a rule of the election: what the leader's desired replicas read (docs/election.md
+# 1.3). Its crossings belong to the same timer.
+REPLICAS: Final = Rule(
+    "desired replicas", _never_decides, _idle_timeout_crossings, _idle_timeout_says
+)
 
 
 def next_change_at(
@@ -617,15 +608,20 @@ def next_change_at(
 ) -> datetime | None:
     """The earliest instant after `now` at which the decision could change unaided.
 
-    Every threshold the decision reads is listed (`_instants`): demand and recent
-    windows, the start of idleness (one tick past the demand window), the loading
-    grace and idle timeout (both inclusive, so they lapse one tick later), the
+    Every threshold the decision reads is listed by the rule that reads it
+    (`flexinfer_core.election.crossings`, plus the leader's idle timeout): demand and
+    recent windows, the start of idleness (one tick past the demand window), the
+    loading grace and idle timeout (both inclusive, so they lapse one tick later), the
     cooldown and lease expiry. The decision is constant between consecutive
     thresholds, so nothing changes before the earliest future one. Unreadable lease
     sources add no threshold: only the leases that were read can expire.
     """
-    future = [at for at in _instants(models, now=now, leases=leases, policy=policy) if at > now]
-    return min(future, default=None)
+    return _next_change(_timer_ballot(models, now=now, leases=leases, policy=policy))
+
+
+def _next_change(ballot: Ballot) -> datetime | None:
+    now = ballot.now
+    return min((c.at for c in crossings(ballot, extra=(REPLICAS,)) if c.at > now), default=None)
 
 
 def thresholds(
@@ -634,65 +630,32 @@ def thresholds(
     now: datetime,
     leases: Iterable[GpuLease] = (),
     policy: Policy = DEFAULT_POLICY,
-) -> list[tuple[datetime, Threshold, str]]:
+) -> list[Crossing]:
     """Every instant the decision reads a boundary at, with what crosses it and whose
     (a member's or a lease's name); past ones included, unordered. The same list as
     `next_change_at` reads, labelled (for `flexinfer explain`)."""
-    labels: list[tuple[Threshold, str]] = []
-    instants = _instants(models, now=now, leases=leases, policy=policy, labels=labels)
-    return [(at, kind, name) for at, (kind, name) in zip(instants, labels, strict=True)]
+    ballot = _timer_ballot(models, now=now, leases=leases, policy=policy)
+    return list(crossings(ballot, extra=(REPLICAS,)))
 
 
-def _instants(
+def describe_threshold(
     models: Iterable[ModelState],
+    crossing: Crossing,
     *,
     now: datetime,
-    leases: Iterable[GpuLease],
-    policy: Policy,
-    labels: list[tuple[Threshold, str]] | None = None,
-) -> list[datetime]:
-    """The thresholds; `labels`, when given, gets what crosses at each, in step (the
-    controller's hot path asks for none, so it builds no labels)."""
-    members = list(models)
-    leases = tuple(leases)
-    if not members:
-        return []
-    namespace, group = members[0].namespace, members[0].group
-    ours = [
-        lease
-        for lease in leases
-        if lease.expires_at is not None and lease.group == group and lease.namespace == namespace
-    ]
-    candidates = [lease.expires_at for lease in ours if lease.expires_at is not None]
-    if labels is not None:
-        labels += [(Threshold.LEASE_EXPIRY, lease.name) for lease in ours]
-    if group and governing_lease(leases, namespace=namespace, group=group, now=now):
-        # Under a lease only the leases themselves can change the decision.
-        return candidates
-    cooldown = group_cooldown(members, policy)
-    for model in members:
-        if model.last_active is not None:
-            candidates += [
-                model.last_active + policy.demand_window,
-                # A member is idle only once strictly older than the window.
-                model.last_active + policy.demand_window + _TICK,
-                model.last_active + policy.recent_window,
-                model.last_active + loading_grace(model, policy) + _TICK,
-                model.last_active + model.serverless.idle_timeout + _TICK,
-            ]
-            if labels is not None:
-                labels += [
-                    (Threshold.DEMAND_WINDOW, model.name),
-                    (Threshold.IDLE, model.name),
-                    (Threshold.RECENT_WINDOW, model.name),
-                    (Threshold.LOAD_GRACE, model.name),
-                    (Threshold.IDLE_TIMEOUT, model.name),
-                ]
-        if model.preempted_at is not None:
-            candidates.append(model.preempted_at + cooldown)
-            if labels is not None:
-                labels.append((Threshold.SWAP_COOLDOWN, model.name))
-    return candidates
+    policy: Policy = DEFAULT_POLICY,
+) -> str | None:
+    """What `crossing` means, in the words of the rule that reads it (None: nothing
+    worth saying, e.g. a load grace of a member that is not loading)."""
+    ballot = _timer_ballot(models, now=now, leases=(), policy=policy)
+    return describe_crossing(ballot, crossing, extra=(REPLICAS,))
+
+
+def _timer_ballot(
+    models: Iterable[ModelState], *, now: datetime, leases: Iterable[GpuLease], policy: Policy
+) -> Ballot:
+    # The timer reads a group as given (no membership check), as it always has.
+    return Ballot.of(list(models), now=now, leases=leases, policy=policy, check=False)
 
 
 def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tuple[ModelState, ...]:

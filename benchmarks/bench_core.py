@@ -1,7 +1,11 @@
 """Benchmark: decide every shared group of a large cluster with flexinfer_core.
 
-10,000 Models in 1,000 groups of 10 with mixed phases, demand, cooldowns and some
-leases; prints JSON with the median and spread of repeated whole-cluster passes.
+10,000 Models in 1,000 groups of 10 with demand, cooldowns and some leases, in two
+mixes: "usual" (one holder per group, the others Idle, Preempted or Failed) and
+"mixed" (every phase among the members, many Preempted, Failed and Loading ones,
+several stamped with `preemptedAt`, some statuses never written). Prints JSON with
+the median and spread of repeated whole-cluster passes, in wall-clock time and in
+this process's CPU time (steadier on a shared machine).
 Run: .venv/bin/python benchmarks/bench_core.py [--repeat N]
 """
 
@@ -31,9 +35,20 @@ from flexinfer_core import (
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
+# The "mixed" workload's phases, weighted: many Preempted, Failed and Loading.
+MIXED_PHASES = (
+    [Phase.PREEMPTED] * 3
+    + [Phase.FAILED] * 2
+    + [Phase.LOADING] * 2
+    + [Phase.PENDING, Phase.READY, Phase.IDLE]
+)
+
+
 def build_cluster(
-    groups: int, per_group: int, seed: int
+    groups: int, per_group: int, seed: int, *, mixed: bool = False
 ) -> tuple[list[ModelState], list[GpuLease], dict[str, frozenset[str]]]:
+    if mixed:
+        return build_mixed_cluster(groups, per_group, seed)
     rng = random.Random(seed)
     models: list[ModelState] = []
     leases: list[GpuLease] = []
@@ -82,6 +97,51 @@ def build_cluster(
     return models, leases, running
 
 
+def build_mixed_cluster(
+    groups: int, per_group: int, seed: int
+) -> tuple[list[ModelState], list[GpuLease], dict[str, frozenset[str]]]:
+    """Every phase among the members; half stamped with `preemptedAt`; some statuses
+    never written (no `sharedGroup.state`); pods wherever a phase says so."""
+    rng = random.Random(seed)
+    models: list[ModelState] = []
+    running: dict[str, frozenset[str]] = {}
+    for g in range(groups):
+        group = f"group-{g:04d}"
+        leader = rng.randrange(per_group)
+        with_pods = set()
+        for i in range(per_group):
+            phase = rng.choice(MIXED_PHASES)
+            if phase in (Phase.READY, Phase.LOADING, Phase.PENDING):
+                with_pods.add(f"model-{i}")
+            models.append(
+                ModelState(
+                    name=f"model-{i}",
+                    namespace=f"ns-{g % 50}",
+                    group=group,
+                    priority=rng.choice([50, 100, 100, 200, 500]),
+                    phase=phase,
+                    last_active=NOW - timedelta(seconds=rng.randrange(0, 900))
+                    if rng.random() < 0.7
+                    else None,
+                    shared_state=SharedState.ACTIVE
+                    if i == leader
+                    else rng.choice([SharedState.QUEUED, None]),
+                    preempted_at=NOW - timedelta(seconds=rng.randrange(0, 900))
+                    if rng.random() < 0.5
+                    else None,
+                    swap_cooldown=timedelta(minutes=rng.choice([1, 5])),
+                    serverless=Serverless(
+                        min_replicas=rng.choice([0, 0, 1]),
+                        cold_start_timeout=timedelta(seconds=rng.choice([60, 600])),
+                    ),
+                    service_labels=(f"svc-{i}",),
+                    replicas=1 if f"model-{i}" in with_pods else 0,
+                )
+            )
+        running[group] = frozenset(with_pods)
+    return models, [], running
+
+
 def decide_cluster(
     models: list[ModelState],
     leases: list[GpuLease],
@@ -118,14 +178,28 @@ def settle(
     return out
 
 
-def median_ms(run: Callable[[], object], repeat: int) -> tuple[float, float, float]:
+def median_ms(
+    run: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, float, float]:
     run()  # warm-up
     timings = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         run()
-        timings.append((time.perf_counter() - start) * 1000)
+        timings.append((clock() - start) * 1000)
     return statistics.median(timings), min(timings), max(timings)
+
+
+def measure(name: str, run: Callable[[], object], repeat: int) -> dict[str, float]:
+    """Median and min of `repeat` passes, wall clock and CPU time of this process."""
+    wall = median_ms(run, repeat)
+    cpu = median_ms(run, repeat, time.process_time)
+    return {
+        f"{name}_median_ms": round(wall[0], 1),
+        f"{name}_min_ms": round(wall[1], 1),
+        f"{name}_cpu_median_ms": round(cpu[0], 1),
+        f"{name}_cpu_min_ms": round(cpu[1], 1),
+    }
 
 
 def main() -> None:
@@ -135,38 +209,50 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     models, leases, running = build_cluster(args.groups, args.per_group, args.seed)
     steady = settle(models, leases, running)
+    mixed, mixed_leases, mixed_running = build_cluster(
+        args.groups, args.per_group, args.seed, mixed=True
+    )
+    mixed_steady = settle(mixed, mixed_leases, mixed_running)
+    figures: dict[str, object] = {
+        "benchmark": "decide_group over the whole cluster",
+        "models": len(models),
+        "groups": args.groups,
+        "leases": len(leases),
+        "repeat": args.repeat,
+    }
     # First pass: nothing written yet, most groups change (preemptions, promotions).
-    first = median_ms(lambda: decide_cluster(models, leases, running), args.repeat)
+    figures |= measure("first_pass", lambda: decide_cluster(models, leases, running), args.repeat)
     # Steady state: every decision already applied (a resync of a quiet cluster).
-    again = median_ms(lambda: decide_cluster(steady, leases, running), args.repeat)
+    figures |= measure("steady_state", lambda: decide_cluster(steady, leases, running), args.repeat)
     # The diff against the observed state is the adapter's next step; timed apart.
-    diff = median_ms(
-        lambda: decide_cluster(models, leases, running, with_changes=True), args.repeat
+    figures |= measure(
+        "first_pass_with_changes",
+        lambda: decide_cluster(models, leases, running, with_changes=True),
+        args.repeat,
     )
-    writes = decide_cluster(steady, leases, running, with_changes=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "decide_group over the whole cluster",
-                "models": len(models),
-                "groups": args.groups,
-                "leases": len(leases),
-                "repeat": args.repeat,
-                "first_pass_median_ms": round(first[0], 1),
-                "first_pass_min_ms": round(first[1], 1),
-                "steady_state_median_ms": round(again[0], 1),
-                "steady_state_min_ms": round(again[1], 1),
-                "first_pass_with_changes_median_ms": round(diff[0], 1),
-                "steady_state_members_with_writes": writes,
-                "target_ms": 100,
-                "load_average_1m": round(os.getloadavg()[0], 2),
-                "python": platform.python_version(),
-            },
-            indent=2,
-        )
+    # Every phase among the members: many Preempted, Failed and Loading ones.
+    figures |= measure(
+        "mixed_first_pass", lambda: decide_cluster(mixed, mixed_leases, mixed_running), args.repeat
     )
+    figures |= measure(
+        "mixed_steady_state",
+        lambda: decide_cluster(mixed_steady, mixed_leases, mixed_running),
+        args.repeat,
+    )
+    figures |= {
+        "steady_state_members_with_writes": decide_cluster(
+            steady, leases, running, with_changes=True
+        ),
+        "target_ms": 100,
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

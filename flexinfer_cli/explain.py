@@ -39,7 +39,6 @@ from flexinfer_cli.output import (
 )
 from flexinfer_cli.view import ClusterView
 from flexinfer_core import (
-    DEFAULT_POLICY,
     FlexinferError,
     MembershipKind,
     ModelState,
@@ -48,6 +47,8 @@ from flexinfer_core import (
     decide_standalone,
     format_duration,
     parse_duration,
+    policy_flags,
+    policy_from_flags,
 )
 from flexinfer_core.annotations import (
     DemandReport,
@@ -138,20 +139,19 @@ def add_parser(sub: Any) -> None:
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
     """The controller's election policy flags: explain must decide with the same ones."""
     group = parser.add_argument_group("election policy (same flags and defaults as the controller)")
-    group.add_argument("--demand-window", default=format_duration(DEFAULT_POLICY.demand_window))
-    group.add_argument("--recent-window", default=format_duration(DEFAULT_POLICY.recent_window))
-    group.add_argument(
-        "--default-swap-cooldown", default=format_duration(DEFAULT_POLICY.default_swap_cooldown)
-    )
+    for flag in policy_flags():
+        group.add_argument(
+            flag.flag,
+            dest=f"policy_{flag.attribute}",
+            default=flag.default,
+            metavar="DURATION",
+            help=f"{flag.help}; default {flag.default}",
+        )
 
 
 def policy_from(args: argparse.Namespace) -> Policy:
-    return Policy(
-        demand_window=parse_duration(args.demand_window, field="--demand-window"),
-        recent_window=parse_duration(args.recent_window, field="--recent-window"),
-        default_swap_cooldown=parse_duration(
-            args.default_swap_cooldown, field="--default-swap-cooldown"
-        ),
+    return policy_from_flags(
+        {flag.attribute: getattr(args, f"policy_{flag.attribute}") for flag in policy_flags()}
     )
 
 

@@ -175,15 +175,25 @@ def _model(item: Any, where: str, *, group: str, namespace: str) -> ModelState:
         name=_str(item, "name", where=where),
         namespace=namespace,
         group=group,
-        priority=_int(item, "priority", where, default=100),
+        priority=_int(item, "priority", where, default=Policy.PRIORITY),
         swap_cooldown=_duration(item, "swapCooldown", where) if "swapCooldown" in item else None,
-        force_promotion=bool(item.get("forcePromotion", False)),
+        force_promotion=bool(item.get("forcePromotion", Policy.FORCE_PROMOTION)),
         serverless=Serverless(
-            enabled=bool(serverless.get("enabled", True)),
-            min_replicas=_int(serverless, "minReplicas", f"{where}.serverless", default=0),
-            idle_timeout=_duration(serverless, "idleTimeout", f"{where}.serverless", default="5m"),
+            enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
+            min_replicas=_int(
+                serverless, "minReplicas", f"{where}.serverless", default=Policy.MIN_REPLICAS
+            ),
+            idle_timeout=_duration(
+                serverless,
+                "idleTimeout",
+                f"{where}.serverless",
+                default=format_duration(Policy.IDLE_TIMEOUT),
+            ),
             cold_start_timeout=_duration(
-                serverless, "coldStartTimeout", f"{where}.serverless", default="60s"
+                serverless,
+                "coldStartTimeout",
+                f"{where}.serverless",
+                default=format_duration(Policy.COLD_START_TIMEOUT),
             ),
         ),
         service_labels=tuple(str(s) for s in item.get("serviceLabels", ())),

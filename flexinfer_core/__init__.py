@@ -80,8 +80,11 @@ from flexinfer_core.snapshot import (
     ModelState,
     Phase,
     Policy,
+    PolicyFlag,
     Serverless,
     SharedState,
+    policy_flags,
+    policy_from_flags,
 )
 from flexinfer_core.standalone import (
     StandaloneDecision,
@@ -137,6 +140,7 @@ __all__ = [
     "ModelState",
     "Phase",
     "Policy",
+    "PolicyFlag",
     "PreemptionPolicy",
     "Scope",
     "Serverless",
@@ -173,6 +177,8 @@ __all__ = [
     "parse_demand",
     "parse_duration",
     "plan_finetune_lease",
+    "policy_flags",
+    "policy_from_flags",
     "reasons",
     "reports_spec_problem",
     "spec_problem",

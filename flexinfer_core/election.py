@@ -34,8 +34,7 @@ with its own crossings and wording; nothing else walks the members.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final, NamedTuple
@@ -117,7 +116,7 @@ def in_cooldown(model: ModelState, now: datetime, *, cooldown: timedelta) -> boo
     return model.preempted_at is not None and now - model.preempted_at < cooldown
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # built once or twice per group and reconcile: see group.Event
 class Election:
     """The leader of one group (None under a lease or for an empty group) and why."""
 
@@ -171,6 +170,12 @@ def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
     if not models:
         return None
     namespace, group = models[0].namespace, models[0].group
+    if (
+        all(m.group == group and m.namespace == namespace for m in models)
+        and len({m.name for m in models}) == len(models)
+        and (group or len(models) == 1)
+    ):
+        return namespace, group  # the usual case, checked in one pass
     seen: set[str] = set()
     for model in models:
         if (model.namespace, model.group) != (namespace, group):
@@ -249,9 +254,10 @@ class Ballot:
     """What every rule reads: one group's members best-first, the instant, the policy,
     the leases that were read and the lease sources that could not be.
 
-    Values several rules share (the group's cooldown, the holder, the classification
-    of rule 6, the governing lease) are computed on first use and kept, so the chain
-    computes each once per election.
+    Built once per election. The values several rules share are read off in one pass
+    over the members when it is built: the holder (the best Active member), the
+    governing lease, and rule 6's classification of the runnable members (the best
+    Ready, recent and demanded one).
     """
 
     def __init__(
@@ -272,6 +278,42 @@ class Ballot:
         self.policy = policy
         self.leases = leases
         self.unreadable = unreadable
+        self.lease: GpuLease | None = (
+            governing_lease(leases, namespace=namespace, group=group, now=now)
+            if leases and group
+            else None
+        )
+        """The active lease that parks the group (shared groups only)."""
+        self._cooldown: timedelta | None = None
+        holder = ready = recent = demanded = None
+        runnable = []
+        demand_window, recent_window = policy.demand_window, policy.recent_window
+        for c in candidates:
+            if holder is None and c.active:
+                holder = c
+            if c.phase is Phase.FAILED or not c.model.cache_ready:  # not `runnable`
+                continue
+            runnable.append(c)
+            if ready is None and c.phase is Phase.READY:
+                ready = c
+            last = c.model.last_active
+            if last is not None:
+                # `is_recent` and `is_demanded`, inlined: this loop is the election's
+                # hot path.
+                age = now - last
+                if recent is None and age < recent_window:
+                    recent = c
+                if demanded is None and age < demand_window:
+                    demanded = c
+        self.holder: Candidate | None = holder
+        """The best Active member."""
+        self.runnable: tuple[Candidate, ...] = tuple(runnable)
+        self.ready: Candidate | None = ready
+        """Rule 6: the best runnable Ready member."""
+        self.recent: Candidate | None = recent
+        """Rule 6: the best runnable member wanted within the recent window."""
+        self.demanded: Candidate | None = demanded
+        """Rule 6: the best runnable member demanded within the demand window."""
 
     @classmethod
     def of(
@@ -291,31 +333,31 @@ class Ballot:
             key = (models[0].namespace, models[0].group) if models else ("", "")
         # One sort by the total order: "the best member such that ..." is then the
         # first one that qualifies.
-        ranked = sorted(models, key=candidate_rank)
+        active = SharedState.ACTIVE
         return cls(
-            tuple(map(Candidate.of, ranked)),
+            tuple(
+                Candidate(m, m.shared_state is active, m.phase, m.preempted_at)
+                for m in sorted(models, key=candidate_rank)
+            ),
             namespace=key[0],
             group=key[1],
             now=now,
             policy=policy,
             leases=tuple(leases),
-            unreadable=tuple(sorted(set(unreadable_lease_sources))),
+            unreadable=tuple(sorted(set(unreadable_lease_sources)))
+            if unreadable_lease_sources
+            else (),
         )
 
-    def settled(self, facts: Callable[[str], tuple[bool, Phase, datetime | None]]) -> Ballot | None:
-        """The ballot once a decision is written: `facts(name)` gives each member's
+    def settled(self, written: Mapping[str, tuple[bool, Phase, datetime | None]]) -> Ballot | None:
+        """The ballot once a decision is written: `written[name]` is each member's
         (active, phase, preemptedAt) as the decision writes them. None when no member's
         facts change (nothing the election reads moves: no need to elect again)."""
-        out: list[Candidate] = []
-        changed = False
-        for candidate in self.candidates:
-            fact = facts(candidate.model.name)
-            if fact == candidate[1:]:
-                out.append(candidate)
-            else:
-                changed = True
-                out.append(Candidate(candidate.model, *fact))
-        if not changed:
+        out = [
+            c if (fact := written[c.model.name]) == c[1:] else Candidate(c.model, *fact)
+            for c in self.candidates
+        ]
+        if all(new is old for new, old in zip(out, self.candidates, strict=True)):
             return None
         return Ballot(
             tuple(out),
@@ -331,50 +373,12 @@ class Ballot:
     def models(self) -> list[ModelState]:
         return [c.model for c in self.candidates]
 
-    @functools.cached_property
+    @property
     def cooldown(self) -> timedelta:
-        return group_cooldown(self.models, self.policy)
-
-    @functools.cached_property
-    def lease(self) -> GpuLease | None:
-        """The active lease that parks the group (shared groups only)."""
-        if not self.group:
-            return None
-        return governing_lease(
-            self.leases, namespace=self.namespace, group=self.group, now=self.now
-        )
-
-    @functools.cached_property
-    def holder(self) -> Candidate | None:
-        """The best Active member."""
-        return next((c for c in self.candidates if c.active), None)
-
-    @functools.cached_property
-    def runnable(self) -> tuple[Candidate, ...]:
-        return tuple(c for c in self.candidates if c.runnable)
-
-    @functools.cached_property
-    def ready(self) -> Candidate | None:
-        """Rule 6: the best runnable Ready member."""
-        return next((c for c in self.runnable if c.phase is Phase.READY), None)
-
-    @functools.cached_property
-    def recent(self) -> Candidate | None:
-        """Rule 6: the best runnable member wanted within the recent window."""
-        now, window = self.now, self.policy.recent_window
-        return next(
-            (
-                c
-                for c in self.runnable
-                if c.model.last_active is not None and now - c.model.last_active < window
-            ),
-            None,
-        )
-
-    @functools.cached_property
-    def demanded(self) -> Candidate | None:
-        """Rule 6: the best runnable member demanded within the demand window."""
-        return next((c for c in self.runnable if self.is_demanded(c)), None)
+        """The group's swap cooldown (`group_cooldown`)."""
+        if self._cooldown is None:
+            self._cooldown = group_cooldown(self.models, self.policy)
+        return self._cooldown
 
     def is_demanded(self, candidate: Candidate) -> bool:
         return is_demanded(candidate.model, self.now, policy=self.policy)
@@ -385,11 +389,22 @@ class Ballot:
     def candidate(self, name: str) -> Candidate | None:
         return next((c for c in self.candidates if c.model.name == name), None)
 
-    def after_demand(self, offset: timedelta, kind: Threshold) -> Iterator[Crossing]:
-        """`lastActiveTime + offset` of every member that has one."""
-        for c in self.candidates:
-            if c.model.last_active is not None:
-                yield Crossing(c.model.last_active + offset, kind, c.model.name)
+    def after_demand(
+        self, offset: timedelta, kind: Threshold, after: datetime | None
+    ) -> list[Crossing]:
+        """`lastActiveTime + offset` of every member that has one (after `after`)."""
+        if after is None:
+            return [
+                Crossing(c.model.last_active + offset, kind, c.model.name)
+                for c in self.candidates
+                if c.model.last_active is not None
+            ]
+        cutoff = after - offset  # last + offset > after, without adding for each member
+        return [
+            Crossing(last + offset, kind, c.model.name)
+            for c in self.candidates
+            if (last := c.model.last_active) is not None and last > cutoff
+        ]
 
 
 # --- the rules ---------------------------------------------------------------------------
@@ -400,8 +415,8 @@ Passed = Callable[[], str]
 Verdict = Election | Passed
 
 
-def _no_crossings(ballot: Ballot) -> Iterator[Crossing]:
-    return iter(())
+def _no_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    return []
 
 
 def _says_nothing(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -413,8 +428,9 @@ class Rule:
     """One named rule of the chain.
 
     `decide` returns the `Election` when the rule decides, else a `Passed` saying why
-    not. `crossings` lists the instants at which what the rule reads crosses a
-    boundary (its part of `next_change_at`), and `says` words one of them for
+    not. `crossings(ballot, after)` lists the instants (strictly after `after`; all
+    for None) at which what the rule reads crosses a boundary (its part of
+    `next_change_at`), and `says` words one of them for
     `flexinfer explain` (None: not worth saying, or not this rule's). A rule with
     `stops_the_clock` makes nothing but its own crossings (and those of the rules
     before it) matter while it decides: under a GPU lease no window or timeout can
@@ -423,7 +439,7 @@ class Rule:
 
     name: str
     decide: Callable[[Ballot], Verdict]
-    crossings: Callable[[Ballot], Iterable[Crossing]] = _no_crossings
+    crossings: Callable[[Ballot, datetime | None], list[Crossing]] = _no_crossings
     says: Callable[[Ballot, Crossing], str | None] = _says_nothing
     stops_the_clock: bool = False
 
@@ -449,14 +465,15 @@ def _gpu_lease(ballot: Ballot) -> Verdict:
     return lambda: _why_no_lease(ballot)
 
 
-def _lease_crossings(ballot: Ballot) -> Iterator[Crossing]:
-    for lease in ballot.leases:
-        if (
-            lease.expires_at is not None
-            and lease.group == ballot.group
-            and lease.namespace == ballot.namespace
-        ):
-            yield Crossing(lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+def _lease_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    return [
+        Crossing(lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+        for lease in ballot.leases
+        if lease.expires_at is not None
+        and (after is None or lease.expires_at > after)
+        and lease.group == ballot.group
+        and lease.namespace == ballot.namespace
+    ]
 
 
 def _lease_says(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -481,12 +498,15 @@ def cooling(ballot: Ballot) -> list[Candidate]:
     (docs/election.md 1.3); counting it would hold the card now and release it on the
     next reconcile with no news.
     """
+    stamped = [c for c in ballot.candidates if c.preempted_at is not None]
+    if not stamped:
+        return stamped
     now, cooldown = ballot.now, ballot.cooldown
     return [
         c
-        for c in ballot.candidates
-        if c.preempted_at is not None
-        and c.phase is not Phase.READY
+        for c in stamped
+        if c.phase is not Phase.READY
+        and c.preempted_at is not None
         and now - c.preempted_at < cooldown
     ]
 
@@ -507,10 +527,14 @@ def _swap_cooldown(ballot: Ballot) -> Verdict:
     return lambda: _why_no_cooldown(ballot, recently_preempted)
 
 
-def _cooldown_crossings(ballot: Ballot) -> Iterator[Crossing]:
+def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    out = []
     for c in ballot.candidates:
         if c.preempted_at is not None:
-            yield Crossing(c.preempted_at + ballot.cooldown, Threshold.SWAP_COOLDOWN, c.name)
+            at = c.preempted_at + ballot.cooldown
+            if after is None or at > after:
+                out.append(Crossing(at, Threshold.SWAP_COOLDOWN, c.name))
+    return out
 
 
 def _cooldown_says(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -559,11 +583,16 @@ def _loading_holder(ballot: Ballot) -> Verdict:
     )
 
 
-def _load_grace_crossings(ballot: Ballot) -> Iterator[Crossing]:
+def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    policy = ballot.policy
+    out = []
     for c in ballot.candidates:
-        if c.model.last_active is not None:
-            grace = loading_grace(c.model, ballot.policy)
-            yield Crossing(c.model.last_active + grace + _TICK, Threshold.LOAD_GRACE, c.name)
+        last = c.model.last_active
+        if last is not None:
+            at = last + loading_grace(c.model, policy) + _TICK
+            if after is None or at > after:
+                out.append(Crossing(at, Threshold.LOAD_GRACE, c.name))
+    return out
 
 
 def _load_grace_says(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -582,9 +611,12 @@ def _classify(ballot: Ballot) -> Verdict:
     return lambda: _classification(ballot)
 
 
-def _window_crossings(ballot: Ballot) -> Iterator[Crossing]:
-    yield from ballot.after_demand(ballot.policy.demand_window, Threshold.DEMAND_WINDOW)
-    yield from ballot.after_demand(ballot.policy.recent_window, Threshold.RECENT_WINDOW)
+def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    policy = ballot.policy
+    return [
+        *ballot.after_demand(policy.demand_window, Threshold.DEMAND_WINDOW, after),
+        *ballot.after_demand(policy.recent_window, Threshold.RECENT_WINDOW, after),
+    ]
 
 
 def _window_says(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -617,9 +649,9 @@ def _demand_preemption(ballot: Ballot) -> Verdict:
     return lambda: _why_no_preemption(ballot)
 
 
-def _idle_crossings(ballot: Ballot) -> Iterator[Crossing]:
+def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
     # A member is idle only once strictly older than the window.
-    return ballot.after_demand(ballot.policy.demand_window + _TICK, Threshold.IDLE)
+    return ballot.after_demand(ballot.policy.demand_window + _TICK, Threshold.IDLE, after)
 
 
 def _ready_member(ballot: Ballot) -> Verdict:
@@ -756,16 +788,20 @@ def explain_election(
     return ElectionTrace(_failed_open(decided, ballot), tuple(checks))
 
 
-def crossings(ballot: Ballot, *, extra: Iterable[Rule] = ()) -> Iterator[Crossing]:
-    """Every instant at which something the chain (and `extra`) reads crosses a
-    boundary, past ones included, unordered. While a rule that `stops_the_clock`
-    decides, only its crossings and those of the rules before it."""
+def crossings(
+    ballot: Ballot, *, after: datetime | None = None, extra: Iterable[Rule] = ()
+) -> list[Crossing]:
+    """Every instant (strictly after `after`; all for None, unordered) at which
+    something the chain (and `extra`) reads crosses a boundary. While a rule that
+    `stops_the_clock` decides, only its crossings and those of the rules before it."""
+    out: list[Crossing] = []
     for rule in CHAIN:
-        yield from rule.crossings(ballot)
+        out += rule.crossings(ballot, after)
         if rule.stops_the_clock and isinstance(rule.decide(ballot), Election):
-            return
+            return out
     for rule in extra:
-        yield from rule.crossings(ballot)
+        out += rule.crossings(ballot, after)
+    return out
 
 
 def describe_crossing(
@@ -780,7 +816,12 @@ def describe_crossing(
 
 
 def _failed_open(election: Election, ballot: Ballot) -> Election:
-    if election.lease is not None or not ballot.candidates or not ballot.group:
+    if (
+        not (ballot.unreadable or ballot.leases)
+        or election.lease is not None
+        or not ballot.candidates
+        or not ballot.group
+    ):
         return election
     sources = ballot.unreadable
     broken = unreadable_leases(ballot.leases, namespace=ballot.namespace, group=ballot.group)

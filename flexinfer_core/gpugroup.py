@@ -30,6 +30,7 @@ from flexinfer_core.snapshot import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    Policy,
     aware_or_none,
     int_between,
     non_empty_name,
@@ -99,7 +100,7 @@ class GpuGroupMember:
     reported_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     last_request: datetime | None = attrs.field(default=None, validator=aware_or_none)
     idle_timeout: timedelta = attrs.field(
-        default=timedelta(seconds=300), validator=non_negative_duration
+        default=Policy.IDLE_TIMEOUT, validator=non_negative_duration
     )
     preempted_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     preempted_by: str = ""

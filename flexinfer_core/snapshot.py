@@ -10,15 +10,15 @@ the adapter's job, never this module's.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
-from flexinfer_core.durations import check_window
+from flexinfer_core.durations import check_window, format_duration, parse_duration
 from flexinfer_core.errors import InvalidFieldError
 
-DEFAULT_PRIORITY = 100
 MIN_PRIORITY = 0
 MAX_PRIORITY = 1000
 
@@ -123,6 +123,106 @@ def _conditions(value: Any) -> tuple[Condition, ...]:
     return tuple(value)
 
 
+# --- the policy: every default ------------------------------------------------------
+
+
+def _window(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
+    non_negative_duration(instance, attribute, value)
+
+
+@attrs.frozen
+class Policy:
+    """Every default the decisions use, in one place (docs/election.md, Timing defaults).
+
+    The fields are the controller's to decide: each is one of its flags (`flag` in the
+    field's metadata; `policy_flags` lists them for every command that decides as the
+    controller does). A spec field the controller's policy decides (`spec_field` in the
+    metadata: a Model's `spec.gpu.swapCooldown`) has no default in the CRDs, so that
+    leaving it out means "the controller's default".
+
+    The class constants are the defaults of the spec fields the API server fills in
+    from the CRDs (tests/test_crd_defaults.py checks that the CRDs say exactly these);
+    the adapters, the proxy and the simulator use them for an object read without the
+    field (e.g. one stored before a CRD had the default).
+    """
+
+    demand_window: timedelta = attrs.field(
+        default=timedelta(minutes=2),
+        validator=_window,
+        metadata={
+            "flag": "--demand-window",
+            "help": "a model asked for this recently is demanded (Go duration)",
+        },
+    )
+    recent_window: timedelta = attrs.field(
+        default=timedelta(minutes=5),
+        validator=_window,
+        metadata={
+            "flag": "--recent-window",
+            "help": "a model used this recently leads when nothing is Ready (Go duration)",
+        },
+    )
+    default_swap_cooldown: timedelta = attrs.field(
+        default=timedelta(minutes=5),
+        validator=_window,
+        metadata={
+            "flag": "--default-swap-cooldown",
+            "help": "the swap cooldown of a Model that leaves spec.gpu.swapCooldown out "
+            "(Go duration)",
+            "spec_field": ("Model", "spec.gpu.swapCooldown"),
+        },
+    )
+
+    # Model `spec.gpu.priority`, ModelDeployment `spec.priority`, GPUGroup
+    # `spec.models[].priority`.
+    PRIORITY: ClassVar[int] = 100
+    # Model `spec.serverless.*`; a ModelDeployment's `idleTimeoutSeconds`,
+    # `coldStartTimeoutSeconds` and `minReplicas` default to the same.
+    SERVERLESS_ENABLED: ClassVar[bool] = True
+    MIN_REPLICAS: ClassVar[int] = 0
+    IDLE_TIMEOUT: ClassVar[timedelta] = timedelta(minutes=5)
+    COLD_START_TIMEOUT: ClassVar[timedelta] = timedelta(seconds=60)
+    # Model `spec.gpu.forcePromotion`.
+    FORCE_PROMOTION: ClassVar[bool] = False
+
+
+DEFAULT_PRIORITY = Policy.PRIORITY
+
+
+@attrs.frozen
+class PolicyFlag:
+    """One of the controller's election flags: its name, the `Policy` attribute it sets,
+    its default as written on the command line, and what it does."""
+
+    flag: str
+    attribute: str
+    default: str
+    help: str
+
+
+def policy_flags(defaults: Policy | None = None) -> tuple[PolicyFlag, ...]:
+    """The flags that set a `Policy`, with `defaults`' values (the built-in policy's)."""
+    defaults = defaults if defaults is not None else Policy()
+    return tuple(
+        PolicyFlag(
+            flag=field.metadata["flag"],
+            attribute=field.name,
+            default=format_duration(getattr(defaults, field.name)),
+            help=field.metadata["help"],
+        )
+        for field in attrs.fields(Policy)
+    )
+
+
+def policy_from_flags(values: Mapping[str, str]) -> Policy:
+    """A `Policy` from the flags' values, by `Policy` attribute name (an absent one keeps
+    its default); a value that does not parse raises `DurationError` naming the flag."""
+    fields = {flag.attribute: flag for flag in policy_flags()}
+    return Policy(
+        **{name: parse_duration(text, field=fields[name].flag) for name, text in values.items()}
+    )
+
+
 # --- the Model snapshot -----------------------------------------------------------
 
 
@@ -140,13 +240,13 @@ class Condition:
 class Serverless:
     """`Model.spec.serverless` with the spec's defaults."""
 
-    enabled: bool = True
-    min_replicas: int = attrs.field(default=0, validator=int_between(0, 10))
+    enabled: bool = Policy.SERVERLESS_ENABLED
+    min_replicas: int = attrs.field(default=Policy.MIN_REPLICAS, validator=int_between(0, 10))
     idle_timeout: timedelta = attrs.field(
-        default=timedelta(minutes=5), validator=non_negative_duration
+        default=Policy.IDLE_TIMEOUT, validator=non_negative_duration
     )
     cold_start_timeout: timedelta = attrs.field(
-        default=timedelta(seconds=60), validator=non_negative_duration
+        default=Policy.COLD_START_TIMEOUT, validator=non_negative_duration
     )
 
 
@@ -175,7 +275,7 @@ class ModelState:
     )
     preempted_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     swap_cooldown: timedelta | None = attrs.field(default=None, validator=non_negative_duration)
-    force_promotion: bool = False
+    force_promotion: bool = Policy.FORCE_PROMOTION
     serverless: Serverless = Serverless()
     service_labels: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     cache_ready: bool = True
@@ -219,21 +319,6 @@ class GpuLease:
     # Why the lease cannot be read ("" when it can), e.g. an `expiresAt` that does not
     # parse. Such a lease governs nothing: the election fails open and says why.
     problem: str = ""
-
-
-def _positive_window(instance: Any, attribute: attrs.Attribute[Any], value: timedelta) -> None:
-    non_negative_duration(instance, attribute, value)
-
-
-@attrs.frozen
-class Policy:
-    """Election constants (spec/election.md 1): overridable, with the spec's defaults."""
-
-    demand_window: timedelta = attrs.field(default=timedelta(minutes=2), validator=_positive_window)
-    recent_window: timedelta = attrs.field(default=timedelta(minutes=5), validator=_positive_window)
-    default_swap_cooldown: timedelta = attrs.field(
-        default=timedelta(minutes=5), validator=_positive_window
-    )
 
 
 DEFAULT_POLICY = Policy()

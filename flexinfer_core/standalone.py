@@ -33,6 +33,7 @@ from flexinfer_core.group import Event
 from flexinfer_core.membership import Membership
 from flexinfer_core.snapshot import (
     MAX_REPLICAS,
+    Policy,
     aware_or_none,
     int_between,
     non_empty_name,
@@ -40,8 +41,8 @@ from flexinfer_core.snapshot import (
 )
 from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
-DEFAULT_IDLE_TIMEOUT = timedelta(seconds=300)
-DEFAULT_COLD_START_TIMEOUT = timedelta(seconds=60)
+DEFAULT_IDLE_TIMEOUT = Policy.IDLE_TIMEOUT
+DEFAULT_COLD_START_TIMEOUT = Policy.COLD_START_TIMEOUT
 
 
 def _optional_count(
@@ -58,7 +59,9 @@ class StandaloneDeployment:
     name: str = attrs.field(validator=non_empty_name)
     namespace: str = attrs.field(default="default", validator=non_empty_name)
     replicas: int = attrs.field(default=1, validator=int_between(0, MAX_REPLICAS))
-    min_replicas: int = attrs.field(default=0, validator=int_between(0, MAX_REPLICAS))
+    min_replicas: int = attrs.field(
+        default=Policy.MIN_REPLICAS, validator=int_between(0, MAX_REPLICAS)
+    )
     idle_timeout: timedelta = attrs.field(
         default=DEFAULT_IDLE_TIMEOUT, validator=non_negative_duration
     )

@@ -27,7 +27,7 @@ from types import FrameType
 
 import attrs
 
-from flexinfer_core import InvalidFieldError, Policy, parse_duration
+from flexinfer_core import InvalidFieldError, policy_flags, policy_from_flags
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
@@ -101,17 +101,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help=f"seconds between full passes over every key, 0 (never) or 10..{MAX_RESYNC}",
     )
-    parser.add_argument(
-        "--demand-window", default="2m", help="election policy: demand window (Go duration)"
-    )
-    parser.add_argument(
-        "--recent-window", default="5m", help="election policy: recent window (Go duration)"
-    )
-    parser.add_argument(
-        "--default-swap-cooldown",
-        default="5m",
-        help="election policy: cooldown of a Model without spec.gpu.swapCooldown",
-    )
+    for flag in policy_flags():
+        parser.add_argument(
+            flag.flag,
+            dest=f"policy_{flag.attribute}",
+            default=flag.default,
+            metavar="DURATION",
+            help=f"election policy: {flag.help}; default {flag.default}",
+        )
     parser.add_argument(
         "--image",
         action="append",
@@ -181,6 +178,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         value = getattr(args, flag)
         if not 1 <= value <= MAX_CACHE_TIMEOUT:
             parser.error(f"--{flag.replace('_', '-')} must be 1..{MAX_CACHE_TIMEOUT}; got {value}")
+    try:
+        args.election_policy = policy_from_flags(
+            {flag.attribute: getattr(args, f"policy_{flag.attribute}") for flag in policy_flags()}
+        )
+    except InvalidFieldError as error:
+        parser.error(str(error))
     if not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--workers must be 1..{MAX_WORKERS}; got {args.workers}")
     if args.resync_seconds != 0 and not 10 <= args.resync_seconds <= MAX_RESYNC:
@@ -277,13 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             finetune_unschedulable=timedelta(seconds=args.finetune_unschedulable_timeout),
             cleanup=timedelta(seconds=args.cache_cleanup_timeout),
         ),
-        policy=Policy(
-            demand_window=parse_duration(args.demand_window, field="--demand-window"),
-            recent_window=parse_duration(args.recent_window, field="--recent-window"),
-            default_swap_cooldown=parse_duration(
-                args.default_swap_cooldown, field="--default-swap-cooldown"
-            ),
-        ),
+        policy=args.election_policy,
     )
     leading = threading.Event()
 

@@ -22,6 +22,7 @@ from flexinfer_core import (
     GpuGroupPhase,
     GpuGroupState,
     InvalidFieldError,
+    Policy,
     SpecProblem,
     demand_annotation_key,
     parse_demand,
@@ -74,7 +75,7 @@ def gpu_group_state_from_k8s(
             members.append(
                 GpuGroupMember(
                     name=name,
-                    priority=int_or(entry.get("priority"), 100),
+                    priority=int_or(entry.get("priority"), Policy.PRIORITY),
                     queued=demand.queued,
                     oldest_waiting=demand.oldest_waiting,
                     reported_at=demand.reported_at,
@@ -82,7 +83,9 @@ def gpu_group_state_from_k8s(
                     # A member left out of the decision is never asked how long it idles
                     # (its own spec may be what cannot be read).
                     idle_timeout=(
-                        idle_timeout_of(md) if md is not None and not conflict else _IDLE_DEFAULT
+                        idle_timeout_of(md)
+                        if md is not None and not conflict
+                        else Policy.IDLE_TIMEOUT
                     ),
                     preempted_at=parse_rfc3339(row.get("preemptedAt")),
                     preempted_by=str(row.get("preemptedBy") or ""),
@@ -106,23 +109,36 @@ def gpu_group_state_from_k8s(
             last_swap_time=parse_rfc3339(status.get("lastSwapTime")),
             last_swap_reason=str(status.get("lastSwapReason") or ""),
             swap_count=int_or(status.get("swapCount"), 0),
-            preemption_policy=str(policy.get("preemptionPolicy") or "Graceful"),
-            drain_timeout=_seconds(policy, "spec.scalingPolicy.drainTimeoutSeconds", 60),
+            preemption_policy=str(policy.get("preemptionPolicy") or _STATE.preemption_policy),
+            drain_timeout=_seconds(
+                policy, "spec.scalingPolicy.drainTimeoutSeconds", _STATE.drain_timeout
+            ),
             anti_thrashing=AntiThrashing(
-                enabled=bool(anti.get("enabled", True)),
-                hysteresis_window=_seconds(anti, "spec.antiThrashing.hysteresisWindowSeconds", 10),
-                request_queue_threshold=int_or(anti.get("requestQueueThreshold"), 3),
+                enabled=bool(anti.get("enabled", _ANTI.enabled)),
+                hysteresis_window=_seconds(
+                    anti, "spec.antiThrashing.hysteresisWindowSeconds", _ANTI.hysteresis_window
+                ),
+                request_queue_threshold=int_or(
+                    anti.get("requestQueueThreshold"), _ANTI.request_queue_threshold
+                ),
                 minimum_run_duration=_seconds(
-                    anti, "spec.antiThrashing.minimumRunDurationSeconds", 30
+                    anti,
+                    "spec.antiThrashing.minimumRunDurationSeconds",
+                    _ANTI.minimum_run_duration,
                 ),
                 cooldown_after_preemption=_seconds(
-                    anti, "spec.antiThrashing.cooldownAfterPreemptionSeconds", 60
+                    anti,
+                    "spec.antiThrashing.cooldownAfterPreemptionSeconds",
+                    _ANTI.cooldown_after_preemption,
                 ),
             ),
         )
 
 
-_IDLE_DEFAULT = timedelta(seconds=300)
+# The GPUGroup's own defaults are those of the core's classes (the CRD says the same;
+# tests/test_crd_defaults.py checks): used for an object read without them.
+_ANTI = AntiThrashing()
+_STATE = GpuGroupState(name="defaults")
 # Where each `GpuGroupState` (and `AntiThrashing`) attribute is written on a GPUGroup.
 GPU_GROUP_FIELDS = {
     "request_queue_threshold": "spec.antiThrashing.requestQueueThreshold",
@@ -130,10 +146,10 @@ GPU_GROUP_FIELDS = {
 }
 
 
-def _seconds(block: Mapping[str, Any], path: str, default: int) -> timedelta:
+def _seconds(block: Mapping[str, Any], path: str, default: timedelta) -> timedelta:
     value = block.get(path.rsplit(".", 1)[1])
     if isinstance(value, bool) or not isinstance(value, int):
-        value = default
+        return default
     return seconds_window(value, field=path)
 
 

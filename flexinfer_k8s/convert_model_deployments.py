@@ -16,6 +16,7 @@ from flexinfer_core import (
     Condition,
     DeploymentPhase,
     Membership,
+    Policy,
     SpecProblem,
     StandaloneDecision,
     StandaloneDeployment,
@@ -56,13 +57,13 @@ MODEL_DEPLOYMENT_FIELDS = {
 def idle_timeout_of(md: Mapping[str, Any]) -> timedelta:
     """`spec.idleTimeoutSeconds` (default 300); an `InvalidFieldError` naming it when no
     decision could use it (what a GPUGroup reads of its members' own specs)."""
-    return _seconds(md, "idleTimeoutSeconds", 300)
+    return _seconds(md, "idleTimeoutSeconds", Policy.IDLE_TIMEOUT)
 
 
-def _seconds(md: Mapping[str, Any], name: str, default: int) -> timedelta:
+def _seconds(md: Mapping[str, Any], name: str, default: timedelta) -> timedelta:
     value = get_path(md, "spec", name)
     if isinstance(value, bool) or not isinstance(value, int):
-        value = default  # absent (the CRD defaults it) or not a number: the default
+        return default  # absent (the CRD defaults it) or not a number: the default
     return seconds_window(value, field=f"spec.{name}")
 
 
@@ -86,9 +87,9 @@ def standalone_from_k8s(
             name=name_of(md),
             namespace=namespace_of(md) or "default",
             replicas=int_or(spec.get("replicas"), 1),
-            min_replicas=int_or(spec.get("minReplicas"), 0),
+            min_replicas=int_or(spec.get("minReplicas"), Policy.MIN_REPLICAS),
             idle_timeout=idle_timeout_of(md),
-            cold_start_timeout=_seconds(md, "coldStartTimeoutSeconds", 60),
+            cold_start_timeout=_seconds(md, "coldStartTimeoutSeconds", Policy.COLD_START_TIMEOUT),
             last_access_time=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
             current_replicas=deployment_replicas(deployment),
             ready_replicas=serving_pod_count(pods),

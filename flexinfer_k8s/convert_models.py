@@ -19,6 +19,7 @@ from flexinfer_core import (
     MemberDecision,
     ModelState,
     Phase,
+    Policy,
     Serverless,
     SpecProblem,
     observed_phase,
@@ -85,28 +86,29 @@ def model_state_from_k8s(
             name=name,
             namespace=namespace_of(model) or "default",
             group=str(gpu.get("shared") or ""),
-            priority=int_or(gpu.get("priority"), 100),
+            priority=int_or(gpu.get("priority"), Policy.PRIORITY),
             phase=phase,
             last_active=parse_rfc3339(status.get("lastActiveTime")),
             shared_state=shared_state,
             preempted_at=parse_rfc3339(shared.get("preemptedAt")),
+            # Absent (the CRD has no default): the controller's --default-swap-cooldown.
             swap_cooldown=(
                 None
                 if gpu.get("swapCooldown") in (None, "")
                 else parse_duration(str(gpu["swapCooldown"]), field="spec.gpu.swapCooldown")
             ),
-            force_promotion=bool(gpu.get("forcePromotion", False)),
+            force_promotion=bool(gpu.get("forcePromotion", Policy.FORCE_PROMOTION)),
             serverless=Serverless(
-                enabled=bool(serverless.get("enabled", True)),
-                min_replicas=int_or(serverless.get("minReplicas"), 0),
+                enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
+                min_replicas=int_or(serverless.get("minReplicas"), Policy.MIN_REPLICAS),
                 idle_timeout=_duration(
                     serverless.get("idleTimeout"),
-                    timedelta(minutes=5),
+                    Policy.IDLE_TIMEOUT,
                     field="spec.serverless.idleTimeout",
                 ),
                 cold_start_timeout=_duration(
                     serverless.get("coldStartTimeout"),
-                    timedelta(seconds=60),
+                    Policy.COLD_START_TIMEOUT,
                     field="spec.serverless.coldStartTimeout",
                 ),
             ),

@@ -29,10 +29,13 @@ from typing import Protocol
 
 import attrs
 
+from flexinfer_core import Policy
+
 Listener = Callable[[str], None]
 
-DEFAULT_COLD_START_TIMEOUT = timedelta(seconds=60)
-DEFAULT_PRIORITY = 100
+# What a Model or ModelDeployment read without these fields defaults to (the core's).
+DEFAULT_COLD_START_TIMEOUT = Policy.COLD_START_TIMEOUT
+DEFAULT_PRIORITY = Policy.PRIORITY
 
 
 class ModelKind(enum.Enum):

@@ -55,7 +55,8 @@ def namespace(kubectl: Kubectl, crds_installed: None) -> Iterator[str]:
 EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     ("Model", "qwen-coder"): {
         "spec.gpu.priority": 100,
-        "spec.gpu.swapCooldown": "5m",
+        # Not defaulted: left out, the controller's --default-swap-cooldown applies.
+        "spec.gpu.swapCooldown": None,
         "spec.gpu.vendor": "amd",
         "spec.gpu.count": 1,
         "spec.gpu.forcePromotion": False,
@@ -66,7 +67,7 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("Model", "qwen-chat"): {
         "spec.gpu.priority": 200,
-        "spec.gpu.swapCooldown": "5m",
+        "spec.gpu.swapCooldown": None,
         "spec.serverless.idleTimeout": "10m",
         "spec.serverless.coldStartTimeout": "60s",
     },
@@ -450,7 +451,6 @@ def test_blocks_left_out_are_defaulted_whole(
         "vendor": "amd",
         "count": 1,
         "priority": 100,
-        "swapCooldown": "5m",
         "forcePromotion": False,
     }
     assert stored["spec"]["serverless"] == {

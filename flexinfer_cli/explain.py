@@ -457,7 +457,7 @@ def shared_text(data: dict[str, Any], *, at: datetime) -> str:
         lines.append("Lease: none")
     if data["leasesUnreadable"]:
         lines.append(f"Leases unreadable: {', '.join(data['leasesUnreadable'])} (failing open)")
-    lines += ["", "Rules (spec/election.md 1.2, in order):"]
+    lines += ["", "Rules (docs/election.md 1.2, in order):"]
     rules = [
         [r["number"], r["rule"], "DECIDED" if r["applied"] else "-", r["why"]]
         for r in data["rules"]
@@ -591,7 +591,7 @@ def gpu_group_text(data: dict[str, Any]) -> str:
         f"Holder: {data['leader'] or 'none'} ({data['reason']}, {data['action']}, phase "
         f"{data['phase']}): {data['message']}",
         "",
-        "Steps (spec/election.md 3, in order):",
+        "Steps (docs/election.md 3, in order):",
         render_table(
             ["#", "step", "applied", "why"],
             [

@@ -2,7 +2,7 @@
 
 - `ai.flexinfer/active-services` on each shared-group member's Service, written by
   the controller: the holder's `serviceLabels` joined by commas, `""` on the others
-  (spec/election.md 1.3).
+  (docs/election.md 1.3).
 - `demand.ai.flexinfer/<member>` on a GPUGroup, written by the proxy and read by the
   controller: one member's queue as JSON, e.g.
   `{"queued": 3, "oldestWaiting": "2026-11-29T17:00:04Z", "reportedAt": "2026-11-29T17:00:09Z"}`

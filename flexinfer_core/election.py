@@ -14,12 +14,9 @@ Each rule also lists the instants at which something it reads crosses a boundary
 what `flexinfer explain` says will happen next and `flexinfer status`'s cooldown end
 all walk this one chain: a rule, its thresholds and their wording exist once.
 
-The rules read a member as a `Candidate`: its `ModelState` plus the three facts that
-a written decision changes (whether it is Active, its phase, its `preemptedAt`). A
-decision is explained as of after it is written by electing again on the ballot with
-those facts settled (`Ballot.settled`), without copying a single `ModelState`. A rule
-reads those three facts from the candidate, never from `candidate.model`
-(tests/core/test_election_chain.py checks it).
+A decision is explained as of after it is written (docs/election.md 1.3) by electing
+again on the ballot with the facts a written decision changes settled
+(`Ballot.settled`): whether each member is Active, its phase, its `preemptedAt`.
 
 Leases fail open here too (docs/election.md 2): the adapter passes the leases it could
 read and the names of the sources it could not; a lease whose fields could not be
@@ -52,6 +49,7 @@ from flexinfer_core.snapshot import (
     Phase,
     Policy,
     SharedState,
+    with_written_status,
 )
 
 _OLDEST = float("-inf")
@@ -196,40 +194,6 @@ def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
 # --- what the rules read ---------------------------------------------------------------
 
 
-class Candidate(NamedTuple):
-    """A member as the rules read it.
-
-    `active`, `phase` and `preempted_at` are the facts a written decision changes
-    (`sharedGroup.state` is Active, `status.phase`, `sharedGroup.preemptedAt`): rules
-    read them here, so that `Ballot.settled` can change them without copying the
-    model. Everything else (priority, `lastActiveTime`, serverless settings, …) is
-    read from `model`.
-    """
-
-    model: ModelState
-    active: bool
-    phase: Phase
-    preempted_at: datetime | None
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    @property
-    def runnable(self) -> bool:
-        """Not Failed, and its model cache (if any) is ready."""
-        return self.phase is not Phase.FAILED and self.model.cache_ready
-
-    @property
-    def loading(self) -> bool:
-        """Pending or Loading: its pod is on its way."""
-        return self.phase in _LOADING
-
-    @classmethod
-    def of(cls, model: ModelState) -> Candidate:
-        return cls(model, model.shared_state is SharedState.ACTIVE, model.phase, model.preempted_at)
-
-
 class Threshold(StrEnum):
     """What crosses a boundary at a `next_change_at` instant (for `flexinfer explain`)."""
 
@@ -250,19 +214,25 @@ class Crossing(NamedTuple):
     subject: str  # a member's or a lease's name
 
 
+def is_loading(model: ModelState) -> bool:
+    """Pending or Loading: its pod is on its way."""
+    return model.phase in _LOADING
+
+
 class Ballot:
     """What every rule reads: one group's members best-first, the instant, the policy,
     the leases that were read and the lease sources that could not be.
 
     Built once per election. The values several rules share are read off in one pass
     over the members when it is built: the holder (the best Active member), the
-    governing lease, and rule 6's classification of the runnable members (the best
-    Ready, recent and demanded one).
+    governing lease, rule 6's classification of the runnable members (the best
+    Ready, recent and demanded one), and the members whose `lastActiveTime` or
+    `preemptedAt` a threshold is counted from.
     """
 
     def __init__(
         self,
-        candidates: tuple[Candidate, ...],
+        members: tuple[ModelState, ...],
         *,
         namespace: str,
         group: str,
@@ -271,7 +241,7 @@ class Ballot:
         leases: tuple[GpuLease, ...],
         unreadable: tuple[str, ...],
     ) -> None:
-        self.candidates = candidates
+        self.members = members
         self.namespace = namespace
         self.group = group
         self.now = now
@@ -287,33 +257,44 @@ class Ballot:
         self._cooldown: timedelta | None = None
         holder = ready = recent = demanded = None
         runnable = []
+        with_activity = []
+        stamped = []
+        active, failed, ready_phase = SharedState.ACTIVE, Phase.FAILED, Phase.READY
         demand_window, recent_window = policy.demand_window, policy.recent_window
-        for c in candidates:
-            if holder is None and c.active:
-                holder = c
-            if c.phase is Phase.FAILED or not c.model.cache_ready:  # not `runnable`
+        for m in members:
+            if m.preempted_at is not None:
+                stamped.append(m)
+            if holder is None and m.shared_state is active:
+                holder = m
+            last = m.last_active
+            if last is not None:
+                with_activity.append(m)
+            if m.phase is failed or not m.cache_ready:  # not `runnable`
                 continue
-            runnable.append(c)
-            if ready is None and c.phase is Phase.READY:
-                ready = c
-            last = c.model.last_active
+            runnable.append(m)
+            if ready is None and m.phase is ready_phase:
+                ready = m
             if last is not None:
                 # `is_recent` and `is_demanded`, inlined: this loop is the election's
                 # hot path.
                 age = now - last
                 if recent is None and age < recent_window:
-                    recent = c
+                    recent = m
                 if demanded is None and age < demand_window:
-                    demanded = c
-        self.holder: Candidate | None = holder
+                    demanded = m
+        self.holder: ModelState | None = holder
         """The best Active member."""
-        self.runnable: tuple[Candidate, ...] = tuple(runnable)
-        self.ready: Candidate | None = ready
+        self.runnable: tuple[ModelState, ...] = tuple(runnable)
+        self.ready: ModelState | None = ready
         """Rule 6: the best runnable Ready member."""
-        self.recent: Candidate | None = recent
+        self.recent: ModelState | None = recent
         """Rule 6: the best runnable member wanted within the recent window."""
-        self.demanded: Candidate | None = demanded
+        self.demanded: ModelState | None = demanded
         """Rule 6: the best runnable member demanded within the demand window."""
+        self.with_activity: tuple[ModelState, ...] = tuple(with_activity)
+        """The members with a `lastActiveTime`."""
+        self.stamped: tuple[ModelState, ...] = tuple(stamped)
+        """The members with a `preemptedAt`."""
 
     @classmethod
     def of(
@@ -333,12 +314,8 @@ class Ballot:
             key = (models[0].namespace, models[0].group) if models else ("", "")
         # One sort by the total order: "the best member such that ..." is then the
         # first one that qualifies.
-        active = SharedState.ACTIVE
         return cls(
-            tuple(
-                Candidate(m, m.shared_state is active, m.phase, m.preempted_at)
-                for m in sorted(models, key=candidate_rank)
-            ),
+            tuple(sorted(models, key=candidate_rank)),
             namespace=key[0],
             group=key[1],
             now=now,
@@ -349,15 +326,33 @@ class Ballot:
             else (),
         )
 
-    def settled(self, written: Mapping[str, tuple[bool, Phase, datetime | None]]) -> Ballot | None:
+    def settled(
+        self, written: Mapping[str, tuple[SharedState | None, Phase, datetime | None]]
+    ) -> Ballot | None:
         """The ballot once a decision is written: `written[name]` is each member's
-        (active, phase, preemptedAt) as the decision writes them. None when no member's
-        facts change (nothing the election reads moves: no need to elect again)."""
-        out = [
-            c if (fact := written[c.model.name]) == c[1:] else Candidate(c.model, *fact)
-            for c in self.candidates
-        ]
-        if all(new is old for new, old in zip(out, self.candidates, strict=True)):
+        (`sharedGroup.state`, phase, `preemptedAt`) as the decision writes them. None
+        when nothing the election reads changes (then there is no need to elect
+        again). The election reads of the state only whether it is Active, so a member
+        going from no state to Queued is not copied."""
+        active = SharedState.ACTIVE
+        out = []
+        changed = False
+        for m in self.members:
+            state, phase, preempted_at = written[m.name]
+            if (
+                (state is active) == (m.shared_state is active)
+                and phase is m.phase
+                and preempted_at == m.preempted_at
+            ):
+                out.append(m)
+            else:
+                changed = True
+                out.append(
+                    with_written_status(
+                        m, shared_state=state, phase=phase, preempted_at=preempted_at
+                    )
+                )
+        if not changed:
             return None
         return Ballot(
             tuple(out),
@@ -370,40 +365,36 @@ class Ballot:
         )
 
     @property
-    def models(self) -> list[ModelState]:
-        return [c.model for c in self.candidates]
-
-    @property
     def cooldown(self) -> timedelta:
         """The group's swap cooldown (`group_cooldown`)."""
         if self._cooldown is None:
-            self._cooldown = group_cooldown(self.models, self.policy)
+            self._cooldown = group_cooldown(self.members, self.policy)
         return self._cooldown
 
-    def is_demanded(self, candidate: Candidate) -> bool:
-        return is_demanded(candidate.model, self.now, policy=self.policy)
+    def is_demanded(self, model: ModelState) -> bool:
+        return is_demanded(model, self.now, policy=self.policy)
 
-    def is_idle(self, candidate: Candidate) -> bool:
-        return is_idle(candidate.model, self.now, policy=self.policy)
+    def is_idle(self, model: ModelState) -> bool:
+        return is_idle(model, self.now, policy=self.policy)
 
-    def candidate(self, name: str) -> Candidate | None:
-        return next((c for c in self.candidates if c.model.name == name), None)
+    def member(self, name: str) -> ModelState | None:
+        return next((m for m in self.members if m.name == name), None)
 
-    def after_demand(
+    def after_activity(
         self, offset: timedelta, kind: Threshold, after: datetime | None
     ) -> list[Crossing]:
         """`lastActiveTime + offset` of every member that has one (after `after`)."""
         if after is None:
             return [
-                Crossing(c.model.last_active + offset, kind, c.model.name)
-                for c in self.candidates
-                if c.model.last_active is not None
+                Crossing(m.last_active + offset, kind, m.name)
+                for m in self.with_activity
+                if m.last_active is not None
             ]
         cutoff = after - offset  # last + offset > after, without adding for each member
         return [
-            Crossing(last + offset, kind, c.model.name)
-            for c in self.candidates
-            if (last := c.model.last_active) is not None and last > cutoff
+            Crossing(last + offset, kind, m.name)
+            for m in self.with_activity
+            if (last := m.last_active) is not None and last > cutoff
         ]
 
 
@@ -430,11 +421,10 @@ class Rule:
     `decide` returns the `Election` when the rule decides, else a `Passed` saying why
     not. `crossings(ballot, after)` lists the instants (strictly after `after`; all
     for None) at which what the rule reads crosses a boundary (its part of
-    `next_change_at`), and `says` words one of them for
-    `flexinfer explain` (None: not worth saying, or not this rule's). A rule with
-    `stops_the_clock` makes nothing but its own crossings (and those of the rules
-    before it) matter while it decides: under a GPU lease no window or timeout can
-    change anything.
+    `next_change_at`), and `says` words one of them for `flexinfer explain` (None:
+    not worth saying, or not this rule's). While a rule with `stops_the_clock`
+    decides, nothing but its own crossings (and those of the rules before it) can
+    change the decision: under a GPU lease no window or timeout matters.
     """
 
     name: str
@@ -445,9 +435,9 @@ class Rule:
 
 
 def _empty_group(ballot: Ballot) -> Verdict:
-    if not ballot.candidates:
+    if not ballot.members:
         return Election(None, reasons.EMPTY_GROUP, "the group has no members")
-    count = len(ballot.candidates)
+    count = len(ballot.members)
     return lambda: f"{count} member(s)"
 
 
@@ -483,31 +473,28 @@ def _lease_says(ballot: Ballot, crossing: Crossing) -> str | None:
 
 
 def _force_promotion(ballot: Ballot) -> Verdict:
-    forced = next((c for c in ballot.candidates if c.model.force_promotion), None)
+    forced = next((m for m in ballot.members if m.force_promotion), None)
     if forced is not None:
-        return Election(
-            forced.model, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set"
-        )
+        return Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set")
     return lambda: "no member has forcePromotion set"
 
 
-def cooling(ballot: Ballot) -> list[Candidate]:
+def cooling(ballot: Ballot) -> list[ModelState]:
     """Rule 4's members: preempted less than the group's cooldown ago and not Ready again.
 
     A member that is Ready again has its stamp cleared by this very decision
     (docs/election.md 1.3); counting it would hold the card now and release it on the
     next reconcile with no news.
     """
-    stamped = [c for c in ballot.candidates if c.preempted_at is not None]
-    if not stamped:
-        return stamped
+    if not ballot.stamped:
+        return []
     now, cooldown = ballot.now, ballot.cooldown
     return [
-        c
-        for c in stamped
-        if c.phase is not Phase.READY
-        and c.preempted_at is not None
-        and now - c.preempted_at < cooldown
+        m
+        for m in ballot.stamped
+        if m.phase is not Phase.READY
+        and m.preempted_at is not None
+        and now - m.preempted_at < cooldown
     ]
 
 
@@ -516,10 +503,10 @@ def _swap_cooldown(ballot: Ballot) -> Verdict:
     recently_preempted = cooling(ballot)
     holder = ballot.holder
     if recently_preempted and holder is not None:
-        victim = min(recently_preempted, key=lambda c: (-_ts(c.preempted_at), c.name))
+        victim = min(recently_preempted, key=lambda m: (-_ts(m.preempted_at), m.name))
         assert victim.preempted_at is not None
         return Election(
-            holder.model,
+            holder,
             reasons.SWAP_COOLDOWN,
             f"{holder.name} keeps the card: {victim.name} was preempted at "
             f"{victim.preempted_at.isoformat()}, inside the {_fmt(ballot.cooldown)} swap cooldown",
@@ -528,12 +515,15 @@ def _swap_cooldown(ballot: Ballot) -> Verdict:
 
 
 def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+    if not ballot.stamped:
+        return []
+    cooldown = ballot.cooldown
     out = []
-    for c in ballot.candidates:
-        if c.preempted_at is not None:
-            at = c.preempted_at + ballot.cooldown
+    for m in ballot.stamped:
+        if m.preempted_at is not None:
+            at = m.preempted_at + cooldown
             if after is None or at > after:
-                out.append(Crossing(at, Threshold.SWAP_COOLDOWN, c.name))
+                out.append(Crossing(at, Threshold.SWAP_COOLDOWN, m.name))
     return out
 
 
@@ -547,62 +537,70 @@ def _cooldown_says(ballot: Ballot, crossing: Crossing) -> str | None:
 
 def cooldown_ends_at(ballot: Ballot) -> datetime | None:
     """When the running swap cooldown ends (the latest of rule 4's members), if one runs."""
-    ends = [c.preempted_at + ballot.cooldown for c in cooling(ballot) if c.preempted_at]
+    ends = [m.preempted_at + ballot.cooldown for m in cooling(ballot) if m.preempted_at]
     return max(ends, default=None)
 
 
-def _within_load_grace(ballot: Ballot, candidate: Candidate) -> bool:
-    last = candidate.model.last_active
-    return last is not None and ballot.now - last <= loading_grace(candidate.model, ballot.policy)
+def _within_load_grace(ballot: Ballot, model: ModelState) -> bool:
+    last = model.last_active
+    return last is not None and ballot.now - last <= loading_grace(model, ballot.policy)
 
 
 def _loading_holder(ballot: Ballot) -> Verdict:
     """A holder in the middle of its load is not torn down for anything less."""
+    active = SharedState.ACTIVE
     loading = next(
-        (c for c in ballot.candidates if c.active and c.loading and _within_load_grace(ballot, c)),
+        (
+            m
+            for m in ballot.members
+            if m.shared_state is active and is_loading(m) and _within_load_grace(ballot, m)
+        ),
         None,
     )
     if loading is None:
         return lambda: "no holder is pending or loading within its load grace"
-    priority = loading.model.priority
     challenger = next(
-        (c for c in ballot.runnable if c.model.priority > priority and ballot.is_demanded(c)),
+        (m for m in ballot.runnable if m.priority > loading.priority and ballot.is_demanded(m)),
         None,
     )
     if challenger is None:
         return Election(
-            loading.model,
+            loading,
             reasons.LOADING_HOLDER,
             f"{loading.name} is {loading.phase.value.lower()} and keeps the card until "
             "its load finishes; no higher-priority model is demanded",
         )
     return lambda: (
         f"{loading.name} is {loading.phase.value.lower()}, but {challenger.name} "
-        f"(priority {challenger.model.priority}) is demanded and outranks it "
-        f"(priority {priority})"
+        f"(priority {challenger.priority}) is demanded and outranks it "
+        f"(priority {loading.priority})"
     )
 
 
 def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
-    policy = ballot.policy
+    # max(recent window, coldStartTimeout) (`loading_grace`), inclusive: it lapses a tick
+    # after; inlined, as every member with activity is counted at every decision.
+    recent = ballot.policy.recent_window
     out = []
-    for c in ballot.candidates:
-        last = c.model.last_active
-        if last is not None:
-            at = last + loading_grace(c.model, policy) + _TICK
-            if after is None or at > after:
-                out.append(Crossing(at, Threshold.LOAD_GRACE, c.name))
+    for m in ballot.with_activity:
+        last = m.last_active
+        if last is None:
+            continue
+        cold = m.serverless.cold_start_timeout
+        at = last + (cold if cold > recent else recent) + _TICK
+        if after is None or at > after:
+            out.append(Crossing(at, Threshold.LOAD_GRACE, m.name))
     return out
 
 
 def _load_grace_says(ballot: Ballot, crossing: Crossing) -> str | None:
     if crossing.kind is not Threshold.LOAD_GRACE:
         return None
-    candidate = ballot.candidate(crossing.subject)
+    model = ballot.member(crossing.subject)
     # The load grace only protects a holder that is still loading.
-    if candidate is None or not (candidate.active and candidate.loading):
+    if model is None or not (model.shared_state is SharedState.ACTIVE and is_loading(model)):
         return None
-    grace = _fmt(loading_grace(candidate.model, ballot.policy))
+    grace = _fmt(loading_grace(model, ballot.policy))
     return f"{crossing.subject}'s {grace} load grace ends"
 
 
@@ -614,8 +612,8 @@ def _classify(ballot: Ballot) -> Verdict:
 def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
     policy = ballot.policy
     return [
-        *ballot.after_demand(policy.demand_window, Threshold.DEMAND_WINDOW, after),
-        *ballot.after_demand(policy.recent_window, Threshold.RECENT_WINDOW, after),
+        *ballot.after_activity(policy.demand_window, Threshold.DEMAND_WINDOW, after),
+        *ballot.after_activity(policy.recent_window, Threshold.RECENT_WINDOW, after),
     ]
 
 
@@ -632,34 +630,32 @@ def _window_says(ballot: Ballot, crossing: Crossing) -> str | None:
 def _demand_preemption(ballot: Ballot) -> Verdict:
     demanded, ready = ballot.demanded, ballot.ready
     if demanded is not None and ready is not None and demanded is not ready:
-        if demanded.model.priority > ready.model.priority:
+        if demanded.priority > ready.priority:
             return Election(
-                demanded.model,
+                demanded,
                 reasons.DEMAND_PREEMPTION,
-                f"{demanded.name} (priority {demanded.model.priority}) is demanded and outranks "
-                f"the ready leader {ready.name} (priority {ready.model.priority})",
+                f"{demanded.name} (priority {demanded.priority}) is demanded and outranks "
+                f"the ready leader {ready.name} (priority {ready.priority})",
             )
-        if ballot.is_idle(ready) and demanded.model.priority >= ready.model.priority:
+        if ballot.is_idle(ready) and demanded.priority >= ready.priority:
             return Election(
-                demanded.model,
+                demanded,
                 reasons.DEMAND_PREEMPTION,
                 f"{demanded.name} is demanded and the ready leader {ready.name} is idle at "
-                f"equal priority ({ready.model.priority})",
+                f"equal priority ({ready.priority})",
             )
     return lambda: _why_no_preemption(ballot)
 
 
 def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
     # A member is idle only once strictly older than the window.
-    return ballot.after_demand(ballot.policy.demand_window + _TICK, Threshold.IDLE, after)
+    return ballot.after_activity(ballot.policy.demand_window + _TICK, Threshold.IDLE, after)
 
 
 def _ready_member(ballot: Ballot) -> Verdict:
     ready = ballot.ready
     if ready is not None:
-        return Election(
-            ready.model, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card"
-        )
+        return Election(ready, reasons.READY_LEADER, f"{ready.name} is ready and keeps the card")
     return lambda: "no runnable member is Ready"
 
 
@@ -668,7 +664,7 @@ def _recent_demand(ballot: Ballot) -> Verdict:
     window = ballot.policy.recent_window
     if recent is not None:
         return Election(
-            recent.model,
+            recent,
             reasons.RECENT_DEMAND,
             f"{recent.name} was wanted within the last {_fmt(window)}",
         )
@@ -679,11 +675,7 @@ def _fallback(ballot: Ballot) -> Verdict:
     """Always decides: the best member that would run, else the best runnable, else the best."""
     runnable = ballot.runnable
     would_run = next(
-        (
-            c
-            for c in runnable
-            if c.model.serverless.min_replicas >= 1 or not c.model.serverless.enabled
-        ),
+        (m for m in runnable if m.serverless.min_replicas >= 1 or not m.serverless.enabled),
         None,
     )
     if would_run is not None:
@@ -691,8 +683,8 @@ def _fallback(ballot: Ballot) -> Verdict:
     elif runnable:
         chosen, why = runnable[0], "the best runnable member; nobody is demanded"
     else:
-        chosen, why = ballot.candidates[0], "the best member; no member is runnable"
-    return Election(chosen.model, reasons.FALLBACK, f"{chosen.name} is {why}")
+        chosen, why = ballot.members[0], "the best member; no member is runnable"
+    return Election(chosen, reasons.FALLBACK, f"{chosen.name} is {why}")
 
 
 # docs/election.md 1.2, in order; a rule's number is its place here.
@@ -819,7 +811,7 @@ def _failed_open(election: Election, ballot: Ballot) -> Election:
     if (
         not (ballot.unreadable or ballot.leases)
         or election.lease is not None
-        or not ballot.candidates
+        or not ballot.members
         or not ballot.group
     ):
         return election
@@ -872,18 +864,18 @@ def _why_no_lease(ballot: Ballot) -> str:
     return f"no active GPU lease on group {group} ({expired})"
 
 
-def _why_no_cooldown(ballot: Ballot, recently_preempted: Sequence[Candidate]) -> str:
+def _why_no_cooldown(ballot: Ballot, recently_preempted: Sequence[ModelState]) -> str:
     cooldown = ballot.cooldown
     if recently_preempted:
-        names = ", ".join(c.name for c in recently_preempted)
+        names = ", ".join(m.name for m in recently_preempted)
         return (
             f"{names} preempted inside the {_fmt(cooldown)} swap cooldown, but no member "
             "holds the card to keep it"
         )
-    stamped = [c for c in ballot.candidates if c.preempted_at is not None]
+    stamped = ballot.stamped
     if not stamped:
         return f"no member was preempted within the {_fmt(cooldown)} swap cooldown"
-    last = max(stamped, key=lambda c: (_ts(c.preempted_at), c.name))
+    last = max(stamped, key=lambda m: (_ts(m.preempted_at), m.name))
     assert last.preempted_at is not None
     if last.phase is Phase.READY:
         return f"{last.name} is Ready again, so its preemption no longer holds the group"
@@ -901,9 +893,9 @@ def _classification(ballot: Ballot) -> str:
         f"demanded within {_fmt(policy.demand_window)}: {_name(ballot.demanded)}",
     ]
     blocked = [
-        f"{c.name} ({'failed' if c.phase is Phase.FAILED else 'cache not ready'})"
-        for c in ballot.candidates
-        if not c.runnable
+        f"{m.name} ({'failed' if m.phase is Phase.FAILED else 'cache not ready'})"
+        for m in ballot.members
+        if not m.runnable
     ]
     if blocked:
         parts.append(f"not runnable: {', '.join(blocked)}")
@@ -919,7 +911,7 @@ def _why_no_preemption(ballot: Ballot) -> str:
         return f"{demanded.name} is demanded, but no member is Ready to be preempted"
     if demanded is ready:
         return f"the best demanded member, {demanded.name}, is the ready one"
-    asker, holder = demanded.model.priority, ready.model.priority
+    asker, holder = demanded.priority, ready.priority
     if ballot.is_demanded(ready):
         return (
             f"{demanded.name} (priority {asker}) does not outrank the ready "
@@ -937,8 +929,8 @@ def _why_no_preemption(ballot: Ballot) -> str:
     )
 
 
-def _name(candidate: Candidate | None) -> str:
-    return "-" if candidate is None else candidate.name
+def _name(model: ModelState | None) -> str:
+    return "-" if model is None else model.name
 
 
 def _ts(value: datetime | None) -> float:

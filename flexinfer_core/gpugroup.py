@@ -1,6 +1,6 @@
 """The v1alpha1 GPUGroup decision: keep, swap, drain or idle, with the blocking reason.
 
-Spec: spec/election.md section 3. Demand is real queued requests, reported by the
+Rules: docs/election.md section 3. Demand is real queued requests, reported by the
 proxy per member (queue depth, the arrival of the oldest waiting request and when
 it reported); a report older than `DEMAND_STALE_AFTER` counts as no demand, and
 `next_change_at` includes the instant the next live report goes stale. The
@@ -283,7 +283,7 @@ _GATE_REASONS = (
     reasons.COOLDOWN_AFTER_PREEMPTION,
 )
 
-# The steps of spec/election.md section 3, numbered for `flexinfer explain`.
+# The steps of docs/election.md section 3, numbered for `flexinfer explain`.
 GPU_GROUP_RULES: Final = (
     (1, "members exist"),
     (2, "queued demand"),
@@ -380,7 +380,7 @@ def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupSta
 
 
 def decide_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupDecision:
-    """Decide which member holds the group's GPU (spec/election.md 3).
+    """Decide which member holds the group's GPU (docs/election.md 3).
 
     Recorded instants after `now` (a member's `lastAccessTime` or `preemptedAt`, the
     `lastSwapTime`) are read as `now`: read as recorded, one from the year 9999 would

@@ -1,6 +1,6 @@
 """One shared group's full decision: election plus what each member should look like.
 
-Spec: spec/election.md 1.3. Given the members as observed, the leases, which
+Rules: docs/election.md 1.3. Given the members as observed, the leases, which
 members still have pods and `now`, this module says, per member: the target
 `sharedGroup` status, phase change, conditions, desired replicas (with
 break-before-make), the `ai.flexinfer/active-services` value and the Events to
@@ -270,10 +270,7 @@ def decide_group(
         # starts the cooldown; the new holder becomes Active), and a condition written
         # with the pre-apply reason would be rewritten on the next reconcile with no
         # news. The Events keep the reason for the change itself.
-        active = SharedState.ACTIVE
-        settled = ballot.settled(
-            {m.name: (m.state is active, m.phase, m.preempted_at) for m in members}
-        )
+        settled = ballot.settled({m.name: (m.state, m.phase, m.preempted_at) for m in members})
         if settled is not None:
             again = elect(settled)
             if again.leader_name == election.leader_name:
@@ -576,20 +573,19 @@ def _preempted_condition(name: str, reason: str) -> Condition:
 def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
     # The leader scales to minReplicas once idle strictly longer than its idle timeout.
     out = []
-    for c in ballot.candidates:
-        last = c.model.last_active
-        if last is not None:
-            at = last + c.model.serverless.idle_timeout + _TICK
+    for m in ballot.with_activity:
+        if m.last_active is not None:
+            at = m.last_active + m.serverless.idle_timeout + _TICK
             if after is None or at > after:
-                out.append(Crossing(at, Threshold.IDLE_TIMEOUT, c.name))
+                out.append(Crossing(at, Threshold.IDLE_TIMEOUT, m.name))
     return out
 
 
 def _idle_timeout_says(ballot: Ballot, crossing: Crossing) -> str | None:
-    candidate = ballot.candidate(crossing.subject)
-    if crossing.kind is not Threshold.IDLE_TIMEOUT or candidate is None:
+    model = ballot.member(crossing.subject)
+    if crossing.kind is not Threshold.IDLE_TIMEOUT or model is None:
         return None
-    idle = format_duration(candidate.model.serverless.idle_timeout)
+    idle = format_duration(model.serverless.idle_timeout)
     return f"{crossing.subject}'s {idle} idle timeout ends"
 
 
@@ -625,8 +621,8 @@ def next_change_at(
 
 
 def _next_change(ballot: Ballot) -> datetime | None:
-    now = ballot.now
-    return min((c.at for c in crossings(ballot, extra=(REPLICAS,)) if c.at > now), default=None)
+    ahead = crossings(ballot, after=ballot.now, extra=(REPLICAS,))
+    return min(c.at for c in ahead) if ahead else None
 
 
 def thresholds(

@@ -1,6 +1,6 @@
 """GPU leases: when one is active, which one governs a group, and the finetune lifecycle.
 
-Spec: spec/election.md section 2. A lease is active while it exists and its
+Rules: docs/election.md section 2. A lease is active while it exists and its
 `expiresAt` is absent or still ahead of `now`; expiry needs no write. A `GPULease`
 takes precedence over the legacy ConfigMap carrier. This module decides; the
 controller creates, refreshes and deletes.

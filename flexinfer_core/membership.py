@@ -11,7 +11,7 @@ A ModelDeployment in conflict is run by nobody: it stays at 0 replicas (never as
 standalone beside a group's holder), the groups that list it leave it out of their
 decisions (its pods still count as holding their card), and its Ready condition
 says why, naming the groups. One that no group lists and that names none is
-standalone (spec/election.md section 4). No I/O: the adapters read `spec.models`
+standalone (docs/election.md section 4). No I/O: the adapters read `spec.models`
 and `gpuGroupRef` and pass them in.
 """
 

@@ -1,6 +1,6 @@
 """The phases the controller reports for Models and ModelDeployments, from their workloads.
 
-- A Model's phase (spec/election.md 1): from its Deployment's replicas and pods.
+- A Model's phase (docs/election.md 1): from its Deployment's replicas and pods.
 - A ModelDeployment's phase (docs/resources.md): Running once a pod is ready,
   Pending while its pods start, Idle at zero replicas.
 

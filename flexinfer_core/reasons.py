@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# Why the shared-group election picked its leader (spec/election.md 1.2).
+# Why the shared-group election picked its leader (docs/election.md 1.2).
 EMPTY_GROUP: Final = "EmptyGroup"
 # One spelling for the election, the members' conditions and the Events (spec 1.3).
 GPU_LEASE_HELD: Final = "GPULeaseHeld"
@@ -35,7 +35,7 @@ ELECTION_REASONS: Final = frozenset(
     }
 )
 
-# Per-member condition and Event reasons (spec/election.md 1.3); a member parked by
+# Per-member condition and Event reasons (docs/election.md 1.3); a member parked by
 # a lease says GPU_LEASE_HELD, like the election.
 PREEMPTED: Final = "Preempted"
 PROMOTED: Final = "Promoted"
@@ -45,7 +45,7 @@ ACTIVE: Final = "Active"
 # A recorded lastActiveTime or preemptedAt that lay in the future, read as now.
 TIMESTAMP_IN_FUTURE: Final = "TimestampInFuture"
 
-# GPUGroup decisions (spec/election.md section 3).
+# GPUGroup decisions (docs/election.md section 3).
 KEEP_CURRENT: Final = "KeepCurrent"
 IDLE_TIMEOUT: Final = "IdleTimeout"
 NO_DEMAND: Final = "NoDemand"
@@ -58,7 +58,7 @@ START: Final = "Start"
 DRAINING: Final = "Draining"
 DRAIN_TIMEOUT: Final = "DrainTimeout"
 
-# Finetune lease lifecycle (spec/election.md section 2).
+# Finetune lease lifecycle (docs/election.md section 2).
 LEASE_ACQUIRE: Final = "LeaseAcquire"
 LEASE_REFRESH: Final = "LeaseRefresh"
 LEASE_CURRENT: Final = "LeaseCurrent"
@@ -72,7 +72,7 @@ GPU_GROUP_MEMBER: Final = "GPUGroupMember"
 GPU_GROUP_REF_NOT_LISTED: Final = "GPUGroupRefNotListed"
 LISTED_BY_MULTIPLE_GPU_GROUPS: Final = "ListedByMultipleGPUGroups"
 
-# Standalone ModelDeployments (spec/election.md section 4).
+# Standalone ModelDeployments (docs/election.md section 4).
 IN_USE: Final = "InUse"
 COLD_START: Final = "ColdStart"
 IDLE_SCALE_TO_ZERO: Final = "IdleScaleToZero"

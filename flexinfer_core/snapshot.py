@@ -250,7 +250,10 @@ class Serverless:
     )
 
 
-@attrs.frozen
+# slots=False: a frozen class with a __dict__ is built about twice as fast (attrs writes
+# the dict instead of calling object.__setattr__ per field), and `with_written_status`
+# can copy one without running every validator again.
+@attrs.frozen(slots=False)
 class ModelState:
     """One `Model` as observed: its spec, its status and its Deployment's replicas.
 
@@ -303,6 +306,29 @@ class ModelState:
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+
+def with_written_status(
+    model: ModelState,
+    *,
+    shared_state: SharedState | None,
+    phase: Phase,
+    preempted_at: datetime | None,
+) -> ModelState:
+    """`model` with the `sharedGroup.state`, phase and `preemptedAt` a decision writes.
+
+    For the election's settled ballot (flexinfer_core.election.Ballot.settled): the
+    values come from a decision about this very model, so they are not validated
+    again; `attrs.evolve` would run every validator of every field, for every member
+    whose status a decision changes, at every reconcile.
+    """
+    copy = object.__new__(ModelState)
+    fields = copy.__dict__
+    fields.update(model.__dict__)
+    fields["shared_state"] = shared_state
+    fields["phase"] = phase
+    fields["preempted_at"] = preempted_at
+    return copy
 
 
 @attrs.frozen

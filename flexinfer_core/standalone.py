@@ -1,6 +1,6 @@
 """A ModelDeployment no GPUGroup governs: in use, idle, scaled to zero, or held at zero.
 
-Spec: spec/election.md section 4. A ModelDeployment outside any GPUGroup runs
+Rules: docs/election.md section 4. A ModelDeployment outside any GPUGroup runs
 `replicas` pods (at least 1) while its last request (`status.lastAccessTime`,
 written by the proxy) is younger than `idleTimeoutSeconds`, and `minReplicas`
 otherwise (0 = scale to zero; never used = `minReplicas`). One guard: a
@@ -110,7 +110,7 @@ class StandaloneDecision:
 
 
 def decide_standalone(state: StandaloneDeployment, *, now: datetime) -> StandaloneDecision:
-    """How many pods a standalone ModelDeployment should run now (spec/election.md 4).
+    """How many pods a standalone ModelDeployment should run now (docs/election.md 4).
 
     A `lastAccessTime` after `now` is read as `now` (read as recorded, one from the year
     9999 would keep it in use, never scaled to zero, until then); beyond

@@ -1,4 +1,4 @@
-"""VRAM estimates for mlc-llm settings (spec/resources.md, ModelDeployment `mlcllm`).
+"""VRAM estimates for mlc-llm settings (docs/resources.md, ModelDeployment `mlcllm`).
 
 total ≈ weights + KV cache + temporary buffers, with
 KV cache ≈ maxNumSequence × maxTotalSeqLength × bytes-per-token.

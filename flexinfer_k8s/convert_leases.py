@@ -1,6 +1,6 @@
 """GPU leases from Kubernetes JSON: a `GPULease`, or the legacy ConfigMap carrier.
 
-Pure readers (spec/election.md section 2): an object that names no group is not a
+Pure readers (docs/election.md section 2): an object that names no group is not a
 lease and reads as None; one whose `expiresAt` does not parse reads with its
 `problem` said. Which lease governs a group, and what an unreadable
 source means, is the core's to decide.

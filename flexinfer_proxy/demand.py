@@ -1,7 +1,7 @@
 """Demand signalling: what the proxy tells the cluster, and how often.
 
 `DemandSignaller` turns queue changes and served requests into writes through a
-`DemandSink` (spec/election.md 1.4 and 4, docs/resources.md):
+`DemandSink` (docs/election.md 1.4 and 4, docs/resources.md):
 
 - a Model or a standalone ModelDeployment gets a timestamp (`lastActiveTime` /
   `lastAccessTime`) when a burst of requests starts queueing, again once a minute

@@ -16,7 +16,7 @@ A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 when `status.phase` is Running). A Model shadows a ModelDeployment of the same name
 in the same namespace. Names resolve as `flexinfer_proxy.directory` says.
 
-Where requests go (spec/rendering.md): the Service the controller rendered for the
+Where requests go (docs/rendering.md): the Service the controller rendered for the
 resource, found by its labels (`app.kubernetes.io/managed-by: flexinfer`,
 `ai.flexinfer/kind`, `ai.flexinfer/model`) and its controller ownerReference, at
 `http://<service>.<namespace>.svc:<port "http">/v1` (cluster DNS). Until that
@@ -66,7 +66,7 @@ from flexinfer_proxy.directory import (
 BACKEND_PORT = 8000
 WATCH_TIMEOUT_SECONDS = 30
 
-# The labels the renderer puts on every Service it creates (spec/rendering.md).
+# The labels the renderer puts on every Service it creates (docs/rendering.md).
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "flexinfer"
 KIND_LABEL = "ai.flexinfer/kind"

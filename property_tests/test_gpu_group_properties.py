@@ -1,4 +1,4 @@
-"""Properties of the v1alpha1 GPUGroup decision (spec/election.md section 3)."""
+"""Properties of the v1alpha1 GPUGroup decision (docs/election.md section 3)."""
 
 from __future__ import annotations
 

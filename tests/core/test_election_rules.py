@@ -1,4 +1,4 @@
-"""spec/election.md 1.1–1.2: each rule of the election, in order."""
+"""docs/election.md 1.1–1.2: each rule of the election, in order."""
 
 from __future__ import annotations
 

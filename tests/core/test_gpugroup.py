@@ -1,4 +1,4 @@
-"""spec/election.md 3: the v1alpha1 GPUGroup decision."""
+"""docs/election.md 3: the v1alpha1 GPUGroup decision."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""spec/election.md 1.3: what the decision says for each member."""
+"""docs/election.md 1.3: what the decision says for each member."""
 
 from __future__ import annotations
 

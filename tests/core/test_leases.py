@@ -1,4 +1,4 @@
-"""spec/election.md 2: lease activity, precedence and the finetune lifecycle."""
+"""docs/election.md 2: lease activity, precedence and the finetune lifecycle."""
 
 from __future__ import annotations
 

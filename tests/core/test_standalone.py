@@ -1,4 +1,4 @@
-"""spec/election.md 4: a standalone ModelDeployment scales to zero when idle."""
+"""docs/election.md 4: a standalone ModelDeployment scales to zero when idle."""
 
 from __future__ import annotations
 

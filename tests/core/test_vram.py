@@ -1,4 +1,4 @@
-"""spec/resources.md: the mlc-llm VRAM estimate and mode defaults."""
+"""docs/resources.md: the mlc-llm VRAM estimate and mode defaults."""
 
 from __future__ import annotations
 

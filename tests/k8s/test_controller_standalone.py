@@ -1,4 +1,4 @@
-"""Standalone ModelDeployments on a real control plane (spec/election.md 4): idle ones
+"""Standalone ModelDeployments on a real control plane (docs/election.md 4): idle ones
 scale to zero on the timer, a recorded request wakes them, minReplicas holds."""
 
 # The fixtures come from .harness; test parameters name them again on purpose.

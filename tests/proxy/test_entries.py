@@ -51,7 +51,7 @@ def test_readiness(kind: ModelKind, status: dict[str, Any], ready: bool) -> None
     ("svc", "status", "override", "endpoint"),
     [
         (None, {}, None, "http://m.ns.svc:8000/v1"),
-        # status.endpoint(s) are for people: never a URL (spec/rendering.md).
+        # status.endpoint(s) are for people: never a URL (docs/rendering.md).
         (None, {"endpoint": "http://elsewhere:9000/v1"}, None, "http://m.ns.svc:8000/v1"),
         (None, {"endpoints": ["http://elsewhere:9000/v1"]}, None, "http://m.ns.svc:8000/v1"),
         (service({"name": "http", "port": 8080}), {}, None, "http://m.ns.svc:8080/v1"),

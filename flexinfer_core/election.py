@@ -31,8 +31,9 @@ with its own crossings and wording; nothing else walks the members.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Final, NamedTuple
 
@@ -61,6 +62,30 @@ def candidate_rank(model: ModelState) -> tuple[int, float, str]:
     """Sort key: smaller is better (higher priority, more recent activity, smaller name)."""
     active = model.last_active.timestamp() if model.last_active is not None else _OLDEST
     return (-model.priority, -active, model.name)
+
+
+def ranked(models: Iterable[ModelState]) -> tuple[ModelState, ...]:
+    """The members best first, by `candidate_rank`.
+
+    One sort by the total order, so that "the best member such that ..." is the first
+    one that qualifies. Done as three stable sorts with keys Python need not call
+    (name, then activity, then priority; each later sort keeps the order of the
+    earlier ones among its ties): the same order as sorting by `candidate_rank`, in
+    about half the time, on the hot path of every election.
+    """
+    out = sorted(models, key=_NAME)
+    out.sort(key=_activity, reverse=True)
+    out.sort(key=_PRIORITY, reverse=True)
+    return tuple(out)
+
+
+_NAME = operator.attrgetter("name")
+_PRIORITY = operator.attrgetter("priority")
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def _activity(model: ModelState) -> datetime:
+    return model.last_active or _NEVER  # absent counts as oldest
 
 
 def best(models: Iterable[ModelState]) -> ModelState | None:
@@ -214,6 +239,11 @@ class Crossing(NamedTuple):
     subject: str  # a member's or a lease's name
 
 
+Instant = tuple[datetime, Threshold, str]
+"""A `Crossing` as a rule lists it: a plain tuple, as the timer builds them for every
+member at every decision."""
+
+
 def is_loading(model: ModelState) -> bool:
     """Pending or Loading: its pod is on its way."""
     return model.phase in _LOADING
@@ -257,7 +287,7 @@ class Ballot:
         self._cooldown: timedelta | None = None
         holder = ready = recent = demanded = None
         runnable = []
-        with_activity = []
+        activity = []
         stamped = []
         active, failed, ready_phase = SharedState.ACTIVE, Phase.FAILED, Phase.READY
         demand_window, recent_window = policy.demand_window, policy.recent_window
@@ -268,7 +298,7 @@ class Ballot:
                 holder = m
             last = m.last_active
             if last is not None:
-                with_activity.append(m)
+                activity.append((last, m))
             if m.phase is failed or not m.cache_ready:  # not `runnable`
                 continue
             runnable.append(m)
@@ -291,8 +321,8 @@ class Ballot:
         """Rule 6: the best runnable member wanted within the recent window."""
         self.demanded: ModelState | None = demanded
         """Rule 6: the best runnable member demanded within the demand window."""
-        self.with_activity: tuple[ModelState, ...] = tuple(with_activity)
-        """The members with a `lastActiveTime`."""
+        self.activity: tuple[tuple[datetime, ModelState], ...] = tuple(activity)
+        """The members with a `lastActiveTime`, with it."""
         self.stamped: tuple[ModelState, ...] = tuple(stamped)
         """The members with a `preemptedAt`."""
 
@@ -312,10 +342,8 @@ class Ballot:
             key = check_one_group(models) or ("", "")
         else:
             key = (models[0].namespace, models[0].group) if models else ("", "")
-        # One sort by the total order: "the best member such that ..." is then the
-        # first one that qualifies.
         return cls(
-            tuple(sorted(models, key=candidate_rank)),
+            ranked(models),
             namespace=key[0],
             group=key[1],
             now=now,
@@ -382,20 +410,12 @@ class Ballot:
 
     def after_activity(
         self, offset: timedelta, kind: Threshold, after: datetime | None
-    ) -> list[Crossing]:
+    ) -> list[Instant]:
         """`lastActiveTime + offset` of every member that has one (after `after`)."""
         if after is None:
-            return [
-                Crossing(m.last_active + offset, kind, m.name)
-                for m in self.with_activity
-                if m.last_active is not None
-            ]
+            return [(last + offset, kind, m.name) for last, m in self.activity]
         cutoff = after - offset  # last + offset > after, without adding for each member
-        return [
-            Crossing(last + offset, kind, m.name)
-            for m in self.with_activity
-            if (last := m.last_active) is not None and last > cutoff
-        ]
+        return [(last + offset, kind, m.name) for last, m in self.activity if last > cutoff]
 
 
 # --- the rules ---------------------------------------------------------------------------
@@ -404,10 +424,6 @@ Passed = Callable[[], str]
 """A rule that does not decide: says why, when asked (explain only)."""
 
 Verdict = Election | Passed
-
-
-def _no_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
-    return []
 
 
 def _says_nothing(ballot: Ballot, crossing: Crossing) -> str | None:
@@ -429,7 +445,7 @@ class Rule:
 
     name: str
     decide: Callable[[Ballot], Verdict]
-    crossings: Callable[[Ballot, datetime | None], list[Crossing]] = _no_crossings
+    crossings: Callable[[Ballot, datetime | None], list[Instant]] | None = None
     says: Callable[[Ballot, Crossing], str | None] = _says_nothing
     stops_the_clock: bool = False
 
@@ -455,9 +471,9 @@ def _gpu_lease(ballot: Ballot) -> Verdict:
     return lambda: _why_no_lease(ballot)
 
 
-def _lease_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+def _lease_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     return [
-        Crossing(lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+        (lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
         for lease in ballot.leases
         if lease.expires_at is not None
         and (after is None or lease.expires_at > after)
@@ -514,7 +530,7 @@ def _swap_cooldown(ballot: Ballot) -> Verdict:
     return lambda: _why_no_cooldown(ballot, recently_preempted)
 
 
-def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     if not ballot.stamped:
         return []
     cooldown = ballot.cooldown
@@ -523,7 +539,7 @@ def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing
         if m.preempted_at is not None:
             at = m.preempted_at + cooldown
             if after is None or at > after:
-                out.append(Crossing(at, Threshold.SWAP_COOLDOWN, m.name))
+                out.append((at, Threshold.SWAP_COOLDOWN, m.name))
     return out
 
 
@@ -577,19 +593,16 @@ def _loading_holder(ballot: Ballot) -> Verdict:
     )
 
 
-def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
-    # max(recent window, coldStartTimeout) (`loading_grace`), inclusive: it lapses a tick
-    # after; inlined, as every member with activity is counted at every decision.
+def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
+    # `loading_grace` (max(recent window, coldStartTimeout)), inlined: every member with
+    # activity is counted at every decision. Inclusive, so it lapses a tick later.
     recent = ballot.policy.recent_window
     out = []
-    for m in ballot.with_activity:
-        last = m.last_active
-        if last is None:
-            continue
+    for last, m in ballot.activity:
         cold = m.serverless.cold_start_timeout
-        at = last + (cold if cold > recent else recent) + _TICK
-        if after is None or at > after:
-            out.append(Crossing(at, Threshold.LOAD_GRACE, m.name))
+        end = last + (cold if cold > recent else recent)
+        if after is None or end >= after:  # end + a tick > after
+            out.append((end + _TICK, Threshold.LOAD_GRACE, m.name))
     return out
 
 
@@ -609,7 +622,7 @@ def _classify(ballot: Ballot) -> Verdict:
     return lambda: _classification(ballot)
 
 
-def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     policy = ballot.policy
     return [
         *ballot.after_activity(policy.demand_window, Threshold.DEMAND_WINDOW, after),
@@ -647,7 +660,7 @@ def _demand_preemption(ballot: Ballot) -> Verdict:
     return lambda: _why_no_preemption(ballot)
 
 
-def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     # A member is idle only once strictly older than the window.
     return ballot.after_activity(ballot.policy.demand_window + _TICK, Threshold.IDLE, after)
 
@@ -780,20 +793,35 @@ def explain_election(
     return ElectionTrace(_failed_open(decided, ballot), tuple(checks))
 
 
+def instants(
+    ballot: Ballot, *, after: datetime | None = None, extra: Iterable[Rule] = ()
+) -> list[Instant]:
+    """Every instant (strictly after `after`; all for None; unordered) at which
+    something the chain (and `extra`) reads crosses a boundary. While a rule that
+    `stops_the_clock` decides, only its instants and those of the rules before it."""
+    out: list[Instant] = []
+    for rule in CHAIN:
+        if rule.crossings is not None:
+            out += rule.crossings(ballot, after)
+            if rule.stops_the_clock and isinstance(rule.decide(ballot), Election):
+                return out
+    for rule in extra:
+        if rule.crossings is not None:
+            out += rule.crossings(ballot, after)
+    return out
+
+
 def crossings(
     ballot: Ballot, *, after: datetime | None = None, extra: Iterable[Rule] = ()
 ) -> list[Crossing]:
-    """Every instant (strictly after `after`; all for None, unordered) at which
-    something the chain (and `extra`) reads crosses a boundary. While a rule that
-    `stops_the_clock` decides, only its crossings and those of the rules before it."""
-    out: list[Crossing] = []
-    for rule in CHAIN:
-        out += rule.crossings(ballot, after)
-        if rule.stops_the_clock and isinstance(rule.decide(ballot), Election):
-            return out
-    for rule in extra:
-        out += rule.crossings(ballot, after)
-    return out
+    """`instants`, labelled (for `flexinfer explain`)."""
+    return [Crossing(*instant) for instant in instants(ballot, after=after, extra=extra)]
+
+
+def next_instant(ballot: Ballot, *, after: datetime, extra: Iterable[Rule] = ()) -> datetime | None:
+    """The earliest of `instants` strictly after `after`: the controller's timer."""
+    ahead = instants(ballot, after=after, extra=extra)
+    return min(instant[0] for instant in ahead) if ahead else None
 
 
 def describe_crossing(

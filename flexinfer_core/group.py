@@ -28,12 +28,14 @@ from flexinfer_core.election import (
     Ballot,
     Crossing,
     Election,
+    Instant,
     Rule,
     Threshold,
     candidate_rank,
     crossings,
     describe_crossing,
     elect,
+    next_instant,
 )
 from flexinfer_core.leases import lease_holder_label
 from flexinfer_core.snapshot import (
@@ -488,6 +490,7 @@ class _Parked:
 
     def decision(self, model: ModelState, position: int) -> MemberDecision:
         holder_label = self.holder_label
+        name = model.name
         phase = model.phase
         preempted_at = model.preempted_at
         events: tuple[Event, ...] = ()
@@ -496,9 +499,9 @@ class _Parked:
             preempted_at = self.now
             events = (
                 Event(
-                    model.name,
+                    name,
                     self.evict_reason,
-                    f"{model.name} was preempted by {holder_label}: {self.election.message}",
+                    f"{name} was preempted by {holder_label}: {self.election.message}",
                     type="Warning",
                 ),
             )
@@ -514,35 +517,42 @@ class _Parked:
         else:
             reason = reasons.QUEUED
             message = f"queued (position {position}); no member holds the GPU"
+        # Positional, in the field order of MemberDecision (name, state, queue_position,
+        # preempted_by, phase, preempted_at, desired_replicas, active_services, reason,
+        # message, conditions, events): built for every parked member at every decision.
         return MemberDecision(
-            name=model.name,
-            state=SharedState.QUEUED,
-            queue_position=position,
-            preempted_by=holder_label,
-            phase=phase,
-            preempted_at=preempted_at,
-            desired_replicas=0,
-            active_services="",
-            reason=reason,
-            message=message,
-            conditions=(
-                _parked_condition(reason, message),
-                # Not serving because parked: Ready says why (Queued behind whom, or the
-                # lease), so kubectl's REASON column never shows a bare Queued state. A
-                # preemption and a failure keep their own reason.
-                _preempted_condition(model.name, self.evict_reason)
-                if phase is Phase.PREEMPTED
-                else _ready_condition(phase, model.name)
-                if phase is Phase.FAILED
-                else _not_ready_because(reason, message),
-            ),
-            events=events,
+            name,
+            SharedState.QUEUED,
+            position,
+            holder_label,
+            phase,
+            preempted_at,
+            0,
+            "",
+            reason,
+            message,
+            _parked_conditions(reason, message, name, phase, self.evict_reason),
+            events,
         )
 
 
 @functools.lru_cache(maxsize=16384)
-def _parked_condition(reason: str, message: str) -> Condition:
-    return Condition(CONDITION_ACTIVE, False, reason, message)
+def _parked_conditions(
+    reason: str, message: str, name: str, phase: Phase, evict_reason: str
+) -> tuple[Condition, Condition]:
+    """A parked member's Active and Ready conditions (cached: the same members are
+    parked the same way at every reconcile, and conditions are immutable values)."""
+    return (
+        Condition(CONDITION_ACTIVE, False, reason, message),
+        # Not serving because parked: Ready says why (Queued behind whom, or the lease),
+        # so kubectl's REASON column never shows a bare Queued state. A preemption and a
+        # failure keep their own reason.
+        _preempted_condition(name, evict_reason)
+        if phase is Phase.PREEMPTED
+        else _ready_condition(phase, name)
+        if phase is Phase.FAILED
+        else _not_ready_because(reason, message),
+    )
 
 
 _HOLDER_WAITS = frozenset({reasons.WAITING_FOR_GPU, reasons.CACHE_NOT_READY})
@@ -570,14 +580,13 @@ def _preempted_condition(name: str, reason: str) -> Condition:
     return Condition(CONDITION_READY, False, reason, f"{name} gave the GPU to {why}")
 
 
-def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Crossing]:
+def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     # The leader scales to minReplicas once idle strictly longer than its idle timeout.
     out = []
-    for m in ballot.with_activity:
-        if m.last_active is not None:
-            at = m.last_active + m.serverless.idle_timeout + _TICK
-            if after is None or at > after:
-                out.append(Crossing(at, Threshold.IDLE_TIMEOUT, m.name))
+    for last, m in ballot.activity:
+        end = last + m.serverless.idle_timeout
+        if after is None or end >= after:  # end + a tick > after
+            out.append((end + _TICK, Threshold.IDLE_TIMEOUT, m.name))
     return out
 
 
@@ -621,8 +630,7 @@ def next_change_at(
 
 
 def _next_change(ballot: Ballot) -> datetime | None:
-    ahead = crossings(ballot, after=ballot.now, extra=(REPLICAS,))
-    return min(c.at for c in ahead) if ahead else None
+    return next_instant(ballot, after=ballot.now, extra=(REPLICAS,))
 
 
 def thresholds(

@@ -12,9 +12,21 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flexinfer_core import GpuLease, Phase, SharedState, decide_group, next_change_at, reasons
-from flexinfer_core.election import CHAIN, RULES, Ballot, Threshold, cooldown_ends_at, crossings
+from flexinfer_core.election import (
+    CHAIN,
+    RULES,
+    Ballot,
+    Crossing,
+    Threshold,
+    candidate_rank,
+    cooldown_ends_at,
+    crossings,
+    ranked,
+)
 from flexinfer_core.gpugroup import GPU_GROUP_RULES
 from flexinfer_core.group import REPLICAS, describe_threshold, thresholds
 
@@ -80,7 +92,8 @@ def test_every_threshold_is_listed_and_worded_by_one_rule() -> None:
     expired = GpuLease(name="ft", group="homelab-gpu", expires_at=ago(minutes=1))
     ballot = Ballot.of(models, now=T0)
     for rule in (*CHAIN, REPLICAS):
-        for crossing in rule.crossings(ballot, None):
+        for instant in rule.crossings(ballot, None) if rule.crossings is not None else ():
+            crossing = Crossing(*instant)
             owners = [r.name for r in (*CHAIN, REPLICAS) if r.says(ballot, crossing) is not None]
             assert owners in ([rule.name], []), (crossing, owners)
     kinds = {c.kind for c in thresholds(models, now=T0, leases=[expired])}
@@ -111,3 +124,26 @@ def test_the_cooldown_end_is_the_swap_cooldown_rules(phase: Phase, ends: object)
         member("coder", phase=phase, preempted_at=ago(minutes=1)),
     ]
     assert cooldown_ends_at(Ballot.of(models, now=T0)) == ends
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=3),
+            st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+        ),
+        max_size=8,
+    )
+)
+def test_the_ballots_order_is_the_candidate_rank(rows: list[tuple[int, int | None]]) -> None:
+    """The ballot sorts with three cheap stable sorts; the order must be `better`'s."""
+    models = [
+        member(
+            f"m{index}",
+            priority=100 * priority,
+            last_active=None if seconds is None else ago(seconds),
+        )
+        for index, (priority, seconds) in enumerate(rows)
+    ]
+    assert list(ranked(models)) == sorted(models, key=candidate_rank)
+    assert list(ranked(reversed(models))) == sorted(models, key=candidate_rank)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
+from flexinfer_core import DEFAULT_POLICY, Policy
 from flexinfer_k8s.__main__ import parse_args
 
 
@@ -43,3 +46,23 @@ def test_a_value_out_of_bounds_is_refused_naming_it(
                                              ("--cache-cleanup-timeout", "86400")])
 def test_the_bounds_themselves_are_accepted(flag: str, value: str) -> None:
     parse_args([flag, value])
+
+
+def test_the_election_policy_flags_default_to_the_cores_policy() -> None:
+    assert parse_args([]).election_policy == DEFAULT_POLICY
+    assert parse_args(["--default-swap-cooldown", "90s"]).election_policy == Policy(
+        default_swap_cooldown=timedelta(seconds=90)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--default-swap-cooldown", "5 minutes"), ("--demand-window", "1x"), ("--recent-window", "")],
+)
+def test_a_bad_election_policy_flag_is_refused_naming_it(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([f"{flag}={value}"])
+    assert exit_.value.code == 2
+    assert f"{flag}: {value!r}" in capsys.readouterr().err

@@ -101,13 +101,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help=f"seconds between full passes over every key, 0 (never) or 10..{MAX_RESYNC}",
     )
-    for flag in policy_flags():
+    for policy_flag in policy_flags():
         parser.add_argument(
-            flag.flag,
-            dest=f"policy_{flag.attribute}",
-            default=flag.default,
+            policy_flag.flag,
+            dest=f"policy_{policy_flag.attribute}",
+            default=policy_flag.default,
             metavar="DURATION",
-            help=f"election policy: {flag.help}; default {flag.default}",
+            help=f"election policy: {policy_flag.help}; default {policy_flag.default}",
         )
     parser.add_argument(
         "--image",
@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         help="the administrator's policy, a YAML file (GPU-node taints, allowed host paths, "
         "images, node selector and pod label keys); default: the built-in policy "
-        "(docs/security.md)",
+        "(flexinfer_k8s/render/policy.py says the fields)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')} must be 1..{MAX_CACHE_TIMEOUT}; got {value}")
     try:
         args.election_policy = policy_from_flags(
-            {flag.attribute: getattr(args, f"policy_{flag.attribute}") for flag in policy_flags()}
+            {f.attribute: getattr(args, f"policy_{f.attribute}") for f in policy_flags()}
         )
     except InvalidFieldError as error:
         parser.error(str(error))

@@ -7,6 +7,11 @@ several stamped with `preemptedAt`, some statuses never written). Prints JSON wi
 the median and spread of repeated whole-cluster passes, in wall-clock time and in
 this process's CPU time (steadier on a shared machine).
 Run: .venv/bin/python benchmarks/bench_core.py [--repeat N]
+
+`--passes N --workload first|mixed` runs N untimed passes of one workload and prints
+nothing: under `valgrind --tool=cachegrind --cache-sim=no`, the instructions of N
+passes minus those of 0 passes is a count that does not depend on the machine's load
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -208,7 +213,22 @@ def main() -> None:
     parser.add_argument("--per-group", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help="run this many untimed passes of --workload and print nothing (for valgrind)",
+    )
+    parser.add_argument("--workload", choices=["first", "mixed"], default="first")
     args = parser.parse_args()
+    if args.passes is not None:
+        models, leases, running = build_cluster(
+            args.groups, args.per_group, args.seed, mixed=args.workload == "mixed"
+        )
+        decide_cluster(models, leases, running)  # warm-up, counted in every run alike
+        for _ in range(args.passes):
+            decide_cluster(models, leases, running)
+        return
     load_before = os.getloadavg()[0]
     models, leases, running = build_cluster(args.groups, args.per_group, args.seed)
     steady = settle(models, leases, running)

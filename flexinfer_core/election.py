@@ -32,10 +32,10 @@ with its own crossings and wording; nothing else walks the members.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, Protocol
 
 import attrs
 
@@ -56,6 +56,12 @@ from flexinfer_core.snapshot import (
 _OLDEST = float("-inf")
 _TICK = timedelta(microseconds=1)
 _LOADING = (Phase.PENDING, Phase.LOADING)
+
+# Enum members as module constants: on Python 3.11 reading one off its class goes
+# through the metaclass's attribute hook, some twenty times slower than reading a
+# global, and the election reads them for every member of every group.
+_ACTIVE = SharedState.ACTIVE
+_READY, _FAILED = Phase.READY, Phase.FAILED
 
 
 def candidate_rank(model: ModelState) -> tuple[int, float, str]:
@@ -101,8 +107,10 @@ def better(a: ModelState, b: ModelState) -> bool:
 def group_cooldown(models: Iterable[ModelState], policy: Policy = DEFAULT_POLICY) -> timedelta:
     """The largest `swapCooldown` in the group; a member without one counts the default."""
     return max(
-        (m.swap_cooldown if m.swap_cooldown is not None else policy.default_swap_cooldown)
-        for m in models
+        [
+            m.swap_cooldown if m.swap_cooldown is not None else policy.default_swap_cooldown
+            for m in models
+        ]
     )
 
 
@@ -194,7 +202,7 @@ def check_one_group(models: Sequence[ModelState]) -> tuple[str, str] | None:
         return None
     namespace, group = models[0].namespace, models[0].group
     if (
-        all(m.group == group and m.namespace == namespace for m in models)
+        len({(m.namespace, m.group) for m in models}) == 1
         and len({m.name for m in models}) == len(models)
         and (group or len(models) == 1)
     ):
@@ -231,6 +239,12 @@ class Threshold(StrEnum):
     SWAP_COOLDOWN = "swap cooldown"
 
 
+# As the members of Phase and SharedState above: read for every member.
+_LEASE_EXPIRY, _SWAP_COOLDOWN = Threshold.LEASE_EXPIRY, Threshold.SWAP_COOLDOWN
+_LOAD_GRACE, _IDLE = Threshold.LOAD_GRACE, Threshold.IDLE
+_DEMAND_WINDOW, _RECENT_WINDOW = Threshold.DEMAND_WINDOW, Threshold.RECENT_WINDOW
+
+
 class Crossing(NamedTuple):
     """An instant at which something a rule reads crosses a boundary, and whose."""
 
@@ -242,6 +256,20 @@ class Crossing(NamedTuple):
 Instant = tuple[datetime, Threshold, str]
 """A `Crossing` as a rule lists it: a plain tuple, as the timer builds them for every
 member at every decision."""
+
+
+class WrittenStatus(Protocol):
+    """What a decision writes of one member that the election reads (a
+    `flexinfer_core.group.MemberDecision` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def state(self) -> SharedState | None: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def preempted_at(self) -> datetime | None: ...
 
 
 def is_loading(model: ModelState) -> bool:
@@ -285,46 +313,49 @@ class Ballot:
         )
         """The active lease that parks the group (shared groups only)."""
         self._cooldown: timedelta | None = None
-        holder = ready = recent = demanded = None
-        runnable = []
-        activity = []
-        stamped = []
-        active, failed, ready_phase = SharedState.ACTIVE, Phase.FAILED, Phase.READY
-        demand_window, recent_window = policy.demand_window, policy.recent_window
-        for m in members:
-            if m.preempted_at is not None:
-                stamped.append(m)
-            if holder is None and m.shared_state is active:
-                holder = m
-            last = m.last_active
-            if last is not None:
-                activity.append((last, m))
-            if m.phase is failed or not m.cache_ready:  # not `runnable`
-                continue
-            runnable.append(m)
-            if ready is None and m.phase is ready_phase:
-                ready = m
-            if last is not None:
-                # `is_recent` and `is_demanded`, inlined: this loop is the election's
-                # hot path.
-                age = now - last
-                if recent is None and age < recent_window:
-                    recent = m
-                if demanded is None and age < demand_window:
-                    demanded = m
-        self.holder: ModelState | None = holder
+        self._activity: tuple[tuple[datetime, ModelState], ...] | None = None
+        self._stamped: tuple[ModelState, ...] | None = None
+        # Comprehensions rather than one loop: this is the election's hot path, and
+        # CPython runs them with fewer instructions.
+        active, ready_phase = _ACTIVE, _READY
+        self.holder: ModelState | None = next(
+            (m for m in members if m.shared_state is active), None
+        )
         """The best Active member."""
-        self.runnable: tuple[ModelState, ...] = tuple(runnable)
-        self.ready: ModelState | None = ready
+        runnable = [m for m in members if m.phase is not _FAILED and m.cache_ready]
+        self.runnable: list[ModelState] = runnable
+        """The members that are not Failed and whose cache is ready, best first."""
+        self.ready: ModelState | None = next((m for m in runnable if m.phase is ready_phase), None)
         """Rule 6: the best runnable Ready member."""
-        self.recent: ModelState | None = recent
+        # `is_recent` and `is_demanded`: younger than the window, i.e. later than now
+        # minus the window.
+        recent_since, demand_since = now - policy.recent_window, now - policy.demand_window
+        self.recent: ModelState | None = next(
+            (m for m in runnable if m.last_active is not None and m.last_active > recent_since),
+            None,
+        )
         """Rule 6: the best runnable member wanted within the recent window."""
-        self.demanded: ModelState | None = demanded
+        self.demanded: ModelState | None = next(
+            (m for m in runnable if m.last_active is not None and m.last_active > demand_since),
+            None,
+        )
         """Rule 6: the best runnable member demanded within the demand window."""
-        self.activity: tuple[tuple[datetime, ModelState], ...] = tuple(activity)
-        """The members with a `lastActiveTime`, with it."""
-        self.stamped: tuple[ModelState, ...] = tuple(stamped)
+
+    @property
+    def activity(self) -> tuple[tuple[datetime, ModelState], ...]:
+        """The members with a `lastActiveTime`, with it (what the timer counts from)."""
+        if self._activity is None:
+            self._activity = tuple(
+                [(last, m) for m in self.members if (last := m.last_active) is not None]
+            )
+        return self._activity
+
+    @property
+    def stamped(self) -> tuple[ModelState, ...]:
         """The members with a `preemptedAt`."""
+        if self._stamped is None:
+            self._stamped = tuple([m for m in self.members if m.preempted_at is not None])
+        return self._stamped
 
     @classmethod
     def of(
@@ -354,30 +385,29 @@ class Ballot:
             else (),
         )
 
-    def settled(
-        self, written: Mapping[str, tuple[SharedState | None, Phase, datetime | None]]
-    ) -> Ballot | None:
-        """The ballot once a decision is written: `written[name]` is each member's
-        (`sharedGroup.state`, phase, `preemptedAt`) as the decision writes them. None
+    def settled(self, written: Iterable[WrittenStatus]) -> Ballot | None:
+        """The ballot once a decision is written: `written` has each member's
+        `sharedGroup.state`, phase and `preemptedAt` as the decision writes them. None
         when nothing the election reads changes (then there is no need to elect
         again). The election reads of the state only whether it is Active, so a member
         going from no state to Queued is not copied."""
-        active = SharedState.ACTIVE
+        active = _ACTIVE
+        by_name = {w.name: w for w in written}
         out = []
         changed = False
         for m in self.members:
-            state, phase, preempted_at = written[m.name]
+            w = by_name[m.name]
             if (
-                (state is active) == (m.shared_state is active)
-                and phase is m.phase
-                and preempted_at == m.preempted_at
+                (w.state is active) is (m.shared_state is active)
+                and w.phase is m.phase
+                and w.preempted_at == m.preempted_at
             ):
                 out.append(m)
             else:
                 changed = True
                 out.append(
                     with_written_status(
-                        m, shared_state=state, phase=phase, preempted_at=preempted_at
+                        m, shared_state=w.state, phase=w.phase, preempted_at=w.preempted_at
                     )
                 )
         if not changed:
@@ -473,7 +503,7 @@ def _gpu_lease(ballot: Ballot) -> Verdict:
 
 def _lease_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     return [
-        (lease.expires_at, Threshold.LEASE_EXPIRY, lease.name)
+        (lease.expires_at, _LEASE_EXPIRY, lease.name)
         for lease in ballot.leases
         if lease.expires_at is not None
         and (after is None or lease.expires_at > after)
@@ -483,14 +513,15 @@ def _lease_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
 
 
 def _lease_says(ballot: Ballot, crossing: Crossing) -> str | None:
-    if crossing.kind is Threshold.LEASE_EXPIRY:
+    if crossing.kind is _LEASE_EXPIRY:
         return f"GPU lease {crossing.subject} expires"
     return None
 
 
 def _force_promotion(ballot: Ballot) -> Verdict:
-    forced = next((m for m in ballot.members if m.force_promotion), None)
-    if forced is not None:
+    forced_ones = [m for m in ballot.members if m.force_promotion]
+    if forced_ones:
+        forced = forced_ones[0]
         return Election(forced, reasons.FORCE_PROMOTED, f"{forced.name} has forcePromotion set")
     return lambda: "no member has forcePromotion set"
 
@@ -508,9 +539,7 @@ def cooling(ballot: Ballot) -> list[ModelState]:
     return [
         m
         for m in ballot.stamped
-        if m.phase is not Phase.READY
-        and m.preempted_at is not None
-        and now - m.preempted_at < cooldown
+        if m.phase is not _READY and m.preempted_at is not None and now - m.preempted_at < cooldown
     ]
 
 
@@ -539,12 +568,12 @@ def _cooldown_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]
         if m.preempted_at is not None:
             at = m.preempted_at + cooldown
             if after is None or at > after:
-                out.append((at, Threshold.SWAP_COOLDOWN, m.name))
+                out.append((at, _SWAP_COOLDOWN, m.name))
     return out
 
 
 def _cooldown_says(ballot: Ballot, crossing: Crossing) -> str | None:
-    if crossing.kind is Threshold.SWAP_COOLDOWN:
+    if crossing.kind is _SWAP_COOLDOWN:
         return (
             f"the {_fmt(ballot.cooldown)} swap cooldown after {crossing.subject}'s preemption ends"
         )
@@ -564,7 +593,7 @@ def _within_load_grace(ballot: Ballot, model: ModelState) -> bool:
 
 def _loading_holder(ballot: Ballot) -> Verdict:
     """A holder in the middle of its load is not torn down for anything less."""
-    active = SharedState.ACTIVE
+    active = _ACTIVE
     loading = next(
         (
             m
@@ -602,16 +631,16 @@ def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Instan
         cold = m.serverless.cold_start_timeout
         end = last + (cold if cold > recent else recent)
         if after is None or end >= after:  # end + a tick > after
-            out.append((end + _TICK, Threshold.LOAD_GRACE, m.name))
+            out.append((end + _TICK, _LOAD_GRACE, m.name))
     return out
 
 
 def _load_grace_says(ballot: Ballot, crossing: Crossing) -> str | None:
-    if crossing.kind is not Threshold.LOAD_GRACE:
+    if crossing.kind is not _LOAD_GRACE:
         return None
     model = ballot.member(crossing.subject)
     # The load grace only protects a holder that is still loading.
-    if model is None or not (model.shared_state is SharedState.ACTIVE and is_loading(model)):
+    if model is None or not (model.shared_state is _ACTIVE and is_loading(model)):
         return None
     grace = _fmt(loading_grace(model, ballot.policy))
     return f"{crossing.subject}'s {grace} load grace ends"
@@ -625,16 +654,16 @@ def _classify(ballot: Ballot) -> Verdict:
 def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     policy = ballot.policy
     return [
-        *ballot.after_activity(policy.demand_window, Threshold.DEMAND_WINDOW, after),
-        *ballot.after_activity(policy.recent_window, Threshold.RECENT_WINDOW, after),
+        *ballot.after_activity(policy.demand_window, _DEMAND_WINDOW, after),
+        *ballot.after_activity(policy.recent_window, _RECENT_WINDOW, after),
     ]
 
 
 def _window_says(ballot: Ballot, crossing: Crossing) -> str | None:
-    if crossing.kind is Threshold.DEMAND_WINDOW:
+    if crossing.kind is _DEMAND_WINDOW:
         window = _fmt(ballot.policy.demand_window)
         return f"{crossing.subject}'s last demand leaves the {window} demand window"
-    if crossing.kind is Threshold.RECENT_WINDOW:
+    if crossing.kind is _RECENT_WINDOW:
         window = _fmt(ballot.policy.recent_window)
         return f"{crossing.subject}'s last demand leaves the {window} recent window"
     return None
@@ -662,7 +691,7 @@ def _demand_preemption(ballot: Ballot) -> Verdict:
 
 def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     # A member is idle only once strictly older than the window.
-    return ballot.after_activity(ballot.policy.demand_window + _TICK, Threshold.IDLE, after)
+    return ballot.after_activity(ballot.policy.demand_window + _TICK, _IDLE, after)
 
 
 def _ready_member(ballot: Ballot) -> Verdict:
@@ -905,7 +934,7 @@ def _why_no_cooldown(ballot: Ballot, recently_preempted: Sequence[ModelState]) -
         return f"no member was preempted within the {_fmt(cooldown)} swap cooldown"
     last = max(stamped, key=lambda m: (_ts(m.preempted_at), m.name))
     assert last.preempted_at is not None
-    if last.phase is Phase.READY:
+    if last.phase is _READY:
         return f"{last.name} is Ready again, so its preemption no longer holds the group"
     return (
         f"the {_fmt(cooldown)} swap cooldown after {last.name}'s preemption ended at "
@@ -921,7 +950,7 @@ def _classification(ballot: Ballot) -> str:
         f"demanded within {_fmt(policy.demand_window)}: {_name(ballot.demanded)}",
     ]
     blocked = [
-        f"{m.name} ({'failed' if m.phase is Phase.FAILED else 'cache not ready'})"
+        f"{m.name} ({'failed' if m.phase is _FAILED else 'cache not ready'})"
         for m in ballot.members
         if not m.runnable
     ]

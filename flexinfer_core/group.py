@@ -52,6 +52,12 @@ from flexinfer_core.timestamps import far_ahead, future_note, not_after
 CONDITION_ACTIVE = "Active"
 CONDITION_READY = "Ready"
 _TICK = timedelta(microseconds=1)
+# Enum members as module constants: on Python 3.11 reading one off its class goes
+# through the metaclass's attribute hook, some twenty times slower than a global, and
+# every member's decision reads several (flexinfer_core.election does the same).
+_ACTIVE, _QUEUED = SharedState.ACTIVE, SharedState.QUEUED
+_READY, _FAILED, _PREEMPTED, _LOADING = Phase.READY, Phase.FAILED, Phase.PREEMPTED, Phase.LOADING
+_IDLE_TIMEOUT = Threshold.IDLE_TIMEOUT
 
 
 # The decision's values are built for every member at every reconcile: frozen
@@ -89,7 +95,7 @@ class MemberDecision:
 
     @property
     def is_leader(self) -> bool:
-        return self.state is SharedState.ACTIVE
+        return self.state is _ACTIVE
 
 
 @attrs.frozen
@@ -213,7 +219,7 @@ def desired_replicas(model: ModelState, *, now: datetime) -> int:
     serverless = model.serverless
     if not serverless.enabled:
         return 1
-    if model.phase is Phase.LOADING:
+    if model.phase is _LOADING:
         return 1
     if model.last_active is None:
         return serverless.min_replicas
@@ -272,7 +278,7 @@ def decide_group(
         # starts the cooldown; the new holder becomes Active), and a condition written
         # with the pre-apply reason would be rewritten on the next reconcile with no
         # news. The Events keep the reason for the change itself.
-        settled = ballot.settled({m.name: (m.state, m.phase, m.preempted_at) for m in members})
+        settled = ballot.settled(members)
         if settled is not None:
             again = elect(settled)
             if again.leader_name == election.leader_name:
@@ -323,17 +329,22 @@ def read_as_now(
     Read as recorded, a far-future `lastActiveTime` would keep its member demanded (and
     a `preemptedAt` its group in cooldown) until that date.
     """
+    # The usual case, checked by one comprehension: nothing lies after `now`.
+    if not [
+        m
+        for m in models
+        if (m.last_active is not None and m.last_active > now)
+        or (m.preempted_at is not None and m.preempted_at > now)
+    ]:
+        return list(models), {}
     out: list[ModelState] = []
     future: dict[str, FutureInstants] = {}
     for model in models:
-        recorded_active, recorded_preempted = model.last_active, model.preempted_at
-        if (recorded_active is None or recorded_active <= now) and (
-            recorded_preempted is None or recorded_preempted <= now
-        ):
+        last_active = not_after(model.last_active, now)
+        preempted_at = not_after(model.preempted_at, now)
+        if (last_active, preempted_at) == (model.last_active, model.preempted_at):
             out.append(model)
             continue
-        last_active = not_after(recorded_active, now)
-        preempted_at = not_after(recorded_preempted, now)
         far = FutureInstants(
             last_active=model.last_active if far_ahead(model.last_active, now) else None,
             preempted_at=model.preempted_at if far_ahead(model.preempted_at, now) else None,
@@ -448,15 +459,15 @@ def _leader_decision(
             f"{', '.join(occupied)} to be gone before scaling up"
         )
     # Preemption ended: a member that is Ready again no longer carries its stamp.
-    preempted_at = None if model.phase is Phase.READY else model.preempted_at
+    preempted_at = None if model.phase is _READY else model.preempted_at
     events: tuple[Event, ...] = ()
-    if model.shared_state is not SharedState.ACTIVE:
+    if model.shared_state is not _ACTIVE:
         events = (
             Event(model.name, reasons.PROMOTED, f"{model.name} holds the GPU: {election.message}"),
         )
     return MemberDecision(
         name=model.name,
-        state=SharedState.ACTIVE,
+        state=_ACTIVE,
         queue_position=0,
         preempted_by="",
         phase=model.phase,
@@ -469,7 +480,7 @@ def _leader_decision(
             Condition(CONDITION_ACTIVE, True, reason, message),
             # A holder kept from starting says why in Ready too (kubectl's REASON column).
             _not_ready_because(reason, message)
-            if reason in _HOLDER_WAITS and model.phase is not Phase.READY
+            if reason in _HOLDER_WAITS and model.phase is not _READY
             else _ready_condition(model.phase, model.name),
         ),
         events=events,
@@ -494,8 +505,8 @@ class _Parked:
         phase = model.phase
         preempted_at = model.preempted_at
         events: tuple[Event, ...] = ()
-        if phase is Phase.READY:
-            phase = Phase.PREEMPTED
+        if phase is _READY:
+            phase = _PREEMPTED
             preempted_at = self.now
             events = (
                 Event(
@@ -508,7 +519,7 @@ class _Parked:
         if self.under_lease:
             reason = reasons.GPU_LEASE_HELD
             message = self.lease_message
-        elif phase is Phase.PREEMPTED:
+        elif phase is _PREEMPTED:
             reason = reasons.PREEMPTED
             message = f"preempted; {holder_label} holds the GPU (queue position {position})"
         elif holder_label:
@@ -522,7 +533,7 @@ class _Parked:
         # message, conditions, events): built for every parked member at every decision.
         return MemberDecision(
             name,
-            SharedState.QUEUED,
+            _QUEUED,
             position,
             holder_label,
             phase,
@@ -548,9 +559,9 @@ def _parked_conditions(
         # so kubectl's REASON column never shows a bare Queued state. A preemption and a
         # failure keep their own reason.
         _preempted_condition(name, evict_reason)
-        if phase is Phase.PREEMPTED
+        if phase is _PREEMPTED
         else _ready_condition(phase, name)
-        if phase is Phase.FAILED
+        if phase is _FAILED
         else _not_ready_because(reason, message),
     )
 
@@ -567,9 +578,9 @@ def _not_ready_because(reason: str, message: str) -> Condition:
 def _ready_condition(phase: Phase, name: str) -> Condition:
     # Cached: the same few (phase, member) pairs recur at every reconcile, and the
     # condition is an immutable value.
-    if phase is Phase.READY:
+    if phase is _READY:
         return Condition(CONDITION_READY, True, "Ready", f"{name} is serving")
-    if phase is Phase.PREEMPTED:
+    if phase is _PREEMPTED:
         return _preempted_condition(name, reasons.PREEMPTED)
     return Condition(CONDITION_READY, False, phase.value, f"{name} is {phase.value.lower()}")
 
@@ -586,13 +597,13 @@ def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Inst
     for last, m in ballot.activity:
         end = last + m.serverless.idle_timeout
         if after is None or end >= after:  # end + a tick > after
-            out.append((end + _TICK, Threshold.IDLE_TIMEOUT, m.name))
+            out.append((end + _TICK, _IDLE_TIMEOUT, m.name))
     return out
 
 
 def _idle_timeout_says(ballot: Ballot, crossing: Crossing) -> str | None:
     model = ballot.member(crossing.subject)
-    if crossing.kind is not Threshold.IDLE_TIMEOUT or model is None:
+    if crossing.kind is not _IDLE_TIMEOUT or model is None:
         return None
     idle = format_duration(model.serverless.idle_timeout)
     return f"{crossing.subject}'s {idle} idle timeout ends"

@@ -8,8 +8,9 @@ and status's cooldown end come from the rule that reads each threshold.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given
@@ -66,7 +67,7 @@ def test_the_leaders_reason_is_read_on_the_settled_ballot() -> None:
     assert (decision.leader, decision.reason) == ("coder", reasons.DEMAND_PREEMPTION)
     assert decision.member("coder").reason == reasons.SWAP_COOLDOWN
     ballot = Ballot.of(models, now=T0)
-    settled = ballot.settled({m.name: (m.state, m.phase, m.preempted_at) for m in decision.members})
+    settled = ballot.settled(decision.members)
     assert settled is not None and settled.holder is not None
     assert settled.holder.name == "coder"
     assert {m.name: m.phase for m in settled.members} == {
@@ -74,14 +75,19 @@ def test_the_leaders_reason_is_read_on_the_settled_ballot() -> None:
         "chat": Phase.PREEMPTED,
     }
     assert ballot.holder is not None and ballot.holder.name == "chat"  # the ballot is a value
-    # Nothing the election reads changes once the settled state is written again.
-    again = settled.settled(
-        {m.name: (m.shared_state, m.phase, m.preempted_at) for m in settled.members}
-    )
-    assert again is None
+    # Writing the same decision again changes nothing the election reads.
+    assert settled.settled(decision.members) is None
     # A member going from no state to Queued is not something the election reads.
     fresh = Ballot.of([member("a", phase=READY)], now=T0)
-    assert fresh.settled({"a": (SharedState.QUEUED, READY, None)}) is None
+    assert fresh.settled([Written("a", SharedState.QUEUED, READY, None)]) is None
+    assert fresh.settled([Written("a", ACTIVE, READY, None)]) is not None
+
+
+class Written(NamedTuple):
+    name: str
+    state: SharedState | None
+    phase: Phase
+    preempted_at: datetime | None
 
 
 def test_every_threshold_is_listed_and_worded_by_one_rule() -> None:

@@ -32,7 +32,7 @@ with its own crossings and wording; nothing else walks the members.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Final, NamedTuple, Protocol
@@ -54,6 +54,7 @@ from flexinfer_core.snapshot import (
 )
 
 _OLDEST = float("-inf")
+_FIRST = operator.itemgetter(0)
 _TICK = timedelta(microseconds=1)
 _LOADING = (Phase.PENDING, Phase.LOADING)
 
@@ -343,12 +344,32 @@ class Ballot:
 
     @property
     def activity(self) -> tuple[tuple[datetime, ModelState], ...]:
-        """The members with a `lastActiveTime`, with it (what the timer counts from)."""
+        """The members with a `lastActiveTime`, with it, the most recent first (what the
+        timer counts from: a rule can stop at the first one whose threshold is past)."""
         if self._activity is None:
             self._activity = tuple(
-                [(last, m) for m in self.members if (last := m.last_active) is not None]
+                sorted(
+                    [(last, m) for m in self.members if (last := m.last_active) is not None],
+                    key=_FIRST,
+                    reverse=True,
+                )
             )
         return self._activity
+
+    def active_since(
+        self, after: datetime | None, longest: timedelta
+    ) -> Iterator[tuple[datetime, ModelState]]:
+        """`activity`, or with `after` only the members whose `lastActiveTime + longest`
+        lies after it (those whose thresholds, at most `longest` after their activity,
+        can still be ahead)."""
+        if after is None:
+            yield from self.activity
+            return
+        cutoff = after - longest
+        for last, m in self.activity:
+            if last < cutoff:
+                return  # the rest are older still
+            yield last, m
 
     @property
     def stamped(self) -> tuple[ModelState, ...]:
@@ -412,7 +433,7 @@ class Ballot:
                 )
         if not changed:
             return None
-        return Ballot(
+        settled = Ballot(
             tuple(out),
             namespace=self.namespace,
             group=self.group,
@@ -421,6 +442,8 @@ class Ballot:
             leases=self.leases,
             unreadable=self.unreadable,
         )
+        settled._cooldown = self._cooldown  # the members' swapCooldowns are the same
+        return settled
 
     @property
     def cooldown(self) -> timedelta:
@@ -439,13 +462,18 @@ class Ballot:
         return next((m for m in self.members if m.name == name), None)
 
     def after_activity(
-        self, offset: timedelta, kind: Threshold, after: datetime | None
+        self, offset: timedelta, kind: Threshold, *, after: datetime | None
     ) -> list[Instant]:
         """`lastActiveTime + offset` of every member that has one (after `after`)."""
         if after is None:
             return [(last + offset, kind, m.name) for last, m in self.activity]
         cutoff = after - offset  # last + offset > after, without adding for each member
-        return [(last + offset, kind, m.name) for last, m in self.activity if last > cutoff]
+        out = []
+        for last, m in self.activity:
+            if last <= cutoff:
+                break  # the rest are older still
+            out.append((last + offset, kind, m.name))
+        return out
 
 
 # --- the rules ---------------------------------------------------------------------------
@@ -475,9 +503,13 @@ class Rule:
 
     name: str
     decide: Callable[[Ballot], Verdict]
-    crossings: Callable[[Ballot, datetime | None], list[Instant]] | None = None
-    says: Callable[[Ballot, Crossing], str | None] = _says_nothing
-    stops_the_clock: bool = False
+    crossings: Callable[[Ballot, datetime | None], list[Instant]] | None = attrs.field(
+        default=None, kw_only=True
+    )
+    says: Callable[[Ballot, Crossing], str | None] = attrs.field(
+        default=_says_nothing, kw_only=True
+    )
+    stops_the_clock: bool = attrs.field(default=False, kw_only=True)
 
 
 def _empty_group(ballot: Ballot) -> Verdict:
@@ -626,8 +658,10 @@ def _load_grace_crossings(ballot: Ballot, after: datetime | None) -> list[Instan
     # `loading_grace` (max(recent window, coldStartTimeout)), inlined: every member with
     # activity is counted at every decision. Inclusive, so it lapses a tick later.
     recent = ballot.policy.recent_window
+    activity = ballot.activity
+    longest = max([recent, *[m.serverless.cold_start_timeout for _, m in activity]])
     out = []
-    for last, m in ballot.activity:
+    for last, m in ballot.active_since(after, longest):
         cold = m.serverless.cold_start_timeout
         end = last + (cold if cold > recent else recent)
         if after is None or end >= after:  # end + a tick > after
@@ -654,8 +688,8 @@ def _classify(ballot: Ballot) -> Verdict:
 def _window_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     policy = ballot.policy
     return [
-        *ballot.after_activity(policy.demand_window, _DEMAND_WINDOW, after),
-        *ballot.after_activity(policy.recent_window, _RECENT_WINDOW, after),
+        *ballot.after_activity(policy.demand_window, _DEMAND_WINDOW, after=after),
+        *ballot.after_activity(policy.recent_window, _RECENT_WINDOW, after=after),
     ]
 
 
@@ -691,7 +725,7 @@ def _demand_preemption(ballot: Ballot) -> Verdict:
 
 def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     # A member is idle only once strictly older than the window.
-    return ballot.after_activity(ballot.policy.demand_window + _TICK, _IDLE, after)
+    return ballot.after_activity(ballot.policy.demand_window + _TICK, _IDLE, after=after)
 
 
 def _ready_member(ballot: Ballot) -> Verdict:
@@ -732,12 +766,23 @@ def _fallback(ballot: Ballot) -> Verdict:
 # docs/election.md 1.2, in order; a rule's number is its place here.
 CHAIN: Final = (
     Rule("empty group", _empty_group),
-    Rule("GPU lease", _gpu_lease, _lease_crossings, _lease_says, stops_the_clock=True),
+    Rule(
+        "GPU lease",
+        _gpu_lease,
+        crossings=_lease_crossings,
+        says=_lease_says,
+        stops_the_clock=True,
+    ),
     Rule("forcePromotion", _force_promotion),
-    Rule("swap cooldown", _swap_cooldown, _cooldown_crossings, _cooldown_says),
-    Rule("loading holder", _loading_holder, _load_grace_crossings, _load_grace_says),
-    Rule("classify", _classify, _window_crossings, _window_says),
-    Rule("demand preemption", _demand_preemption, _idle_crossings),
+    Rule("swap cooldown", _swap_cooldown, crossings=_cooldown_crossings, says=_cooldown_says),
+    Rule(
+        "loading holder",
+        _loading_holder,
+        crossings=_load_grace_crossings,
+        says=_load_grace_says,
+    ),
+    Rule("classify", _classify, crossings=_window_crossings, says=_window_says),
+    Rule("demand preemption", _demand_preemption, crossings=_idle_crossings),
     Rule("ready member", _ready_member),
     Rule("recent demand", _recent_demand),
     Rule("fallback", _fallback),

@@ -384,11 +384,18 @@ def _held_because(leader: MemberDecision, holding: Election) -> MemberDecision:
     if leader.reason in (reasons.WAITING_FOR_GPU, reasons.CACHE_NOT_READY):
         return leader
     active = Condition(CONDITION_ACTIVE, True, holding.reason, holding.message)
-    return attrs.evolve(
-        leader,
-        reason=holding.reason,
-        message=holding.message,
-        conditions=(active, *(c for c in leader.conditions if c.type != CONDITION_ACTIVE)),
+    # attrs.evolve reads every field through the class's field list; this runs for most
+    # groups whose decision changes anything, and a MemberDecision's fields are its dict.
+    return MemberDecision(
+        **{
+            **leader.__dict__,
+            "reason": holding.reason,
+            "message": holding.message,
+            "conditions": (
+                active,
+                *[c for c in leader.conditions if c.type != CONDITION_ACTIVE],
+            ),
+        }
     )
 
 
@@ -542,17 +549,19 @@ class _Parked:
             "",
             reason,
             message,
-            _parked_conditions(reason, message, name, phase, self.evict_reason),
+            _parked_conditions((reason, message, name, phase, self.evict_reason)),
             events,
         )
 
 
 @functools.lru_cache(maxsize=16384)
 def _parked_conditions(
-    reason: str, message: str, name: str, phase: Phase, evict_reason: str
+    facts: tuple[str, str, str, Phase, str],
 ) -> tuple[Condition, Condition]:
-    """A parked member's Active and Ready conditions (cached: the same members are
-    parked the same way at every reconcile, and conditions are immutable values)."""
+    """A parked member's Active and Ready conditions, from its (reason, message, name,
+    phase, eviction reason); cached: the same members are parked the same way at every
+    reconcile, and conditions are immutable values."""
+    reason, message, name, phase, evict_reason = facts
     return (
         Condition(CONDITION_ACTIVE, False, reason, message),
         # Not serving because parked: Ready says why (Queued behind whom, or the lease),
@@ -593,8 +602,10 @@ def _preempted_condition(name: str, reason: str) -> Condition:
 
 def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     # The leader scales to minReplicas once idle strictly longer than its idle timeout.
+    activity = ballot.activity
+    longest = max([m.serverless.idle_timeout for _, m in activity], default=_TICK)
     out = []
-    for last, m in ballot.activity:
+    for last, m in ballot.active_since(after, longest):
         end = last + m.serverless.idle_timeout
         if after is None or end >= after:  # end + a tick > after
             out.append((end + _TICK, _IDLE_TIMEOUT, m.name))
@@ -616,7 +627,10 @@ def _never_decides(ballot: Ballot) -> Callable[[], str]:
 # Not a rule of the election: what the leader's desired replicas read (docs/election.md
 # 1.3). Its crossings belong to the same timer.
 REPLICAS: Final = Rule(
-    "desired replicas", _never_decides, _idle_timeout_crossings, _idle_timeout_says
+    "desired replicas",
+    _never_decides,
+    crossings=_idle_timeout_crossings,
+    says=_idle_timeout_says,
 )
 
 

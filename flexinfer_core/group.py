@@ -60,9 +60,11 @@ _READY, _FAILED, _PREEMPTED, _LOADING = Phase.READY, Phase.FAILED, Phase.PREEMPT
 _IDLE_TIMEOUT = Threshold.IDLE_TIMEOUT
 
 
-# The decision's values are built for every member at every reconcile: frozen
-# classes with a __dict__ (slots=False) are built about twice as fast as slotted
-# frozen ones (attrs writes the dict instead of calling object.__setattr__ per field).
+# The decision's values are built for every member at every reconcile and dropped
+# with the decision: frozen classes with a __dict__ (slots=False) are built about
+# twice as fast as slotted frozen ones (attrs writes the dict instead of calling
+# object.__setattr__ per field). The snapshots, which live long and are many, keep
+# their slots.
 @attrs.frozen(slots=False)
 class Event:
     """A Kubernetes Event to emit on a member."""

@@ -250,10 +250,7 @@ class Serverless:
     )
 
 
-# slots=False: a frozen class with a __dict__ is built about twice as fast (attrs writes
-# the dict instead of calling object.__setattr__ per field), and `with_written_status`
-# can copy one without running every validator again.
-@attrs.frozen(slots=False)
+@attrs.frozen
 class ModelState:
     """One `Model` as observed: its spec, its status and its Deployment's replicas.
 
@@ -323,12 +320,15 @@ def with_written_status(
     whose status a decision changes, at every reconcile.
     """
     copy = object.__new__(ModelState)
-    fields = copy.__dict__
-    fields.update(model.__dict__)
-    fields["shared_state"] = shared_state
-    fields["phase"] = phase
-    fields["preempted_at"] = preempted_at
+    for name in _MODEL_FIELDS:
+        object.__setattr__(copy, name, getattr(model, name))
+    object.__setattr__(copy, "shared_state", shared_state)
+    object.__setattr__(copy, "phase", phase)
+    object.__setattr__(copy, "preempted_at", preempted_at)
     return copy
+
+
+_MODEL_FIELDS = tuple(f.name for f in attrs.fields(ModelState))
 
 
 @attrs.frozen

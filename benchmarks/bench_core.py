@@ -8,7 +8,7 @@ the median and spread of repeated whole-cluster passes, in wall-clock time and i
 this process's CPU time (steadier on a shared machine).
 Run: .venv/bin/python benchmarks/bench_core.py [--repeat N]
 
-`--passes N --workload first|mixed` runs N untimed passes of one workload and prints
+`--passes N --workload first|steady|mixed` runs N untimed passes of one workload and prints
 nothing: under `valgrind --tool=cachegrind --cache-sim=no`, the instructions of N
 passes minus those of 0 passes is a count that does not depend on the machine's load
 (docs/benchmarks.md).
@@ -219,12 +219,14 @@ def main() -> None:
         default=None,
         help="run this many untimed passes of --workload and print nothing (for valgrind)",
     )
-    parser.add_argument("--workload", choices=["first", "mixed"], default="first")
+    parser.add_argument("--workload", choices=["first", "steady", "mixed"], default="first")
     args = parser.parse_args()
     if args.passes is not None:
         models, leases, running = build_cluster(
             args.groups, args.per_group, args.seed, mixed=args.workload == "mixed"
         )
+        if args.workload == "steady":
+            models = settle(models, leases, running)
         decide_cluster(models, leases, running)  # warm-up, counted in every run alike
         for _ in range(args.passes):
             decide_cluster(models, leases, running)

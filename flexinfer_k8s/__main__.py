@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         help="the administrator's policy, a YAML file (GPU-node taints, allowed host paths, "
         "images, node selector and pod label keys); default: the built-in policy "
-        "(flexinfer_k8s/render/policy.py says the fields)",
+        "(docs/security.md)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]

@@ -88,3 +88,13 @@ def test_a_model_name_shadows_a_service_label_and_labels_obey_namespaces() -> No
     assert split.resolve("code").ambiguous == ("a", "b")
     chosen = split.resolve("b/code").entry
     assert chosen is not None and chosen.name == "m2"
+
+
+def test_a_name_in_one_namespace_and_a_label_in_another_is_ambiguous() -> None:
+    """Tenant capture (issue 20): team-evil's Model `chat` must not take the requests
+    meant for team-b's members labelled `chat`, whichever namespace came first."""
+    team_b = model("small", "team-b", ready=True, labels=("chat",), active=("chat",))
+    evil = model("chat", "team-evil", ready=True)
+    resolution = InMemoryDirectory([team_b, evil]).resolve("chat")
+    assert resolution.entry is None
+    assert resolution.ambiguous == ("team-b", "team-evil")

@@ -256,6 +256,29 @@ async def test_a_name_in_two_namespaces_needs_its_namespace(
 
 
 @async_test
+async def test_a_tenant_cannot_capture_a_service_label_with_a_model_name(
+    backends: dict[str, BackendProcess],
+) -> None:
+    """team-evil's Model `chat` against team-b's members labelled `chat` (issue 20)."""
+    alpha, beta = backends["alpha"], backends["beta"]
+    entries = [
+        entry("small", beta.endpoint, namespace="team-b", service_labels=("chat",),
+              active_services=("chat",)),  # fmt: skip
+        entry("chat", alpha.endpoint, namespace="team-evil"),
+    ]
+    tag = _tag()
+    async with running_proxy(entries) as p:
+        status, body = await p.chat("chat", tag=tag)
+        assert status == 409
+        assert (body["error"]["code"], body["error"]["param"]) == ("ambiguous_model", "model")
+        assert "'team-b/chat'" in body["error"]["message"]
+        assert "'team-evil/chat'" in body["error"]["message"]
+        assert tag not in await alpha.arrivals(p.session), "nothing reached team-evil"
+        status, body = await p.chat("team-b/chat", tag=_tag())
+        assert (status, body["backend"], body["received_model"]) == (200, "beta", "small")
+
+
+@async_test
 async def test_models_lists_what_can_be_routed_with_its_state(
     backends: dict[str, BackendProcess],
 ) -> None:

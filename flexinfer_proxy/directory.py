@@ -4,16 +4,22 @@ The HTTP layer asks a directory to `resolve` the name a client puts in the
 request's `model` field and subscribes to changes (to drain a queue when its model
 turns Ready). A name resolves, in order, to:
 
-1. `namespace/name`: that namespace's Model (or ModelDeployment) of that name;
-2. a bare name: the Model (a Model shadows a ModelDeployment of the same name) of
-   that name in the first namespace the proxy was told to watch that has one; when
-   it watches every namespace and the name exists in several, the answer is an
-   ambiguity naming them, never one of them (a tenant must not capture another
-   team's model name);
-3. a service label (`spec.serviceLabels`), looked up the same way: the member whose
-   Service advertises the label in `ai.flexinfer/active-services` (it holds the
-   card), else a Ready one, else the advertised one still loading, else the best
-   by priority (then name), which the queue then wakes.
+1. `namespace/name`: that namespace's Model (or ModelDeployment) of that name, else
+   its members that list `name` as a service label;
+2. a bare name: in every namespace where it means something, as a model's name (a
+   Model shadows a ModelDeployment of the same name) or as a service label
+   (`spec.serviceLabels`), the first such namespace the proxy was told to watch;
+   when it watches every namespace and several have it, the answer is an ambiguity
+   naming them, never one of them: a tenant must not capture another team's
+   requests by creating a model named like that team's model or service label;
+3. within the chosen namespace, a model's name before a service label. A service
+   label goes to the member whose Service advertises the label in
+   `ai.flexinfer/active-services` (it holds the card), else a Ready one, else the
+   advertised one still loading, else the best by priority (then name), which the
+   queue then wakes.
+
+A client whose API key reaches only some namespaces resolves names among those only
+(`reachable`): the other namespaces' models do not exist for it.
 
 `InMemoryDirectory` is the directory tests and static setups use;
 `flexinfer_proxy.kube_directory` fills the same view from the cluster. This module
@@ -23,7 +29,7 @@ performs no I/O and reads no clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -93,7 +99,8 @@ class Resolution:
     """What a requested name means: one entry, nothing, or several namespaces' models."""
 
     entry: ModelEntry | None = None
-    ambiguous: tuple[str, ...] = ()  # the namespaces that all have the name
+    ambiguous: tuple[str, ...] = ()  # the namespaces where the name means something
+    labelled_in: tuple[str, ...] = ()  # those of `ambiguous` where it is a service label
     by_service_label: bool = False
 
 
@@ -123,16 +130,25 @@ def resolve_name(
     homes: Callable[[str], Sequence[str]],
     label_members: Callable[[str], Sequence[ModelEntry]],
     namespace_order: Sequence[str],
+    reachable: Collection[str] | None = None,
 ) -> Resolution:
     """Resolve `requested` over a view given as three look-ups (see the module docstring).
 
     `by_namespace(namespace, name)` is the entry of that name there; `homes(name)` the
     namespaces that have an entry of that name; `label_members(label)` every entry
     that lists the label. An empty `namespace_order` means "every namespace".
+    `reachable` (None: every namespace) are the namespaces the client may reach (its
+    API key's): the others' models do not exist for it.
     """
+
+    def allowed(namespace: str) -> bool:
+        return (not namespace_order or namespace in namespace_order) and (
+            reachable is None or namespace in reachable
+        )
+
     namespace, slash, name = requested.partition("/")
     if slash:
-        if namespace_order and namespace not in namespace_order:
+        if not allowed(namespace):
             return Resolution()
         entry = by_namespace(namespace, name)
         if entry is not None:
@@ -141,18 +157,22 @@ def resolve_name(
         if members:
             return Resolution(choose_for_service_label(name, members), by_service_label=True)
         return Resolution()
-    found = homes(requested)
-    if found:
-        chosen = _first_namespace(found, namespace_order)
-        if chosen is None:
-            return Resolution(ambiguous=tuple(sorted(found)))
-        return Resolution(by_namespace(chosen, requested))
-    labelled = label_members(requested)
-    if not labelled:
+    # Every namespace where the name means something, by a model's name or by a
+    # service label, competes on equal terms: a tenant's Model named like another
+    # team's service label must not take that team's requests.
+    named = {ns for ns in homes(requested) if allowed(ns)}
+    labelled = [e for e in label_members(requested) if allowed(e.namespace)]
+    found = named | {e.namespace for e in labelled}
+    if not found:
         return Resolution()
-    chosen = _first_namespace({e.namespace for e in labelled}, namespace_order)
+    chosen = _first_namespace(found, namespace_order)
     if chosen is None:
-        return Resolution(ambiguous=tuple(sorted({e.namespace for e in labelled})))
+        return Resolution(
+            ambiguous=tuple(sorted(found)),
+            labelled_in=tuple(sorted(found - named)),
+        )
+    if chosen in named:
+        return Resolution(by_namespace(chosen, requested))
     local = [e for e in labelled if e.namespace == chosen]
     return Resolution(choose_for_service_label(requested, local), by_service_label=True)
 
@@ -173,8 +193,8 @@ class ModelDirectory(Protocol):
         """True once the view is complete enough to route (initial lists done)."""
         ...
 
-    def resolve(self, requested: str) -> Resolution:
-        """What a request's `model` names (see the module docstring)."""
+    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
+        """What a request's `model` names, among the `reachable` namespaces (None: all)."""
         ...
 
     def lookup(self, key: str) -> ModelEntry | None:
@@ -214,7 +234,7 @@ class InMemoryDirectory:
     def synced(self) -> bool:
         return True
 
-    def resolve(self, requested: str) -> Resolution:
+    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
         return resolve_name(
             requested,
             by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
@@ -223,6 +243,7 @@ class InMemoryDirectory:
                 e for e in self._entries.values() if label in e.service_labels
             ],
             namespace_order=self._namespaces,
+            reachable=reachable,
         )
 
     def lookup(self, key: str) -> ModelEntry | None:

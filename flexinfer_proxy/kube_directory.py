@@ -244,7 +244,7 @@ class KubeDirectory:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
 
-    def resolve(self, requested: str) -> Resolution:
+    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
         with self._lock:
             return resolve_name(
                 requested,
@@ -252,6 +252,7 @@ class KubeDirectory:
                 homes=lambda name: sorted(self._homes.get(name, ())),
                 label_members=self._label_members,
                 namespace_order=self._namespaces,
+                reachable=reachable,
             )
 
     def lookup(self, key: str) -> ModelEntry | None:

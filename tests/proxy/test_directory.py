@@ -80,8 +80,8 @@ def test_a_service_label_goes_to_the_member_holding_the_card(
 
 def test_a_model_name_shadows_a_service_label_and_labels_obey_namespaces() -> None:
     named_chat = model("chat", "a")
-    elsewhere = model("other", "b", labels=("chat",))
-    assert InMemoryDirectory([named_chat, elsewhere]).resolve("chat").entry == named_chat
+    labelled = model("other", "a", labels=("chat",))
+    assert InMemoryDirectory([named_chat, labelled]).resolve("chat").entry == named_chat
     split = InMemoryDirectory(
         [model("m1", "a", labels=("code",)), model("m2", "b", labels=("code",))]
     )
@@ -98,3 +98,20 @@ def test_a_name_in_one_namespace_and_a_label_in_another_is_ambiguous() -> None:
     resolution = InMemoryDirectory([team_b, evil]).resolve("chat")
     assert resolution.entry is None
     assert resolution.ambiguous == ("team-b", "team-evil")
+    assert resolution.labelled_in == ("team-b",)
+    # An order the administrator gave decides, whichever way round the two are.
+    for order in (["team-b", "team-evil"], ["team-evil", "team-b"]):
+        chosen = InMemoryDirectory([team_b, evil], namespaces=order).resolve("chat").entry
+        assert chosen is not None and chosen.namespace == order[0]
+
+
+def test_a_client_resolves_among_the_namespaces_its_key_reaches() -> None:
+    team_b = model("small", "team-b", labels=("chat",))
+    evil = model("chat", "team-evil")
+    directory = InMemoryDirectory([team_b, evil, model("x", "a"), model("x", "b")])
+    only_b = {"team-b"}
+    chosen = directory.resolve("chat", reachable=only_b).entry
+    assert chosen is not None and chosen.key == "team-b/small"
+    assert directory.resolve("team-evil/chat", reachable=only_b).entry is None
+    assert directory.resolve("x", reachable={"b"}).entry == model("x", "b")
+    assert directory.resolve("x", reachable=()).entry is None

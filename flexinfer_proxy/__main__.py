@@ -171,6 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="waiting requests over all models (default %(default)s)",
     )
     add(
+        "--max-concurrent-per-client",
+        type=_at_least("--max-concurrent-per-client", 0),
+        default=DEFAULTS.max_concurrent_per_client,
+        help="requests one client (API key, else address) has in progress; more get 429 "
+        "(default %(default)s; 0: no cap)",
+    )
+    add(
+        "--max-queued-per-client",
+        type=_at_least("--max-queued-per-client", 0),
+        default=DEFAULTS.max_queued_per_client,
+        help="requests one client (API key, else address) has waiting for their models; "
+        "more get 429 (default %(default)s; 0: no cap)",
+    )
+    add(
         "--max-body-bytes",
         type=_at_least("--max-body-bytes", 1024),
         default=DEFAULTS.max_body_bytes,
@@ -223,6 +237,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_per_backend=args.max_per_backend,
         max_queue=args.max_queue,
         max_queue_total=args.max_queue_total,
+        max_concurrent_per_client=args.max_concurrent_per_client,
+        max_queued_per_client=args.max_queued_per_client,
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         max_connections=fit_connections(args.max_connections),

@@ -33,13 +33,13 @@ from aiohttp.abc import AbstractResolver
 
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
-from flexinfer_proxy.api_keys import ApiKeys
+from flexinfer_proxy.api_keys import ApiKey, ApiKeys
 from flexinfer_proxy.backend_slots import BackendSlots
+from flexinfer_proxy.client_limits import ClientLimits
 from flexinfer_proxy.connections import ConnectionGuard
 from flexinfer_proxy.demand import REFRESH_INTERVAL, DemandSignaller, DemandSink
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry, Resolution
 from flexinfer_proxy.forward import (
-    REQUEST_HOP_BY_HOP,
     BackendTimeout,
     BackendUnavailable,
     ClientGone,
@@ -65,7 +65,9 @@ from flexinfer_proxy.metrics import (
     OUTCOME_BAD_REQUEST,
     OUTCOME_BODY_TIMEOUT,
     OUTCOME_BODY_TOO_LARGE,
+    OUTCOME_CLIENT_CONCURRENCY_LIMIT,
     OUTCOME_CLIENT_DISCONNECTED,
+    OUTCOME_CLIENT_QUEUE_LIMIT,
     OUTCOME_INTERNAL_ERROR,
     OUTCOME_PROXY_BUSY,
     OUTCOME_PROXY_CLOSING,
@@ -110,8 +112,6 @@ REFUSED_CONNECTION = openai_errors.raw_response(
 # tries again after these pauses, doubling, within its remaining wait.
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
-# With API keys, the client's key stays with the proxy.
-_HOP_BY_HOP_AND_KEY = REQUEST_HOP_BY_HOP | {b"authorization"}
 # Backend endpoints are parsed once and kept, up to this many.
 ORIGIN_CACHE_SIZE = 1024
 
@@ -133,6 +133,10 @@ class ProxyConfig:
     max_per_backend: int = 0
     max_queue: int = 1000  # waiting requests per model
     max_queue_total: int = 10000  # waiting requests overall
+    # Per client (API key, else address); 0 = no cap. A sixteenth of the connection
+    # cap, and an eighth of a model's queue: one client cannot take either alone.
+    max_concurrent_per_client: int = 256
+    max_queued_per_client: int = 128
 
     max_connections: int = 4096
     max_header_bytes: int = DEFAULT_MAX_HEAD_BYTES
@@ -202,6 +206,10 @@ class Proxy:
             dispatch_grace=self.config.dispatch_grace_seconds,
         )
         self.slots = BackendSlots(self.config.max_per_backend)
+        self.limits = ClientLimits(
+            max_concurrent=self.config.max_concurrent_per_client,
+            max_queued=self.config.max_queued_per_client,
+        )
         self.budget = BodyBudget(self.config.max_buffered_bytes)
         self.metrics.buffered_bytes.set_function(lambda: self.budget.used)
         self.guard: ConnectionGuard | None = None
@@ -293,10 +301,28 @@ class Proxy:
             # Refused before the client sends it (curl sends Expect over 1 MiB).
             self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
             return openai_errors.body_too_large(self.config.max_body_bytes).closing()
+        key: ApiKey | None = None
         if self.api_keys is not None:
-            refusal = self._check_key(request)
-            if refusal is not None:
-                return refusal
+            key = self._key_of(request)
+            if key is None:
+                return self._key_refusal()
+        # A client is its key's entry, else its address (an address has no space).
+        client = f"key {key.name}" if key is not None else (request.remote or "")
+        if not self.limits.enter(client):
+            self.metrics.request_done("", OUTCOME_CLIENT_CONCURRENCY_LIMIT)
+            log.info("client %s is at --max-concurrent-per-client", client)
+            return openai_errors.client_concurrency_limit(
+                self.limits.max_concurrent, retry_after=self.retry_after()
+            )
+        try:
+            reachable = key.namespaces if key is not None else None
+            return await self._openai(request, client=client, reachable=reachable)
+        finally:
+            self.limits.leave(client)
+
+    async def _openai(
+        self, request: Request, *, client: str, reachable: frozenset[str] | None
+    ) -> Answer | None:
         resolved: list[Resolution] = []
         try:
             body = await read_request_body(
@@ -304,7 +330,9 @@ class Proxy:
                 max_bytes=self.config.max_body_bytes,
                 budget=self.budget,
                 timeout=self.config.client_body_timeout,
-                on_model=lambda name: resolved.append(self._resolve_or_refuse(name)),
+                on_model=lambda name: resolved.append(
+                    self._resolve_or_refuse(name, client=client, reachable=reachable)
+                ),
             )
         except _Refusal as refusal:
             self.metrics.request_done(refusal.model, refusal.outcome)
@@ -338,26 +366,34 @@ class Proxy:
             if entry.ready and not self.queues.depth(entry.key):
                 # The usual case, one coroutine less: nobody to wait for.
                 return await self._forward(request, entry, body=body, ticket=None, deadline=0.0)
-            return await self._route(request, entry, body)
+            return await self._route(request, entry, body, client=client)
         finally:
             body.release()
 
-    def _check_key(self, request: Request) -> Answer | None:
+    def _key_of(self, request: Request) -> ApiKey | None:
+        """The request's API key, or None (then `_key_refusal` says why)."""
         assert self.api_keys is not None
         if not self.api_keys.loaded:
-            self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
-            return openai_errors.directory_syncing("any model", retry_after=self.retry_after())
-        if not self.api_keys.accepts(request.header(b"authorization")):
-            self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
-            return openai_errors.unauthorized()
-        return None
+            return None
+        return self.api_keys.key_for(request.header(b"authorization"))
 
-    def _resolve_or_refuse(self, name: str) -> Resolution:
+    def _key_refusal(self) -> Answer:
+        assert self.api_keys is not None
+        self.metrics.request_done("", OUTCOME_UNAUTHORIZED)
+        if not self.api_keys.loaded:
+            return openai_errors.directory_syncing("any model", retry_after=self.retry_after())
+        return openai_errors.unauthorized()
+
+    def _resolve_or_refuse(
+        self, name: str, *, client: str, reachable: frozenset[str] | None
+    ) -> Resolution:
         """Called as soon as the body's `model` is read: refuse what cannot be served."""
-        resolution = self.directory.resolve(name)
+        resolution = self.directory.resolve(name, reachable=reachable)
         if resolution.ambiguous:
             raise _Refusal(
-                openai_errors.ambiguous_model(name, resolution.ambiguous),
+                openai_errors.ambiguous_model(
+                    name, resolution.ambiguous, labelled_in=resolution.labelled_in
+                ),
                 model="",
                 outcome=OUTCOME_AMBIGUOUS_MODEL,
             )
@@ -374,6 +410,8 @@ class Proxy:
                 raise self._queue_full(entry, self.config.max_queue, "for this model")
             if self.queues.total >= self.config.max_queue_total:
                 raise self._queue_full(entry, self.config.max_queue_total, "in all")
+            if not self.limits.may_queue(client):
+                raise self._client_queue_full(entry, client)
         return resolution
 
     def _queue_full(self, entry: ModelEntry, limit: int, scope: str) -> _Refusal:
@@ -381,13 +419,31 @@ class Proxy:
         response = openai_errors.queue_full(
             entry.name, limit=limit, scope=scope, retry_after=self.retry_after(expected)
         )
-        return _Refusal(response, model=entry.name, outcome=OUTCOME_QUEUE_FULL)
+        return _Refusal(response, model=entry.key, outcome=OUTCOME_QUEUE_FULL)
 
-    async def _route(self, request: Request, entry: ModelEntry, body: RequestBody) -> Answer | None:
+    def _client_queue_full(self, entry: ModelEntry, client: str) -> _Refusal:
+        log.info("client %s is at --max-queued-per-client", client)
+        response = openai_errors.client_queue_limit(
+            entry.name, limit=self.limits.max_queued, retry_after=self.retry_after()
+        )
+        return _Refusal(response, model=entry.key, outcome=OUTCOME_CLIENT_QUEUE_LIMIT)
+
+    async def _route(
+        self, request: Request, entry: ModelEntry, body: RequestBody, *, client: str
+    ) -> Answer | None:
         ticket: Ticket | None = None
         deadline = 0.0
         if not entry.ready or self.queues.depth(entry.key):
-            ticket, refusal = await self._wait_in_queue(entry)
+            # Counted here, strictly (the early check when `model` arrived may have
+            # been passed by several of the client's requests at once).
+            if not self.limits.queue(client):
+                refused = self._client_queue_full(entry, client)
+                self.metrics.request_done(refused.model, refused.outcome)
+                return refused.response
+            try:
+                ticket, refusal = await self._wait_in_queue(entry)
+            finally:
+                self.limits.unqueue(client)
             if refusal is not None:
                 return refusal
             deadline = ticket.enqueued_at + self.config.wait_limit(entry)
@@ -404,17 +460,17 @@ class Proxy:
         try:
             result = await self.queues.wait(ticket, limit=limit)
         except asyncio.CancelledError:
-            self._queue_done(entry.name, ticket, outcome=OUTCOME_CLIENT_DISCONNECTED)
+            self._queue_done(entry.key, ticket, outcome=OUTCOME_CLIENT_DISCONNECTED)
             log.info("client left while %s was queued", entry.key)
             raise
         if result is WaitResult.ADMITTED:
-            self.metrics.queue_wait.labels(model=entry.name).observe(self.queues.waited(ticket))
+            self.metrics.queue_wait.labels(model=entry.key).observe(self.queues.waited(ticket))
             return ticket, None
         retry_after = self.retry_after()
         if result is WaitResult.CLOSING:
-            self._queue_done(entry.name, ticket, outcome=OUTCOME_PROXY_CLOSING)
+            self._queue_done(entry.key, ticket, outcome=OUTCOME_PROXY_CLOSING)
             return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
-        self._queue_done(entry.name, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
+        self._queue_done(entry.key, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
         log.warning("%s was not Ready within %.3gs; answered 503", entry.key, limit)
         return ticket, openai_errors.model_not_ready(
             entry.name, waited_seconds=limit, retry_after=retry_after
@@ -444,7 +500,6 @@ class Proxy:
         lines = upstream_header_lines(
             request.headers,
             client=request.remote,
-            skip=REQUEST_HOP_BY_HOP if self.api_keys is None else _HOP_BY_HOP_AND_KEY,
             names_hop_headers=request.names_hop_headers,
         )
         suffix = request.target[len(API_PREFIX) :]
@@ -486,27 +541,27 @@ class Proxy:
                     entry = self.directory.lookup(entry.key) or entry
                     continue
                 log.warning("backend of %s at %s: %s", entry.key, entry.endpoint, error)
-                self.metrics.request_done(entry.name, OUTCOME_BACKEND_UNAVAILABLE)
+                self.metrics.request_done(entry.key, OUTCOME_BACKEND_UNAVAILABLE)
                 return openai_errors.backend_unavailable(entry.name)
             except BackendTimeout as error:
                 log.warning("backend of %s at %s: %s", entry.key, entry.endpoint, error)
-                self.metrics.request_done(entry.name, OUTCOME_BACKEND_TIMEOUT)
+                self.metrics.request_done(entry.key, OUTCOME_BACKEND_TIMEOUT)
                 timeout = self._timeouts.headers
                 return openai_errors.backend_timeout(entry.name, timeout)
             except StreamCut as error:
                 log.warning("backend of %s: %s", entry.key, error)
-                self.metrics.request_done(entry.name, OUTCOME_STREAM_CUT)
+                self.metrics.request_done(entry.key, OUTCOME_STREAM_CUT)
                 # No clean end: the client must see a cut.
                 request.cut()
                 return None
             except ClientGone:
-                self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
+                self.metrics.request_done(entry.key, OUTCOME_CLIENT_DISCONNECTED)
                 request.cut()
                 return None
             except asyncio.CancelledError:
-                self.metrics.request_done(entry.name, OUTCOME_CLIENT_DISCONNECTED)
+                self.metrics.request_done(entry.key, OUTCOME_CLIENT_DISCONNECTED)
                 raise
-            self.metrics.request_done(entry.name, OUTCOME_SERVED)
+            self.metrics.request_done(entry.key, OUTCOME_SERVED)
             return None
 
     def _origin(self, entry: ModelEntry) -> tuple[Origin, bytes]:
@@ -532,11 +587,14 @@ class Proxy:
         )
 
     def handle_models(self, request: Request) -> Answer:
-        if self.api_keys is not None:
-            refusal = self._check_key(request)
-            if refusal is not None:
-                return refusal
         entries = self.directory.entries()
+        if self.api_keys is not None:
+            key = self._key_of(request)
+            if key is None:
+                return self._key_refusal()
+            if key.namespaces is not None:
+                # What the key cannot reach does not exist for it (nor its names).
+                entries = [e for e in entries if e.namespace in key.namespaces]
         names: dict[str, int] = {}
         for entry in entries:
             names[entry.name] = names.get(entry.name, 0) + 1

@@ -171,9 +171,9 @@ class DemandSignaller:
             log.exception("demand write for %s/%s failed", entry.namespace, entry.name)
             outcome = MarkOutcome(FAILED)
         if outcome.conflicts:
-            self._metrics.demand_conflicts.labels(model=entry.name).inc(outcome.conflicts)
+            self._metrics.demand_conflicts.labels(model=entry.key).inc(outcome.conflicts)
         self._metrics.demand_writes.labels(
-            model=entry.name, signal=signal, result=outcome.result
+            model=entry.key, signal=signal, result=outcome.result
         ).inc()
         if not outcome.done:
             log.warning(
@@ -222,4 +222,4 @@ class DemandSignaller:
             log.exception("queue report for %s/%s failed", entry.namespace, entry.name)
             result = FAILED
         signal = "queue_report" if wire is not None else "queue_cleared"
-        self._metrics.demand_writes.labels(model=entry.name, signal=signal, result=result).inc()
+        self._metrics.demand_writes.labels(model=entry.key, signal=signal, result=result).inc()

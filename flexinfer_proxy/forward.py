@@ -5,8 +5,10 @@ answer is copied chunk by chunk as it arrives (server-sent events included), wit
 its status and headers, never buffered whole and never decompressed. An answer
 that says it is at most `WHOLE_ANSWER_BYTES` long, or that has arrived whole with
 its head, is written to the client in one write with its head. Hop-by-hop headers,
-and those the `Connection` header names, are dropped in both directions;
-`X-Forwarded-For` gets the client's address.
+and those the `Connection` header names, are dropped in both directions; the
+client's credentials (`CREDENTIALS`) and forwarding headers (`Forwarded`,
+`X-Forwarded-*`, `X-Real-IP`) never reach a backend, and `X-Forwarded-For` is set to
+the client's address alone.
 
 Failures before the answer started are exceptions the caller turns into answers:
 `BackendUnavailable` (refused, reset, closed, or a reply that is not HTTP; `retryable`
@@ -65,6 +67,14 @@ HOP_BY_HOP = frozenset(
 # Dropped from requests too: the proxy met the client's `Expect` itself (the body is
 # all here), and a backend asked for it would only add a `100 Continue`.
 REQUEST_HOP_BY_HOP = HOP_BY_HOP | {b"expect"}
+# A client's credentials are for the proxy (or for nobody): a backend is another
+# tenant's process and must never see them, keys on or off.
+CREDENTIALS = frozenset({b"authorization", b"proxy-authorization", b"x-api-key", b"api-key",
+                         b"cookie"})  # fmt: skip
+# What a client says about the path it came by is not believed: these are dropped and
+# `X-Forwarded-For` is set to the address the proxy saw (`X-Forwarded-*` by prefix).
+FORWARDING = frozenset({b"forwarded", b"x-real-ip"})
+REQUEST_SKIPPED = REQUEST_HOP_BY_HOP | CREDENTIALS | FORWARDING
 # Non-streamed JSON answers up to this size get their `model` rewritten back.
 REWRITE_LIMIT_BYTES = 1024 * 1024
 # An answer that says it is at most this long (and is not an event stream) is read
@@ -115,30 +125,22 @@ def upstream_header_lines(
     headers: list[tuple[bytes, bytes]],
     *,
     client: str | None,
-    skip: frozenset[bytes] = REQUEST_HOP_BY_HOP,
+    skip: frozenset[bytes] = REQUEST_SKIPPED,
     names_hop_headers: bool = True,
 ) -> bytes:
-    """The client's headers minus `skip` (hop-by-hop ones and `Expect` by default) and
-    those its `Connection` header names (when `names_hop_headers`), plus
-    X-Forwarded-For, as `Name: value` lines."""
+    """The client's headers minus `skip` (hop-by-hop ones, `Expect`, credentials and
+    forwarding headers by default), any `X-Forwarded-*`, and those its `Connection`
+    header names (when `names_hop_headers`), plus `X-Forwarded-For: <client>`, as
+    `Name: value` lines."""
     if names_hop_headers:
         skip = skip | _connection_named(headers)
-    lines = []
-    forwarded: bytes | None = None
-    for name, value in headers:
-        lower = name.lower()
-        if lower in skip:
-            continue
-        if lower == b"x-forwarded-for":
-            if forwarded is None:
-                forwarded = value
-            continue
-        lines.append(b"%s: %s\r\n" % (name, value))
+    lines = [
+        b"%s: %s\r\n" % (name, value)
+        for name, value in headers
+        if (lower := name.lower()) not in skip and not lower.startswith(b"x-forwarded-")
+    ]
     if client:
-        address = client.encode("latin-1")
-        forwarded = forwarded + b", " + address if forwarded else address
-    if forwarded is not None:
-        lines.append(b"X-Forwarded-For: %s\r\n" % forwarded)
+        lines.append(b"X-Forwarded-For: %s\r\n" % client.encode("latin-1"))
     return b"".join(lines)
 
 

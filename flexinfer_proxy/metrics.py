@@ -1,9 +1,10 @@
 """The proxy's Prometheus metrics, created against an injected registry.
 
 One `ProxyMetrics` per proxy (and per test): queued requests per model, requests
-by outcome, time spent queued, and demand writes and conflicts. Label values are
-model names the directory knows; a name a client made up is recorded as "" so a
-stranger cannot grow the label set. This module counts; it decides nothing.
+by outcome, time spent queued, and demand writes and conflicts. A `model` label is
+the model's `namespace/name` (two namespaces' models of one name never share a
+series); a name a client made up is recorded as "" so a stranger cannot grow the
+label set. This module counts; it decides nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ OUTCOME_BODY_TIMEOUT = "body_timeout"
 OUTCOME_PROXY_BUSY = "proxy_busy"  # --max-buffered-bytes reached
 OUTCOME_UNAUTHORIZED = "unauthorized"
 OUTCOME_AMBIGUOUS_MODEL = "ambiguous_model"
+OUTCOME_CLIENT_CONCURRENCY_LIMIT = "client_concurrency_limit"  # --max-concurrent-per-client
+OUTCOME_CLIENT_QUEUE_LIMIT = "client_queue_limit"  # --max-queued-per-client
 OUTCOME_INTERNAL_ERROR = "internal_error"
 
 QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)

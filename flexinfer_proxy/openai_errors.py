@@ -63,12 +63,19 @@ def unsupported_route(method: str, path: str) -> Answer:
     )
 
 
-def ambiguous_model(model: str, namespaces: tuple[str, ...]) -> Answer:
+def ambiguous_model(
+    model: str, namespaces: tuple[str, ...], *, labelled_in: tuple[str, ...] = ()
+) -> Answer:
+    """409: `model` means something in several namespaces (a model's name or a service
+    label in each); naming each lets nobody's requests go to another tenant silently."""
+    meanings = ", ".join(
+        f"a service label in {namespace}" if namespace in labelled_in else f"a model in {namespace}"
+        for namespace in namespaces
+    )
     choices = ", ".join(f"'{namespace}/{model}'" for namespace in namespaces)
     return error_response(
-        400,
-        f"The model '{model}' exists in several namespaces ({', '.join(namespaces)}); "
-        f"name one: {choices}.",
+        409,
+        f"The model '{model}' is ambiguous: it names {meanings}; name one: {choices}.",
         error_type="invalid_request_error",
         code="ambiguous_model",
         param="model",
@@ -156,6 +163,36 @@ def queue_full(model: str, *, limit: int, scope: str, retry_after: int) -> Answe
     return _retry_later(
         f"Too many requests are waiting for '{model}' ({limit} {scope}, --max-queue)",
         code="queue_full",
+        retry_after=retry_after,
+    )
+
+
+def _slow_down(message: str, *, code: str, retry_after: int) -> Answer:
+    """429 with `Retry-After`: this client asks for more than its share."""
+    return error_response(
+        429,
+        f"{message}; retry after {retry_after}s.",
+        error_type="rate_limit_error",
+        code=code,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def client_concurrency_limit(limit: int, *, retry_after: int) -> Answer:
+    return _slow_down(
+        f"This client (its API key, or its address without keys) has {limit} requests in "
+        "progress, as many as it may (--max-concurrent-per-client)",
+        code="client_concurrency_limit",
+        retry_after=retry_after,
+    )
+
+
+def client_queue_limit(model: str, *, limit: int, retry_after: int) -> Answer:
+    return _slow_down(
+        f"This client (its API key, or its address without keys) has {limit} requests "
+        f"waiting for models to start, as many as it may (--max-queued-per-client); "
+        f"'{model}' is not ready",
+        code="client_queue_limit",
         retry_after=retry_after,
     )
 

@@ -186,11 +186,11 @@ class RequestQueues:
         if entry is not None:
             self._changed(entry)
         else:
-            self._metrics.queued.labels(model=ticket.key.partition("/")[2]).set(len(queue))
+            self._metrics.queued.labels(model=ticket.key).set(len(queue))
         return True
 
     def _changed(self, entry: ModelEntry) -> None:
         queue = self._queues.get(entry.key) or deque()
-        self._metrics.queued.labels(model=entry.name).set(len(queue))
+        self._metrics.queued.labels(model=entry.key).set(len(queue))
         oldest = queue[0].arrived if queue else None
         self._signaller.queue_changed(entry, QueueReport(queued=len(queue), oldest_waiting=oldest))

@@ -50,6 +50,7 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     assert config == ProxyConfig(max_connections=config.max_connections)
     assert (config.max_body_bytes, config.max_buffered_bytes) == (16 * 2**20, 256 * 2**20)
     assert (config.max_queue, config.max_queue_total) == (1000, 10000)
+    assert (config.max_concurrent_per_client, config.max_queued_per_client) == (256, 128)
     assert (
         config.client_header_timeout,
         config.client_body_timeout,
@@ -66,18 +67,22 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         "--client-idle-timeout", "4s", "--backend-connect-timeout", "5s",
         "--backend-headers-timeout", "1m", "--backend-read-timeout", "7s",
         "--access-log", "--retry-after", "3",
+        "--max-concurrent-per-client", "6", "--max-queued-per-client", "0",
     ]  # fmt: skip
     set_ = config_from(build_parser().parse_args(flags))
     assert (set_.max_body_bytes, set_.max_buffered_bytes, set_.max_queue) == (2048, 4096, 3)
     assert (set_.max_queue_total, set_.max_connections, set_.retry_after_seconds) == (4, 5, 3)
     assert (set_.client_header_timeout, set_.backend_headers_timeout) == (2.0, 60.0)
     assert set_.access_log
+    assert (set_.max_concurrent_per_client, set_.max_queued_per_client) == (6, 0)
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+        (["--max-queued-per-client", "-1"], "--max-queued-per-client must be at least 0"),
+        (["--max-concurrent-per-client", "x"], "--max-concurrent-per-client: 'x' is not a"),
         (["--max-body-bytes", "lots"], "--max-body-bytes: 'lots' is not a whole number"),
         (["--client-header-timeout", "0s"], "--client-header-timeout must be longer than 0s"),
         (["--backend-read-timeout", "soon"], "'soon' is not a valid duration"),

@@ -87,7 +87,8 @@ async def test_a_queued_request_signals_demand_and_is_served_once_ready(
 
         async with session.get(f"{proxy}/metrics") as response:
             metrics = await response.text()
-        assert 'flexinfer_proxy_requests_total{model="e2e-model",outcome="served"} 1.0' in metrics
+        served = f'flexinfer_proxy_requests_total{{model="{namespace}/e2e-model",outcome="served"}}'
+        assert f"{served} 1.0" in metrics
 
 
 @async_test

@@ -138,7 +138,7 @@ async def test_a_backend_that_closes_between_requests_gets_a_new_connection() ->
             assert (answer.status, answer.body) == (200, COMPLETION)
             await eventually(lambda: pool.idle_connections == 0, what="the close to be seen")
             assert backend.connections == round_
-        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 3
+        assert p.metric("flexinfer_proxy_requests_total", model="test/m", outcome="served") == 3
 
 
 @asynccontextmanager
@@ -186,7 +186,7 @@ async def test_a_kept_alive_connection_closed_as_it_is_reused_is_sent_again_on_a
         # 3rd crossed connection 2's close and went on connection 3
         assert backend.connections == 3
         assert len(backend.requests) == 5
-        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 3
+        assert p.metric("flexinfer_proxy_requests_total", model="test/m", outcome="served") == 3
 
 
 @async_test

@@ -421,15 +421,23 @@ async def test_api_keys_come_from_a_secret_and_follow_its_rotation(
                 "stringData": keys}  # fmt: skip
 
     source = SecretKeySource(api, namespace, "proxy-keys", refresh=3600)
+
+    def reaches(token: str) -> frozenset[str] | bool | None:
+        """The namespaces the token reaches (None: all), or False: not a key."""
+        key = source.keys.key_for(f"Bearer {token}")
+        return False if key is None else key.namespaces
+
     await source.read_once()
-    assert source.keys.loaded and not source.keys.accepts("Bearer anything"), "missing: nobody"
+    assert source.keys.loaded and reaches("anything") is False, "missing: nobody"
 
     await asyncio.to_thread(apply, kubectl, namespace, secret(team_a="old-key"))
     await source.read_once()
-    assert source.keys.accepts("Bearer old-key")
+    assert reaches("old-key") is None, "a bare token reaches every namespace"
 
     await asyncio.to_thread(kubectl.ok, "delete", "-n", namespace, "secret/proxy-keys")
-    await asyncio.to_thread(apply, kubectl, namespace, secret(team_a="new-key", ci="ci-key"))
+    rotated = secret(team_a="new-key namespaces=team-a", ci="ci-key", typo="ci-2 namespace=x")
+    await asyncio.to_thread(apply, kubectl, namespace, rotated)
     await source.read_once()
-    assert not source.keys.accepts("Bearer old-key")
-    assert source.keys.accepts("Bearer new-key") and source.keys.accepts("Bearer ci-key")
+    assert reaches("old-key") is False
+    assert reaches("new-key") == frozenset({"team-a"}) and reaches("ci-key") is None
+    assert reaches("ci-2") is False, "an entry that cannot be read lets nobody in"

@@ -38,7 +38,7 @@ async def test_a_stream_in_progress_finishes_when_its_backend_drains_on_sigterm(
         events = _events(rest)
         assert events[-1] == "data: [DONE]"
         assert [json.loads(e.removeprefix("data: "))["index"] for e in events[:-1]] == [1, 2]
-        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="served") == 1
+        assert p.metric("flexinfer_proxy_requests_total", model="test/m", outcome="served") == 1
     finally:
         backend.stop()
 
@@ -63,6 +63,6 @@ async def test_a_stream_whose_backend_is_killed_ends_with_an_error_event() -> No
         error = json.loads(events[-1].removeprefix("data: "))["error"]
         assert (error["code"], error["type"]) == ("stream_cut", "server_error")
         assert "data: [DONE]" not in events
-        assert p.metric("flexinfer_proxy_requests_total", model="m", outcome="stream_cut") == 1
+        assert p.metric("flexinfer_proxy_requests_total", model="test/m", outcome="stream_cut") == 1
     finally:
         backend.stop()

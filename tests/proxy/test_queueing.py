@@ -51,7 +51,7 @@ async def test_queued_requests_drain_oldest_first_once_ready(
     tags = _tags(5)
     async with running_proxy([entry("a", alpha.endpoint, ready=False)], config=ONE_AT_A_TIME) as p:
         tasks = await _queue_requests(p, "a", tags)
-        assert p.metric("flexinfer_proxy_queued_requests", model="a") == 5
+        assert p.metric("flexinfer_proxy_queued_requests", model="test/a") == 5
         assert not any(t.done() for t in tasks)
 
         p.directory.set_ready("a")
@@ -61,8 +61,8 @@ async def test_queued_requests_drain_oldest_first_once_ready(
         arrivals = [t for t in await alpha.arrivals(p.session) if t in tags]
         assert arrivals == tags
         assert p.depth("a") == 0
-        assert p.metric("flexinfer_proxy_queued_requests", model="a") == 0
-        assert p.metric("flexinfer_proxy_queue_wait_seconds_count", model="a") == 5
+        assert p.metric("flexinfer_proxy_queued_requests", model="test/a") == 0
+        assert p.metric("flexinfer_proxy_queue_wait_seconds_count", model="test/a") == 5
 
 
 @async_test
@@ -113,7 +113,8 @@ async def test_waiting_past_the_limit_is_a_503_with_retry_after(
         assert body["error"]["code"] == "model_not_ready"
         assert "'a'" in body["error"]["message"]
         assert p.depth("a") == 0
-        assert p.metric("flexinfer_proxy_requests_total", model="a", outcome="queue_timeout") == 1
+        outcome = {"model": "test/a", "outcome": "queue_timeout"}
+        assert p.metric("flexinfer_proxy_requests_total", **outcome) == 1
 
 
 @async_test
@@ -152,7 +153,9 @@ async def test_a_client_that_leaves_is_taken_out_of_the_queue(
         await p.queued("g", 0)
         await eventually(
             lambda: (
-                p.metric("flexinfer_proxy_requests_total", model="g", outcome="client_disconnected")
+                p.metric(
+                    "flexinfer_proxy_requests_total", model="test/g", outcome="client_disconnected"
+                )
                 == 1
             ),
             what="the disconnect to be counted",
@@ -260,7 +263,8 @@ async def test_shutting_down_answers_queued_requests_with_a_503(
         await stopping
         assert status == 503
         assert body["error"]["code"] == "proxy_restarting"
-        assert p.metric("flexinfer_proxy_requests_total", model="a", outcome="proxy_closing") == 1
+        outcome = {"model": "test/a", "outcome": "proxy_closing"}
+        assert p.metric("flexinfer_proxy_requests_total", **outcome) == 1
 
 
 @async_test
@@ -303,7 +307,7 @@ async def test_conflicts_are_counted_and_a_write_that_did_not_count_is_retried(
             assert (await p.chat("a"))[0] == 200
             await p.proxy.signaller.flush()
         assert len(sink.marks_for("a")) == 2
-        assert p.metric("flexinfer_proxy_demand_conflicts_total", model="a") == 6
+        assert p.metric("flexinfer_proxy_demand_conflicts_total", model="test/a") == 6
         for result in (CONFLICTED, SET_BY_OTHER):
-            labels = {"model": "a", "signal": "served", "result": result}
+            labels = {"model": "test/a", "signal": "served", "result": result}
             assert p.metric("flexinfer_proxy_demand_writes_total", **labels) == 1

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import uuid
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -46,12 +47,52 @@ async def test_status_headers_and_query_pass_through(backends: dict[str, Backend
         async with p.session.post(
             f"{p.url}/v1/completions?api-version=2",
             json={"model": "a", "status": 418, "tag": _tag()},
-            headers={"Authorization": "Bearer secret-token"},
+            headers={"OpenAI-Organization": "org-1", "X-Trace": "t-1"},
         ) as response:
             body = await response.json()
         assert response.status == 418
-        assert body["authorization"] == "Bearer secret-token"
         assert body["query"] == "api-version=2"
+        assert (body["headers"]["OpenAI-Organization"], body["headers"]["X-Trace"]) == (
+            "org-1",
+            "t-1",
+        )
+
+
+CREDENTIALS = {
+    "Authorization": "Bearer secret-token",
+    "Proxy-Authorization": "Basic c2VjcmV0",
+    "X-Api-Key": "secret-key",
+    "Api-Key": "secret-azure-key",
+    "Cookie": "session=secret",
+}
+FORGED = {
+    "X-Forwarded-For": "203.0.113.9",
+    "Forwarded": "for=203.0.113.9;proto=https",
+    "X-Forwarded-Host": "admin.example",
+    "X-Forwarded-Proto": "https",
+    "X-Real-IP": "203.0.113.9",
+}
+
+
+@async_test
+async def test_credentials_and_forged_forwarding_headers_never_reach_a_backend(
+    backends: dict[str, BackendProcess],
+) -> None:
+    """Keys off: what a client authenticates with is not another tenant's to read, and
+    the address a backend is told is the one the proxy saw (issue 20)."""
+    headers = {**CREDENTIALS, **FORGED, "X-Trace": "t-1"}
+    async with running_proxy([entry("a", backends["alpha"].endpoint)]) as p:
+        payload = {"model": "a", "tag": _tag()}
+        async with p.post("/v1/chat/completions", payload, headers=headers) as response:
+            assert response.status == 200
+            echoed = (await response.json())["headers"]
+    seen = {name.lower(): value for name, value in echoed.items()}
+    assert seen["x-trace"] == "t-1"
+    leaked = {name for name in CREDENTIALS if name.lower() in seen}
+    assert not leaked, f"credentials forwarded: {leaked}"
+    assert seen["x-forwarded-for"] == "127.0.0.1", "replaced, not appended to"
+    kept = {name for name in FORGED if name.lower() in seen and name != "X-Forwarded-For"}
+    assert not kept, f"forwarding headers taken from the client: {kept}"
 
 
 @async_test
@@ -134,7 +175,9 @@ async def test_an_unreachable_backend_is_a_502() -> None:
         assert body["error"]["code"] == "backend_unavailable"
         assert "'down'" in body["error"]["message"]
         assert (
-            p.metric("flexinfer_proxy_requests_total", model="down", outcome="backend_unavailable")
+            p.metric(
+                "flexinfer_proxy_requests_total", model="test/down", outcome="backend_unavailable"
+            )
             == 1
         )
 
@@ -161,10 +204,10 @@ async def test_models_health_readiness_and_metrics_over_http(
         await p.proxy.signaller.flush()
         async with p.session.get(f"{p.url}/metrics") as response:
             text = await response.text()
-        assert 'flexinfer_proxy_requests_total{model="a",outcome="served"} 1.0' in text
+        assert 'flexinfer_proxy_requests_total{model="test/a",outcome="served"} 1.0' in text
         assert "flexinfer_proxy_queued_requests" in text
         assert "flexinfer_proxy_queue_wait_seconds" in text
-        written = 'model="a",result="written",signal="served"'
+        written = 'model="test/a",result="written",signal="served"'
         assert f"flexinfer_proxy_demand_writes_total{{{written}}} 1.0" in text
 
 
@@ -246,7 +289,7 @@ async def test_a_name_in_two_namespaces_needs_its_namespace(
     ]
     async with running_proxy(twins) as p:
         status, body = await p.chat("x")
-        assert status == 400
+        assert status == 409
         assert (body["error"]["code"], body["error"]["param"]) == ("ambiguous_model", "model")
         assert "'team-a/x'" in body["error"]["message"]
         assert "'team-b/x'" in body["error"]["message"]
@@ -261,11 +304,12 @@ async def test_a_tenant_cannot_capture_a_service_label_with_a_model_name(
 ) -> None:
     """team-evil's Model `chat` against team-b's members labelled `chat` (issue 20)."""
     alpha, beta = backends["alpha"], backends["beta"]
+    labelled = ("chat",)
     entries = [
-        entry("small", beta.endpoint, namespace="team-b", service_labels=("chat",),
-              active_services=("chat",)),  # fmt: skip
+        entry("small", beta.endpoint, namespace="team-b", service_labels=labelled,
+              active_services=labelled),
         entry("chat", alpha.endpoint, namespace="team-evil"),
-    ]
+    ]  # fmt: skip
     tag = _tag()
     async with running_proxy(entries) as p:
         status, body = await p.chat("chat", tag=tag)
@@ -309,7 +353,7 @@ async def test_models_lists_what_can_be_routed_with_its_state(
 
 @async_test
 async def test_api_keys_let_in_only_their_bearers(backends: dict[str, BackendProcess]) -> None:
-    keys = ApiKeys(["key-one", "key-two"])
+    keys = ApiKeys.from_entries({"one": "key-one", "two": "key-two namespaces=*"})
     async with running_proxy([entry("a", backends["alpha"].endpoint)], api_keys=keys) as p:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "key-one"}):
             async with p.post("/v1/chat/completions", {"model": "a"}, headers=headers) as answer:
@@ -317,15 +361,51 @@ async def test_api_keys_let_in_only_their_bearers(backends: dict[str, BackendPro
                 assert answer.status == 401, headers
                 assert answer.headers["WWW-Authenticate"] == "Bearer"
                 assert body["error"]["code"] == "invalid_api_key"
-        good = {"Authorization": "Bearer key-two"}
-        async with p.post("/v1/chat/completions", {"model": "a"}, headers=good) as answer:
-            assert answer.status == 200
-            assert (await answer.json())["authorization"] is None, "the key stays with us"
+        for key in ("key-one", "key-two"):
+            good = {"Authorization": f"Bearer {key}"}
+            async with p.post("/v1/chat/completions", {"model": "a"}, headers=good) as answer:
+                assert answer.status == 200
+                assert (await answer.json())["authorization"] is None, "the key stays with us"
         async with p.session.get(f"{p.url}/v1/models") as answer:
             assert answer.status == 401
         async with p.session.get(f"{p.url}/healthz") as answer:
             assert answer.status == 200
         assert p.metric("flexinfer_proxy_requests_total", model="", outcome="unauthorized") == 4
+
+
+@async_test
+async def test_a_key_reaches_only_its_namespaces_models(
+    backends: dict[str, BackendProcess],
+) -> None:
+    """A key scoped to team-b neither reaches nor sees team-evil's models, and a name
+    that would be ambiguous for an unscoped key is team-b's for it (issue 20)."""
+    alpha, beta = backends["alpha"], backends["beta"]
+    labelled = ("chat",)
+    entries = [
+        entry("small", beta.endpoint, namespace="team-b", service_labels=labelled,
+              active_services=labelled),
+        entry("chat", alpha.endpoint, namespace="team-evil"),
+        entry("solo", alpha.endpoint, namespace="team-evil"),
+    ]  # fmt: skip
+    keys = ApiKeys.from_entries({"admin": "k-admin", "b": "k-b namespaces=team-b,team-c"})
+    team_b = {"Authorization": "Bearer k-b"}
+    admin = {"Authorization": "Bearer k-admin"}
+    async with running_proxy(entries, api_keys=keys) as p:
+
+        async def chat(model: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+            payload = {"model": model, "tag": _tag()}
+            async with p.post("/v1/chat/completions", payload, headers=headers) as answer:
+                return answer.status, await answer.json()
+
+        status, body = await chat("chat", team_b)
+        assert (status, body["backend"], body["received_model"]) == (200, "beta", "small")
+        for name in ("team-evil/chat", "solo", "team-evil/solo"):
+            status, body = await chat(name, team_b)
+            assert (status, body["error"]["code"]) == (404, "model_not_found"), name
+        async with p.session.get(f"{p.url}/v1/models", headers=team_b) as answer:
+            assert [m["id"] for m in (await answer.json())["data"]] == ["small"]
+        assert (await chat("chat", admin))[0] == 409, "the admin's key reaches both"
+        assert (await chat("team-evil/solo", admin))[0] == 200
 
 
 @async_test

@@ -210,13 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request head (request line and headers); larger gets 431 "
         "(default %(default)s = 64 KiB)",
     )
+    add(
+        "--lingering-bytes",
+        type=_at_least("--lingering-bytes", 0),
+        default=DEFAULTS.lingering_bytes,
+        help="after refusing a request whose body is still arriving, bytes more read and "
+        "dropped before the close, so the client reads the answer (default %(default)s "
+        "= 128 MiB; 0: close at once)",
+    )
     for flag, field, meaning in (
         ("--client-header-timeout", "client_header_timeout", "a request's head must arrive"),
         ("--client-body-timeout", "client_body_timeout", "a request's body must arrive"),
         ("--client-idle-timeout", "client_idle_timeout", "an idle keep-alive connection lives"),
+        ("--lingering-time", "lingering_time", "a lingering close reads and drops"),
         ("--backend-connect-timeout", "backend_connect_timeout", "to connect to a backend"),
         ("--backend-headers-timeout", "backend_headers_timeout", "for a backend's headers; 504"),
         ("--backend-read-timeout", "backend_read_timeout", "a backend may be silent mid-answer"),
+        (
+            "--backend-idle-timeout",
+            "backend_idle_timeout",
+            "a pooled backend connection may be idle and still reused",
+        ),
     ):
         default = float(getattr(DEFAULTS, field))
         add(
@@ -246,9 +260,12 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         client_header_timeout=args.client_header_timeout,
         client_body_timeout=args.client_body_timeout,
         client_idle_timeout=args.client_idle_timeout,
+        lingering_time=args.lingering_time,
+        lingering_bytes=args.lingering_bytes,
         backend_connect_timeout=args.backend_connect_timeout,
         backend_headers_timeout=args.backend_headers_timeout,
         backend_read_timeout=args.backend_read_timeout,
+        backend_idle_timeout=args.backend_idle_timeout,
         access_log=args.access_log,
     )
 

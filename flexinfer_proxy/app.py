@@ -51,6 +51,8 @@ from flexinfer_proxy.forward import (
     upstream_header_lines,
 )
 from flexinfer_proxy.http_server import (
+    DEFAULT_LINGER_BYTES,
+    DEFAULT_LINGER_SECONDS,
     DEFAULT_MAX_HEAD_BYTES,
     Answer,
     BodyCutOff,
@@ -90,7 +92,13 @@ from flexinfer_proxy.request_body import (
     RequestBody,
     read_request_body,
 )
-from flexinfer_proxy.upstream import Origin, UpstreamPool, UpstreamTimeouts, origin_of
+from flexinfer_proxy.upstream import (
+    DEFAULT_IDLE_SECONDS,
+    Origin,
+    UpstreamPool,
+    UpstreamTimeouts,
+    origin_of,
+)
 
 log = logging.getLogger("flexinfer.proxy")
 access_log = logging.getLogger("flexinfer.proxy.access")
@@ -143,10 +151,13 @@ class ProxyConfig:
     client_header_timeout: float = 10.0
     client_body_timeout: float = 60.0
     client_idle_timeout: float = 75.0
+    lingering_time: float = DEFAULT_LINGER_SECONDS
+    lingering_bytes: int = DEFAULT_LINGER_BYTES
 
     backend_connect_timeout: float = 10.0
     backend_headers_timeout: float = 600.0
     backend_read_timeout: float = 300.0
+    backend_idle_timeout: float = DEFAULT_IDLE_SECONDS
 
     access_log: bool = False
 
@@ -228,7 +239,11 @@ class Proxy:
         return math.ceil(base + self._rng.uniform(0.0, base))
 
     async def start(self) -> None:
-        self.pool = UpstreamPool(timeouts=self._timeouts, resolver=self._resolver)
+        self.pool = UpstreamPool(
+            timeouts=self._timeouts,
+            resolver=self._resolver,
+            idle_timeout=self.config.backend_idle_timeout,
+        )
         await self.directory.start()
 
     async def shutdown(self) -> None:
@@ -695,6 +710,8 @@ async def serve(
         "header_timeout": config.client_header_timeout,
         "idle_timeout": config.client_idle_timeout,
         "max_head_bytes": config.max_header_bytes,
+        "linger_time": config.lingering_time,
+        "linger_bytes": config.lingering_bytes,
     }
     server = HttpServer(proxy.handle, guard=guard, refusal=REFUSED_CONNECTION, **timeouts)
     bound = await server.start(host, port)

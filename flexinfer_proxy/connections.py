@@ -6,7 +6,8 @@ sending its head: nginx reuses idle keep-alive connections the same way); when
 every connection has a request in progress, the newcomer gets a 503 and is closed.
 
 The server (`http_server`) tells the guard when a connection opens (`admit`), closes
-(`forget`), starts a request (`mark_busy`) and finishes its answer (`mark_idle`); it
+(`forget`), starts a request (`mark_busy`), finishes its answer (`mark_idle`) and
+closes lingering (`mark_lingering`: evicted before any other); it
 also enforces the header and idle timeouts and reports the closes it makes for them
 through `on_closed`. This module knows HTTP only as "connections with or without a
 request in progress".
@@ -67,3 +68,10 @@ class ConnectionGuard:
     def mark_idle(self, connection: Closable) -> None:
         if connection in self._open:
             self._idle[connection] = None  # a new key goes last: the most recently idle
+
+    def mark_lingering(self, connection: Closable) -> None:
+        """Answered and closing, only draining what the client still sends: the first
+        to make room at the cap."""
+        if connection in self._open:
+            self._idle[connection] = None
+            self._idle.move_to_end(connection, last=False)

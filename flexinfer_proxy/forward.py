@@ -240,30 +240,27 @@ async def _exchange(
     body: bytes | bytearray,
     on_dispatched: Callable[[], None] | None,
 ) -> UpstreamConnection:
-    """A connection whose answer's head is in. A kept-alive connection the backend
-    closed just as it was reused (its close and the request crossed; no byte of an
-    answer came back, so the backend never took the request) is not the backend's
-    failure: the request goes once more, on a new connection."""
-    for again in (False, True):
-        try:
-            upstream = await (pool.connect(origin) if again else pool.acquire(origin))
-        except ConnectFailed as error:
-            raise BackendUnavailable(str(error), retryable=True) from error
-        try:
-            await upstream.exchange(head, body, on_sent=None if again else on_dispatched)
-            return upstream
-        except HeadersTimeout as error:
-            pool.release(upstream)
-            raise BackendTimeout(str(error)) from error
-        except UpstreamError as error:
-            pool.release(upstream)
-            if again or not upstream.reused or upstream.answer_started:
-                raise BackendUnavailable(str(error), retryable=False) from error
-            log.info("%s closed a kept-alive connection as it was reused; sending again", origin)
-        except BaseException:
-            pool.release(upstream)
-            raise
-    raise AssertionError("unreachable: the second attempt returns or raises")
+    """A connection whose answer's head is in. The request is sent once: a failure
+    after it was written (a kept-alive connection the backend closed as it crossed
+    the request, included) is the backend's, never a reason to send it again, since
+    the backend may already be running it (the pool's keep-alive limits make that
+    crossing rare; OpenAI clients retry the 502 themselves)."""
+    try:
+        upstream = await pool.acquire(origin)
+    except ConnectFailed as error:
+        raise BackendUnavailable(str(error), retryable=True) from error
+    try:
+        await upstream.exchange(head, body, on_sent=on_dispatched)
+    except HeadersTimeout as error:
+        pool.release(upstream)
+        raise BackendTimeout(str(error)) from error
+    except UpstreamError as error:
+        pool.release(upstream)
+        raise BackendUnavailable(str(error), retryable=False) from error
+    except BaseException:
+        pool.release(upstream)
+        raise
+    return upstream
 
 
 def _rewritable(upstream: UpstreamConnection) -> bool:
@@ -278,9 +275,9 @@ def _rewritable(upstream: UpstreamConnection) -> bool:
 
 async def _whole(upstream: UpstreamConnection) -> bytes:
     if upstream.complete:
-        return upstream.take()
+        return upstream.body.take()
     try:
-        return await upstream.read_all()
+        return await upstream.body.read_all()
     except UpstreamError as error:
         raise BackendUnavailable(f"answer cut: {error}", retryable=False) from error
 
@@ -308,12 +305,12 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
         whole = await _whole(upstream)
         request.start(status, reason, lines, content_length=len(whole), first=whole)
         return
-    request.start(status, reason, lines, content_length=length, first=upstream.take())
+    request.start(status, reason, lines, content_length=length, first=upstream.body.take())
     try:
         while True:
             if request.write_paused:
                 await request.drain()
-            chunk = await upstream.read()
+            chunk = await upstream.body.readany()
             if not chunk:
                 break
             request.write(chunk)

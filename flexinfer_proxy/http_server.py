@@ -42,11 +42,25 @@ from urllib.parse import unquote
 import httptools
 
 from flexinfer_proxy.connections import ConnectionGuard
+from flexinfer_proxy.framing import (
+    LENGTH,
+    BodyBuffer,
+    ChunkedEnd,
+    FramingError,
+    HeadMeter,
+    HeadTooLarge,
+    request_head,
+)
 from flexinfer_proxy.write_flow import WriteFlow
 
 log = logging.getLogger("flexinfer.proxy.http")
 
 DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+# A lingering close reads and drops at most this long and this much (nginx lingers
+# 30 s; the bytes let a client that sends a body up to 8 times --max-body-bytes whole,
+# as `http.client` does, read its 413).
+DEFAULT_LINGER_SECONDS = 30.0
+DEFAULT_LINGER_BYTES = 128 * 1024 * 1024
 # Reading from a client pauses while this much of its body waits to be taken. At
 # least the largest body read whole (model_field.SMALL_BODY_BYTES): `read()` takes
 # nothing until the end, so a pause below that size would never be lifted.
@@ -114,91 +128,24 @@ class BodyCutOff(ConnectionError):
     """The client left, or broke its own framing, before its body ended."""
 
 
-class RequestBody:
-    """A request's body as it arrives; `read`/`readany` wait for it."""
+class RequestBody(BodyBuffer):
+    """A request's body as it arrives (`framing.BodyBuffer`); `read`/`readany` wait for
+    it, and the first wait answers the client's `Expect: 100-continue`."""
 
-    __slots__ = (
-        "_chunks",
-        "_connection",
-        "_error",
-        "_waiter",
-        "complete",
-        "expects_continue",
-        "size",
-    )
+    __slots__ = ("_connection", "expects_continue")
 
     def __init__(self, connection: _Connection, *, expects_continue: bool) -> None:
+        super().__init__()
         self._connection = connection
-        self._chunks: list[bytes] = []
-        self.size = 0  # bytes waiting to be taken
-        self.complete = False  # the whole body has arrived
-        self._error: Exception | None = None
-        self._waiter: asyncio.Future[None] | None = None
         self.expects_continue = expects_continue  # not yet answered 100 Continue
 
-    # -- fed by the connection ---------------------------------------------------------
-
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self.size += len(data)
-        self._wake()
-
-    def _finish(self) -> None:
-        self.complete = True
-        self._wake()
-
-    def _fail(self, error: Exception) -> None:
-        if not self.complete:
-            self._error = error
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    # -- read by the handler -----------------------------------------------------------
-
-    def is_eof(self) -> bool:
-        return self.complete and not self._chunks
-
-    def take(self) -> bytes:
-        """Everything that has arrived and was not taken yet (no waiting)."""
-        chunks = self._chunks
-        if not chunks:
-            return b""
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._chunks = []
-        self.size = 0
+    def _taken(self) -> None:
         self._connection._body_taken()
-        return data
 
-    async def readany(self) -> bytes:
-        """The next bytes of the body; b"" at its end. Raises `BodyCutOff`."""
-        while not self._chunks:
-            if self.complete:
-                return b""
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-        return self.take()
-
-    async def read(self) -> bytes:
-        """The whole body."""
-        while not self.complete:
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-        return self.take()
-
-    async def _wait(self) -> None:
+    def _before_wait(self) -> None:
         if self.expects_continue:
             self.expects_continue = False
             self._connection._send_continue()
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
 
 
 class Request:
@@ -207,6 +154,7 @@ class Request:
     __slots__ = (
         "_chunked",
         "_connection",
+        "_cut",
         "_will_close",
         "answered",
         "body",
@@ -250,6 +198,7 @@ class Request:
         self.status = 0  # the answer's
         self._chunked = False
         self._will_close = False
+        self._cut = False
 
     @property
     def raw_path(self) -> str:
@@ -380,11 +329,19 @@ class Request:
     def cut(self) -> None:
         """End a started answer without its proper end: the client sees it cut off."""
         self._will_close = True
+        self._cut = True
         self._connection.close()
 
 
 class _Connection(WriteFlow, asyncio.Protocol):
-    """One client connection: the parser's callbacks, the handler tasks, the timers."""
+    """One client connection: the parser's callbacks, the handler tasks, the timers.
+
+    Each read is cut where the framing module says a head or a body ends before llhttp
+    parses it: a head is measured in raw bytes up to its blank line (`HeadMeter`), a
+    body by its length or its last chunk (`ChunkedEnd`), so a pipelined request's head
+    is measured from its own first byte and llhttp never sees the next message's bytes
+    in the same call as this one's end.
+    """
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
@@ -402,15 +359,19 @@ class _Connection(WriteFlow, asyncio.Protocol):
         self._reading_paused = False
         self._broken: bytes | None = None  # an error answer owed after the active one
         self._parse_failed = False
-        self._raw_left: int | None = None  # after a declined upgrade: body bytes to come
+        # Where the bytes being read belong (see the class docstring).
+        self._meter = HeadMeter(server.max_head_bytes)
+        self._body_left = 0  # of a body framed by its length
+        self._chunks: ChunkedEnd | None = None  # the end of a chunked body, being sought
+        self._message_open = False  # llhttp is inside a message
+        self._raw_body = False  # a declined upgrade's body: taken as it comes, not parsed
+        self._ignore_rest = False  # after a declined upgrade: nothing more is read
         # Head being parsed.
-        self._in_head = False
-        self._fragmented = False
-        self._head_bytes = 0
-        self._message_bytes = 0  # of the message being parsed, as its callbacks saw it
-        self._read_done = 0  # bytes of the current read that belonged to ended messages
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        # Lingering close: bytes still accepted (and dropped) before the close.
+        self._linger_left: int | None = None
+        self._linger_until = 0.0
         # Timeouts (one timer, re-armed lazily).
         self._head_since: float | None = None
         self._idle_since = 0.0
@@ -437,46 +398,91 @@ class _Connection(WriteFlow, asyncio.Protocol):
         self._arm(now + self._server.header_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self._parse_failed or (self.closing and self._active is None):
+        if self._linger_left is not None:
+            self._linger(len(data))
             return
-        if self._raw_left is not None:
-            self._take_raw_body(data)
+        if (
+            self.transport is None
+            or self._parse_failed
+            or self._ignore_rest
+            or (self.closing and self._active is None)
+        ):
             return
-        if self._in_head:
-            # A head arriving in pieces: count what this piece adds (llhttp sets no limit).
-            end = data.find(b"\r\n\r\n")
-            self._head_bytes += len(data) if end < 0 else end
-            if self._head_bytes > self._server.max_head_bytes:
-                self._refuse_head()
-                return
-        self._read_done = 0
         try:
-            self._parser.feed_data(data)
+            self._take(data)
+        except HeadTooLarge:
+            self._refuse_head()
+        except FramingError as error:
+            self._bad_request(str(error))
         except httptools.HttpParserCallbackError as error:
-            if isinstance(error.__context__, _HeadTooLarge):
-                self._refuse_head()
-            elif isinstance(error.__context__, _Upgrade):
+            cause = error.__context__
+            if isinstance(cause, FramingError):
+                self._bad_request(str(cause))
+            elif isinstance(cause, _Upgrade):
                 self._bad_request("protocol upgrades are not supported")
             else:
-                self._bad_request(f"{error.__context__ or error}")
-            return
-        except httptools.HttpParserUpgrade as upgrade:  # an upgrade offer, declined
-            self._take_raw_body(data[upgrade.args[0] :])
-            return
+                self._bad_request(f"{cause or error}")
         except httptools.HttpParserError as error:
             self._bad_request(str(error))
+
+    def _take(self, data: bytes) -> None:
+        """Cut `data` at the ends of heads and bodies and feed each piece to llhttp."""
+        start = 0
+        size = len(data)
+        while start < size and not self._ignore_rest:
+            if self._body_left:
+                end = min(size, start + self._body_left)
+                self._body_left -= end - start
+                self._feed(data, start, end)
+                if not self._body_left:
+                    self._body_ended()
+            elif self._chunks is not None:
+                found = self._chunks.scan(data, start)
+                end = size if found < 0 else found
+                self._feed(data, start, end)
+                if found >= 0:
+                    self._chunks = None
+                    self._body_ended()
+            else:
+                found = self._meter.scan(data, start)
+                end = size if found < 0 else found
+                self._feed(data, start, end)
+                if found < 0:
+                    if self._head_since is None:
+                        self._head_since = now = self._loop.time()
+                        self._arm(now + self._server.header_timeout)
+                else:
+                    self._meter.reset()
+                    if self._message_open and self._receiving is None:
+                        # llhttp is still in a head that we saw end.
+                        raise FramingError("the head's end is not where it seems")
+            start = end
+
+    def _feed(self, data: bytes, start: int, end: int) -> None:
+        if self._raw_body:
+            self.on_body(data[start:end])
             return
-        if self._in_head and not self._fragmented:
-            # A head begun in this read is still open: what llhttp holds of it is what
-            # follows the messages that ended in this read.
-            self._fragmented = True
-            self._head_bytes = len(data) - self._read_done
-            if self._head_bytes > self._server.max_head_bytes:
-                self._refuse_head()
-                return
-        if self._in_head and self._head_since is None:
-            self._head_since = now = self._loop.time()
-            self._arm(now + self._server.header_timeout)
+        piece = data if start == 0 and end == len(data) else data[start:end]
+        try:
+            self._parser.feed_data(piece)
+        except httptools.HttpParserUpgrade:
+            # An offer to switch protocols (curl's h2c), declined: the request is served
+            # in HTTP/1.1 (RFC 9110 7.8 lets a server ignore it). llhttp stops at the
+            # head, so its body is taken as it comes and the connection closes after.
+            self._raw_body = True
+            if not self._body_left:
+                self._body_ended()
+
+    def _body_ended(self) -> None:
+        if self._raw_body:
+            self._raw_body = False
+            self._ignore_rest = True
+            request, self._receiving = self._receiving, None
+            if request is not None:
+                request.body.finish()
+        elif self._message_open:
+            # llhttp reads the body as going on past where its framing says it ends.
+            raise FramingError("the body does not end where its framing says")
 
     def eof_received(self) -> bool | None:
         return None  # close: a client that stops sending is treated as gone
@@ -494,7 +500,7 @@ class _Connection(WriteFlow, asyncio.Protocol):
         gone = BodyCutOff("the client closed the connection")
         for request in (self._receiving, self._active, *self._pipeline):
             if request is not None:
-                request.body._fail(gone)
+                request.body.fail(gone)
         self._pipeline.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()
@@ -503,64 +509,35 @@ class _Connection(WriteFlow, asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._in_head = True
-        self._fragmented = False
-        self._head_bytes = 0
-        self._message_bytes = _REQUEST_LINE_BYTES
+        self._message_open = True
         self._url = b""
         self._headers = []
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._message_bytes += len(url)
-        self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        size = len(name) + len(value) + 4
-        self._message_bytes += size
-        if not self._fragmented:  # (the count of `_count`, inlined: once per header)
-            self._head_bytes += size
-            if self._head_bytes > self._server.max_head_bytes:
-                raise _HeadTooLarge()
-
-    def _count(self, size: int) -> None:
-        if not self._fragmented:  # else data_received counts the head's pieces
-            self._head_bytes += size
-            if self._head_bytes > self._server.max_head_bytes:
-                raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
         self._head_since = None
         parser = self._parser
         raw_method = parser.get_method()
         method = _METHODS.get(raw_method)
         if method is None:
             method = _METHODS.setdefault(raw_method, raw_method.decode("ascii"))
-        content_length: int | None = 0
-        expects_continue = False
-        named = False
-        for name, value in self._headers:
-            size = len(name)
-            if size == 14 and name.lower() == b"content-length":
-                content_length = int(value)  # llhttp checked it is a number
-            elif size == 17 and name.lower() == b"transfer-encoding":
-                content_length = None
-            elif size == 6 and name.lower() == b"expect":
-                expects_continue = value.lower() == b"100-continue"
-            elif size == 10 and name.lower() == b"connection":
-                named = True
+        version = parser.get_http_version()
+        head = request_head(self._headers, version=version)
+        content_length = head.length if head.framing == LENGTH else None
         keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
             if raw_method == b"CONNECT" or content_length is None:
                 raise _Upgrade()
-            # An offer to switch protocols (curl's h2c): declined, the request is served
-            # in HTTP/1.1 (RFC 9110 7.8 lets a server ignore it). llhttp stops at the head,
-            # so the body is taken as it comes and the connection closes after the answer.
-            self._raw_left = content_length
             keep_alive = False
-        version = parser.get_http_version()
+        if content_length is None:
+            self._chunks = ChunkedEnd()
+        else:
+            self._body_left = content_length
         url = self._url
         if url[:1] == b"/" and b"?" not in url and b"%" not in url:
             target, path = url, url.decode("latin-1")  # the usual case, spelled out
@@ -575,9 +552,9 @@ class _Connection(WriteFlow, asyncio.Protocol):
             self._headers,
             content_length,
             keep_alive,
-            expects_continue and version == "1.1",
+            head.expects_continue and version == "1.1",
         )
-        request.names_hop_headers = named
+        request.names_hop_headers = head.names_hop_headers
         self._receiving = request
         if self._active is None and not self.closing:
             self._start(request)
@@ -586,21 +563,23 @@ class _Connection(WriteFlow, asyncio.Protocol):
             self._pause_reading()
 
     def on_body(self, data: bytes) -> None:
-        self._message_bytes += len(data)
         request = self._receiving
         if request is not None:
-            request.body._feed(data)
+            request.body.feed(data)
             if request.body.size > BODY_HIGH_WATER:
                 self._pause_reading()
 
     def on_message_complete(self) -> None:
-        self._read_done += self._message_bytes
-        if self._raw_left:
-            return  # a declined upgrade's body: not parsed, taken as it comes
+        self._message_open = False
+        if self._body_left or (self._chunks is not None and not self._chunks.done):
+            if self._parser.should_upgrade():
+                return  # a declined upgrade's body: not parsed, taken as it comes
+            # llhttp ends the body before its framing says it ends.
+            raise FramingError("the body ends before its framing says")
         request = self._receiving
         if request is not None:
             self._receiving = None
-            request.body._finish()
+            request.body.finish()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -635,7 +614,10 @@ class _Connection(WriteFlow, asyncio.Protocol):
         if request._will_close or self.closing or self._broken is not None:
             if self._broken is not None:
                 self.transport.write(self._broken)
-            self.close()
+            if request._cut:
+                self.close()
+            else:
+                self._close_after_answer(unread=not request.body.complete or self._parse_failed)
             return
         if self._server.guard is not None:
             self._server.guard.mark_idle(self)
@@ -652,20 +634,6 @@ class _Connection(WriteFlow, asyncio.Protocol):
             self._arm(self._head_since + self._server.header_timeout)
         else:
             self._arm(now + self._server.idle_timeout)
-
-    def _take_raw_body(self, data: bytes) -> None:
-        """The body of a request whose upgrade offer was declined (`_raw_left` bytes
-        more); anything after it is not read: the connection closes after the answer."""
-        left = self._raw_left or 0
-        if not left or not data:
-            return
-        piece = data[:left]
-        self._raw_left = left - len(piece)
-        self.on_body(piece)
-        if self._raw_left == 0:
-            request, self._receiving = self._receiving, None
-            if request is not None:
-                request.body._finish()
 
     def _body_taken(self) -> None:
         if self._reading_paused and not self._pipeline:
@@ -700,6 +668,40 @@ class _Connection(WriteFlow, asyncio.Protocol):
             return True
         return False
 
+    def _close_after_answer(self, *, unread: bool) -> None:
+        """Close once the answer is out. When the client may still be sending (its body
+        unread, or a head refused), close lingering (RFC 9112 9.6): the answer is
+        flushed and our side shut, then what still arrives is read and dropped, up to
+        `linger_bytes` or `linger_time`, so the client reads the answer instead of a
+        reset (a socket closed with unread input sends RST, which can destroy an
+        answer the client has not read yet: `http.client` writes its whole body first)."""
+        transport = self.transport
+        if transport is None:
+            return
+        if not unread or not transport.can_write_eof():
+            self.close()
+            return
+        self.closing = True
+        self._linger_left = self._server.linger_bytes
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            self.close()
+            return
+        if self._server.guard is not None:
+            self._server.guard.mark_lingering(self)
+        self._reading_paused = False
+        transport.resume_reading()
+        self._linger_until = self._loop.time() + self._server.linger_time
+        self._arm(self._linger_until)
+
+    def _linger(self, size: int) -> None:
+        assert self._linger_left is not None
+        self._linger_left -= size
+        if self._linger_left <= 0:
+            log.info("closing a lingering connection: --lingering-bytes read and dropped")
+            self.close()
+
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
@@ -724,16 +726,15 @@ class _Connection(WriteFlow, asyncio.Protocol):
     def _fail_parse(self, answer: bytes) -> None:
         """Nothing more can be read from this connection: answer, then close."""
         self._parse_failed = True
-        self._in_head = False
         self._head_since = None
         receiving, self._receiving = self._receiving, None
         if receiving is not None:
-            receiving.body._fail(BodyCutOff("the request's framing is broken"))
+            receiving.body.fail(BodyCutOff("the request's framing is broken"))
         self.closing = True
         if self._active is None:
             if self.transport is not None:
                 self.transport.write(answer)
-            self.close()
+            self._close_after_answer(unread=True)
             return
         self._pause_reading()
         if receiving is not self._active:
@@ -755,7 +756,15 @@ class _Connection(WriteFlow, asyncio.Protocol):
 
     def _check(self) -> None:
         self._timer = None
-        if self.transport is None or self._active is not None:
+        if self.transport is None:
+            return
+        if self._linger_left is not None:
+            if self._loop.time() >= self._linger_until:
+                self.close()  # --lingering-time is over
+            else:
+                self._arm(self._linger_until)
+            return
+        if self._active is not None:
             return  # a request in progress: its end re-arms
         now = self._loop.time()
         if self._head_since is not None:
@@ -772,15 +781,6 @@ class _Connection(WriteFlow, asyncio.Protocol):
                 self.close()
                 return
         self._arm(due)
-
-
-# The bytes of a request line and head end beyond its target and headers ("POST ",
-# " HTTP/1.1\r\n", the final "\r\n"), at most: a head's size is never overestimated.
-_REQUEST_LINE_BYTES = 20
-
-
-class _HeadTooLarge(Exception):
-    pass
 
 
 class _Upgrade(Exception):
@@ -840,8 +840,12 @@ class HttpServer:
         header_timeout: float = 10.0,
         idle_timeout: float = 75.0,
         max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
+        linger_time: float = DEFAULT_LINGER_SECONDS,
+        linger_bytes: int = DEFAULT_LINGER_BYTES,
     ) -> None:
         self.handler = handler
+        self.linger_time = linger_time
+        self.linger_bytes = linger_bytes
         self.guard = guard
         self.refusal = refusal  # written to a connection the guard refuses
         self.header_timeout = header_timeout

@@ -19,11 +19,17 @@ owns:
 - timeouts: no head within the headers timeout, or silence mid-body longer than the
   read timeout, fails the exchange and closes the connection. One lazily re-armed
   timer per connection watches both, so a request costs no timer operations;
+- heads measured by `framing.HeadMeter` (1xx heads skipped, at most
+  `MAX_ANSWER_HEAD_BYTES` each) and bodies framed by `framing.answer_head`; bytes
+  after an answer's end make the connection unfit for reuse;
 - reuse: a connection goes back to its origin's pool only after a whole answer and
-  when neither side asked to close; one the backend closes while idle is dropped when
-  its close is seen, and idle ones are closed after `POOL_IDLE_SECONDS`. A close
-  that crosses a request on a reused connection (no byte of an answer came) is
-  told apart (`reused`, `answer_started`) so the caller can send it again.
+  when neither side asked to close, and is taken again only while it has been idle
+  less than `idle_timeout` (`--backend-idle-timeout`, below every rendered backend's
+  keep-alive) and less than the backend's own `Keep-Alive: timeout=N` less a
+  second; one the backend closes while idle is dropped when its close is seen. A
+  request is sent once: the backend closing a reused connection as the request
+  crosses it is avoided by those limits, and answered 502 when it happens anyway
+  (the backend may have started it: sending it again could run it twice).
 
 It knows nothing of clients, models or queues.
 """
@@ -42,6 +48,14 @@ import httptools
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from flexinfer_proxy.framing import (
+    LENGTH,
+    UNTIL_CLOSE,
+    BodyBuffer,
+    HeadMeter,
+    HeadTooLarge,
+    answer_head,
+)
 from flexinfer_proxy.write_flow import WriteFlow
 
 # Bodies are written to the backend in slices of this size, draining in between.
@@ -50,7 +64,12 @@ MAX_ANSWER_HEAD_BYTES = 64 * 1024
 # Reading from a backend pauses while this much of its answer waits to be relayed
 # (and resumes once it is taken).
 BODY_HIGH_WATER = 256 * 1024
-POOL_IDLE_SECONDS = 15.0  # aiohttp's connector kept idle connections as long
+# A pooled connection idle this long is not used again: below the keep-alive of every
+# backend we render (uvicorn's 5 s: vLLM, SGLang, mlc-llm; llama.cpp's server, 5 s),
+# so the backend never closes it just as a request is sent on it.
+DEFAULT_IDLE_SECONDS = 4.0
+# A backend's `Keep-Alive: timeout=N` shortens it to N less this margin.
+KEEP_ALIVE_MARGIN_SECONDS = 1.0
 SWEEP_SECONDS = 2.5
 DNS_CACHE_SECONDS = 10.0
 
@@ -113,6 +132,19 @@ def origin_of(url: str) -> tuple[Origin, str]:
     return Origin(scheme, parts.hostname, port), parts.path.rstrip("/")
 
 
+class _Answer(BodyBuffer):
+    """An answer's body as it arrives; taking it lets reading from the backend resume."""
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: UpstreamConnection) -> None:
+        super().__init__()
+        self._connection = connection
+
+    def _taken(self) -> None:
+        self._connection._resume_reading()
+
+
 class UpstreamConnection(WriteFlow, asyncio.Protocol):
     """One connection to a backend, and the answer being read on it."""
 
@@ -124,9 +156,7 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.alive = True
-        self.idle_since = 0.0
-        self.reused = False  # taken from the pool (it carried an answer before)
-        self.answer_started = False  # a byte of the current answer arrived
+        self.reuse_until = 0.0  # when idle in the pool: not taken after this
         # The answer being read.
         self.status = 0
         self.reason = b""
@@ -134,15 +164,11 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self.content_length: int | None = None
         self.names_hop_headers = False  # a `Connection` header was sent
         self.head_done = False
-        self.complete = False
         self.keep_alive = False
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._error: UpstreamError | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._in_head = False
-        self._fragmented = False
-        self._head_bytes = 0
+        self.keep_alive_hint: float | None = None  # `Keep-Alive: timeout=N`, seconds
+        self.body = _Answer(self)
+        self._meter = HeadMeter(MAX_ANSWER_HEAD_BYTES)
+        self._in_body = False  # the final head is in: the rest is the answer's body
         self._informational = False
         self._eof_delimited = False
         # Timeouts.
@@ -154,6 +180,10 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         # Backpressure (writing: `WriteFlow`).
         self._reading_paused = False
 
+    @property
+    def complete(self) -> bool:
+        return self.body.complete
+
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -164,21 +194,17 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         if phase == _IDLE:
             self.close()  # nothing was asked: a broken or hostile backend
             return
-        self.answer_started = True
         if phase == _READING:
             self._last_data = self._loop.time()
-        if self._in_head:
-            # A head arriving in pieces: count what this piece adds to it.
-            end = data.find(b"\r\n\r\n")
-            self._head_bytes += len(data) if end < 0 else end
-            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
-                self._head_too_large()
-                return
         try:
-            self._parser.feed_data(data)
+            self._take(data)
+        except HeadTooLarge:
+            self._broken(f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes")
+            return
         except httptools.HttpParserCallbackError as error:
-            if isinstance(error.__context__, _HeadTooLarge):
-                self._head_too_large()
+            if isinstance(error.__context__, _AfterAnswer):
+                self.keep_alive = False  # more than one answer: never reused
+                self.close()
             else:
                 self._broken(f"invalid answer: {error.__context__ or error}")
             return
@@ -188,17 +214,26 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._broken(f"the answer is not HTTP/1.x: {error}")
             return
-        if self._in_head and not self._fragmented:
-            # A head begun in this read is still open: llhttp holds all of it.
-            self._fragmented = True
-            self._head_bytes = len(data)
-            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
-                self._head_too_large()
-                return
         if self._phase == _READING:
             due = self._last_data + self._timeouts.read
             if self._timer is None or self._timer_due > due:
                 self._arm(due)
+
+    def _take(self, data: bytes) -> None:
+        """Measure each head up to its end (1xx heads come before the answer's), then
+        hand the rest to llhttp whole: nothing may follow an answer."""
+        start = 0
+        while not self._in_body:
+            end = self._meter.scan(data, start)
+            if end < 0:
+                self._parser.feed_data(data if start == 0 else data[start:])
+                return
+            self._meter.reset()
+            self._parser.feed_data(data[start:end])
+            start = end
+            if start >= len(data):
+                return
+        self._parser.feed_data(data if start == 0 else data[start:])
 
     def eof_received(self) -> bool | None:
         return None
@@ -211,10 +246,9 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
             self._timer = None
         self._pool._lost(self)
         if self._phase == _READING and self._eof_delimited:
-            self.complete = True  # the answer gave no length: the close ends it
             self.keep_alive = False
             self._phase = _IDLE
-            self._wake()
+            self.body.finish()  # the answer gave no length: the close ends it
         elif self._phase != _IDLE:
             detail = f": {exc}" if exc else ""
             self._fail(AnswerFailed(f"the backend closed the connection{detail}"))
@@ -223,90 +257,69 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._in_head = True
-        self._fragmented = False
-        self._head_bytes = 0
+        if self.body.complete:
+            raise _AfterAnswer()
         self.headers = []
         self.reason = b""
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
-        self._count(len(reason))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
-        if not self._fragmented:  # (the count of `_count`, inlined: once per header)
-            self._head_bytes += len(name) + len(value) + 4
-            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
-                raise _HeadTooLarge()
-
-    def _count(self, size: int) -> None:
-        if not self._fragmented:
-            self._head_bytes += size
-            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
-                raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
         status = self._parser.get_status_code()
         if status < 200:
             if status == 101:
                 raise _Switching()
             self._informational = True  # 100 Continue, 103 Early Hints: not the answer
             return
-        length: int | None = None
-        chunked = False
-        named = False
-        for name, value in self.headers:
-            size = len(name)
-            if size == 14 and name.lower() == b"content-length":
-                length = int(value)
-            elif size == 17 and name.lower() == b"transfer-encoding":
-                chunked = True
-            elif size == 10 and name.lower() == b"connection":
-                named = True
-        self.names_hop_headers = named
+        head = answer_head(self.headers, status=status)
+        self.names_hop_headers = head.names_hop_headers
+        self.keep_alive_hint = head.keep_alive_timeout
         self.status = status
-        self.content_length = None if chunked else length
+        self.content_length = head.length if head.framing == LENGTH else None
         self.keep_alive = self._parser.should_keep_alive()
-        self._eof_delimited = length is None and not chunked and status not in (204, 304)
+        self._eof_delimited = head.framing == UNTIL_CLOSE
+        self._in_body = True
         self.head_done = True
         self._phase = _READING
         self._last_data = self._loop.time()
-        self._wake()
+        self.body.wake()
 
     def on_body(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > BODY_HIGH_WATER and not self._reading_paused:
+        body = self.body
+        body.feed(data)
+        if body.size > BODY_HIGH_WATER and not self._reading_paused:
             self._reading_paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
-        self._wake()
 
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
             return
-        self.complete = True
         self._phase = _IDLE
-        self._wake()
+        self.body.finish()
 
     # -- the exchange --------------------------------------------------------------------
 
     async def exchange(
         self, head: bytes, body: bytes | bytearray, *, on_sent: Callable[[], None] | None
     ) -> None:
-        """Send a request; return once the answer's head is in. Raises `UpstreamError`."""
+        """Send a request; return once the answer's head is in. Raises `UpstreamError`.
+        A request is sent once: whatever fails after its first byte was written is the
+        caller's to answer, never to send again (the backend may be running it)."""
         transport = self.transport
         if transport is None:
             raise AnswerFailed("the backend closed the connection")
-        self.head_done = self.complete = self.keep_alive = self.answer_started = False
+        self.head_done = self.keep_alive = self._in_body = False
         self.status = 0
         self.content_length = None
-        self._chunks = []
-        self._size = 0
-        self._error = None
+        self.keep_alive_hint = None
+        self.body = answer = _Answer(self)
+        self._meter.reset()
         self._phase = _WAITING
         self._sent_at = now = self._loop.time()
         self._arm(now + self._timeouts.headers)
@@ -320,46 +333,16 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
                 on_sent()
             view = memoryview(body)
             for start in range(0, len(view), SEND_SLICE_BYTES):
-                if self._error is not None:
+                if answer.error is not None or self.head_done:
                     break  # an answer (or a failure) came before the whole body went
                 if self.transport is None:
                     break
                 self.transport.write(view[start : start + SEND_SLICE_BYTES])
                 await self.wait_writable()
         while not self.head_done:
-            if self._error is not None:
-                raise self._error
-            self._waiter = waiter = self._loop.create_future()
-            await waiter
-
-    def take(self) -> bytes:
-        """The answer's body bytes that arrived and were not taken yet."""
-        chunks = self._chunks
-        if not chunks:
-            return b""
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._chunks = []
-        self._size = 0
-        if self._reading_paused and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        return data
-
-    async def read(self) -> bytes:
-        """The next bytes of the answer's body; b"" at its end. Raises `UpstreamError`."""
-        while not self._chunks:
-            if self.complete:
-                return b""
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-        return self.take()
-
-    async def read_all(self) -> bytes:
-        parts = []
-        while chunk := await self.read():
-            parts.append(chunk)
-        return b"".join(parts)
+            if answer.error is not None:
+                raise answer.error
+            await answer.wait()
 
     def close(self) -> None:
         self.alive = False
@@ -368,29 +351,18 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
 
     # -- inside ----------------------------------------------------------------------------
 
-    async def _wait(self) -> None:
-        self._waiter = self._loop.create_future()
-        await self._waiter
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def _fail(self, error: UpstreamError) -> None:
-        if self._error is None and not self.complete:
-            self._error = error
         self._phase = _IDLE
-        self._wake()
+        self.body.fail(error)
 
     def _broken(self, message: str) -> None:
         self._fail(AnswerFailed(message))
         self.close()
-
-    def _head_too_large(self) -> None:
-        self._broken(f"the answer's head is larger than {MAX_ANSWER_HEAD_BYTES} bytes")
 
     def _arm(self, due: float) -> None:
         timer = self._timer
@@ -424,7 +396,7 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self._arm(due)
 
 
-class _HeadTooLarge(Exception):
+class _AfterAnswer(Exception):
     pass
 
 
@@ -440,9 +412,11 @@ class UpstreamPool:
         *,
         timeouts: UpstreamTimeouts | None = None,
         resolver: AbstractResolver | None = None,
+        idle_timeout: float = DEFAULT_IDLE_SECONDS,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.timeouts = timeouts or UpstreamTimeouts()
+        self.idle_timeout = idle_timeout
         self._resolver = resolver
         self._own_resolver = resolver is None
         self._idle: dict[Origin, list[UpstreamConnection]] = {}
@@ -457,29 +431,40 @@ class UpstreamPool:
         return sum(len(idle) for idle in self._idle.values())
 
     async def acquire(self, origin: Origin) -> UpstreamConnection:
-        """A connection to `origin`: an idle one if there is one, else a new one."""
+        """A connection to `origin`: an idle one still within its keep-alive if there
+        is one (the most recently used), else a new one."""
         idle = self._idle.get(origin)
-        while idle:
-            connection = idle.pop()
-            transport = connection.transport
-            if connection.alive and transport is not None and not transport.is_closing():
-                connection.reused = True
-                return connection
-        return await self._connect(origin)
-
-    async def connect(self, origin: Origin) -> UpstreamConnection:
-        """A new connection to `origin`, never an idle one. Raises `ConnectFailed`."""
+        if idle:
+            now = self.loop.time()
+            while idle:
+                connection = idle.pop()
+                transport = connection.transport
+                if (
+                    now < connection.reuse_until
+                    and connection.alive
+                    and transport is not None
+                    and not transport.is_closing()
+                ):
+                    return connection
+                connection.close()
         return await self._connect(origin)
 
     def release(self, connection: UpstreamConnection) -> None:
         """Back to the pool if another request may use it (its answer was read whole,
-        neither side asked to close, nothing failed), else closed."""
-        if not (connection.complete and connection.keep_alive and connection.alive) or (
-            connection._error is not None
+        neither side asked to close, nothing failed, its keep-alive leaves time), else
+        closed."""
+        keep = self.idle_timeout
+        hint = connection.keep_alive_hint
+        if hint is not None:
+            keep = min(keep, hint - KEEP_ALIVE_MARGIN_SECONDS)
+        if (
+            keep <= 0
+            or not (connection.complete and connection.keep_alive and connection.alive)
+            or connection.body.error is not None
         ):
             connection.close()
             return
-        connection.idle_since = self.loop.time()
+        connection.reuse_until = self.loop.time() + keep
         idle = self._idle.get(connection.origin)
         if idle is None:
             idle = self._idle[connection.origin] = []
@@ -506,10 +491,13 @@ class UpstreamPool:
 
     def _sweep(self) -> None:
         self._sweeper = None
-        oldest_kept = self.loop.time() - POOL_IDLE_SECONDS
-        for idle in self._idle.values():
-            while idle and idle[0].idle_since <= oldest_kept:
-                idle.pop(0).close()
+        now = self.loop.time()
+        for origin, idle in self._idle.items():
+            kept = [c for c in idle if now < c.reuse_until]
+            for connection in idle:
+                if now >= connection.reuse_until:
+                    connection.close()
+            self._idle[origin] = kept
         if any(self._idle.values()):
             self._sweeper = self.loop.call_later(SWEEP_SECONDS, self._sweep)
 

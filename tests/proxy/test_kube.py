@@ -391,6 +391,17 @@ async def test_a_name_in_several_namespaces_is_ambiguous_unless_they_are_ordered
             chosen = _found(everywhere, f"{other}/shadowed")
             assert chosen is not None and chosen.namespace == other
 
+            # A Model named like another namespace's service label captures nothing.
+            await asyncio.to_thread(apply, kubectl, other, model("small", serviceLabels=["cap"]))
+            await asyncio.to_thread(apply, kubectl, namespace, model("cap"))
+            captured = await _until(
+                lambda: everywhere.resolve("cap").labelled_in, what="both meanings of 'cap'"
+            )
+            assert captured == (other,)
+            assert everywhere.resolve("cap").ambiguous == tuple(sorted((namespace, other)))
+            labelled = everywhere.resolve("cap", reachable={other}).entry
+            assert labelled is not None and labelled.key == f"{other}/small"
+
             await asyncio.to_thread(kubectl.ok, "delete", "-n", other, "model/shadowed")
             await _until(
                 lambda: (

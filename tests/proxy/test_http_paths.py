@@ -9,6 +9,7 @@ in-process (`running_proxy`), so the pool's counters can be read between request
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import logging
 import re
@@ -26,10 +27,11 @@ from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.directory import InMemoryDirectory
 from flexinfer_proxy.resolve_file import HostsFileResolver
 
-from .harness import RecordingSink, async_test, entry, eventually, running_proxy
-from .test_hostile import Answer, connection, read_answer, request_head
+from .harness import RecordingSink, RunningProxy, async_test, entry, eventually, running_proxy
+from .test_hostile import Answer, closed_by_peer, connection, read_answer, request_head
 
 COMPLETION = b'{"model": "m", "choices": []}'
+MiB = 1024 * 1024
 
 
 @attrs.define
@@ -523,3 +525,153 @@ async def test_an_upgrade_offer_is_declined_and_the_request_served() -> None:
         async with connection(port) as (reader, writer):
             writer.write(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
             assert (await asyncio.wait_for(read_answer(reader), 20)).status == 400
+
+
+# -- issue 22: framing, Host and the lingering close over real sockets -------------------
+
+
+def _port(p: RunningProxy) -> int:
+    return int(p.url.rsplit(":", 1)[1])
+
+
+@async_test
+async def test_a_head_whose_end_arrives_with_a_large_body_is_not_counted_with_it() -> None:
+    """The head's last CRLF pair split across reads, 70 KiB of body in the second: the
+    head is a few hundred bytes, not 431 (the body was counted as head)."""
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        body = json.dumps({"model": "m", "pad": "x" * 70_000}).encode()
+        head = request_head("/v1/chat/completions", length=len(body))
+        async with connection(_port(p)) as (reader, writer):
+            writer.write(head[:-1])  # all but the last LF
+            await eventually(
+                lambda: any(c._meter.started for c in p.runner.server.connections),
+                what="the proxy to read the head but its last byte",
+            )
+            writer.write(head[-1:] + body)
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+        assert answer.status == 200
+        assert backend.requests == [body]
+
+
+@async_test
+async def test_an_answer_head_whose_end_arrives_with_a_large_body_is_not_a_502() -> None:
+    """The same on the backend side: its answer head's last byte arrives with 70 KiB of
+    body (it was a 502, "the answer's head is larger than 65536 bytes")."""
+    large = json.dumps({"model": "m", "pad": "y" * 70_000}).encode()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
+        len(large)
+    )
+    proceed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        match = re.search(rb"(?i)content-length:\s*(\d+)", request)
+        await reader.readexactly(int(match.group(1)) if match else 0)
+        writer.write(head[:-1])
+        await writer.drain()
+        await proceed.wait()
+        writer.write(head[-1:] + large)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        async with running_proxy([entry("m", endpoint)]) as p:
+            pool = p.proxy.pool
+            assert pool is not None
+            answer = asyncio.create_task(chat(p.url))
+            await eventually(
+                lambda: any(c._meter.started for c in pool._open),
+                what="the proxy to read the answer's head but its last byte",
+            )
+            proceed.set()
+            assert ((await answer).status, (await answer).body) == (200, large)
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("hosts", "version"),
+    [((), "1.1"), (("proxy", "proxy"), "1.1"), (("a", "b"), "1.1"), (("a", "b"), "1.0")],
+)
+@async_test
+async def test_a_request_without_exactly_one_host_is_a_400(
+    hosts: tuple[str, ...], version: str
+) -> None:
+    """RFC 9112 3.2: no Host in HTTP/1.1, or several in any version, is a 400."""
+    async with (
+        scripted(lambda index, body: json_answer()) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        body = b'{"model": "m"}'
+        fields = "".join(f"Host: {host}\r\n" for host in hosts)
+        raw = (
+            f"POST /v1/chat/completions HTTP/{version}\r\n{fields}"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        async with connection(_port(p)) as (reader, writer):
+            writer.write(raw)
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert await closed_by_peer(reader)
+        assert (answer.status, answer.error()["code"]) == (400, "invalid_http")
+        assert backend.requests == []
+
+
+def _send_like_http_client(port: int, size: int) -> int | str:
+    """`http.client`'s way, as the OpenAI SDK's transports do: the whole body, then
+    read. The status, or the error it ended with."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request(
+            "POST", "/v1/embeddings", body=b"x" * size, headers={"Content-Type": "text/plain"}
+        )
+        return connection.getresponse().status
+    except OSError as error:
+        return type(error).__name__
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(("lingering_bytes", "expected"), [(None, 413), (64 * 1024, "reset")])
+@async_test
+async def test_a_client_sending_a_body_too_large_whole_reads_its_413(
+    lingering_bytes: int | None, expected: int | str
+) -> None:
+    """Refused before it is read, the body still arrives: the proxy closes lingering
+    (reads and drops it) so the client reads the 413 rather than a reset; past
+    --lingering-bytes it closes, and the client sees the reset."""
+    config = ProxyConfig(max_body_bytes=MiB)
+    if lingering_bytes is not None:
+        config = attrs.evolve(config, lingering_bytes=lingering_bytes)
+    async with running_proxy([], config=config) as p:
+        outcome = await asyncio.to_thread(_send_like_http_client, _port(p), 32 * MiB)
+    if expected == "reset":
+        assert outcome in ("BrokenPipeError", "ConnectionResetError"), outcome
+    else:
+        assert outcome == expected
+
+
+@async_test
+async def test_a_lingering_close_ends_after_the_lingering_time() -> None:
+    """A client that stops sending but keeps its end open is closed after
+    --lingering-time, not held until its own timeouts."""
+    config = ProxyConfig(
+        max_body_bytes=1024,
+        lingering_time=0.3,
+        client_header_timeout=300.0,
+        client_idle_timeout=300.0,
+    )
+    async with running_proxy([], config=config) as p:
+        head = request_head("/v1/chat/completions", length=10 * MiB)
+        async with connection(_port(p)) as (reader, writer):
+            writer.write(head + b"x" * 4096)
+            answer = await asyncio.wait_for(read_answer(reader), 20)
+            assert answer.status == 413
+            assert await reader.read() == b"", "the answer, then the proxy's end shut"
+            await eventually(
+                lambda: not p.runner.server.connections, what="the lingering connection to close"
+            )

@@ -7,8 +7,8 @@ that says it is at most `WHOLE_ANSWER_BYTES` long, or that has arrived whole wit
 its head, is written to the client in one write with its head. Hop-by-hop headers,
 and those the `Connection` header names, are dropped in both directions; the
 client's credentials (`CREDENTIALS`) and forwarding headers (`Forwarded`,
-`X-Forwarded-*`, `X-Real-IP`) never reach a backend, and `X-Forwarded-For` is set to
-the client's address alone.
+`X-Forwarded-*`, `X-Real-IP`) never reach a backend, nor does any of these spelled
+with `_` for `-`, and `X-Forwarded-For` is set to the client's address alone.
 
 Failures before the answer started are exceptions the caller turns into answers:
 `BackendUnavailable` (refused, reset, closed, or a reply that is not HTTP; `retryable`
@@ -137,11 +137,21 @@ def upstream_header_lines(
     lines = [
         b"%s: %s\r\n" % (name, value)
         for name, value in headers
-        if (lower := name.lower()) not in skip and not lower.startswith(b"x-forwarded-")
+        if (lower := name.lower()) not in skip
+        and not lower.startswith(b"x-forwarded-")
+        and not (b"_" in lower and _dropped_lookalike(lower, skip))
     ]
     if client:
         lines.append(b"X-Forwarded-For: %s\r\n" % client.encode("latin-1"))
     return b"".join(lines)
+
+
+def _dropped_lookalike(lower: bytes, skip: frozenset[bytes]) -> bool:
+    """`Transfer_Encoding`, `Content_Length`, `X_Forwarded_For`...: a backend that reads
+    `_` as `-` (every WSGI/CGI server: both become HTTP_TRANSFER_ENCODING) would take
+    them for the fields the proxy drops, and frame or trust the request differently."""
+    dashed = lower.replace(b"_", b"-")
+    return dashed in skip or dashed.startswith(b"x-forwarded-")
 
 
 def request_head(

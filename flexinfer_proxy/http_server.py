@@ -6,10 +6,13 @@ object, a payload stream and a task each, response preparation; docs/benchmarks.
 which alone is more than the proxy may spend per request to keep up with nginx. What
 this module owns:
 
-- parsing: a request head larger than `max_head_bytes` is answered 431, anything that is
-  not HTTP/1.x (or a CONNECT) 400 (one INFO log line, no traceback); either closes the
-  connection. An offer to upgrade (curl's h2c) is declined: the request is served in
-  HTTP/1.1, then the connection closes;
+- parsing: each read is cut where `framing` says a head or a body ends before llhttp
+  sees it; a head larger than `max_head_bytes` (raw bytes up to its blank line) is
+  answered 431; anything that is not HTTP/1.x, a framing `framing.request_head`
+  refuses (two lengths, length and chunks, no Host or two), or a CONNECT, 400 (one
+  INFO log line, no traceback); either closes the connection. An offer to upgrade
+  (curl's h2c) is declined: the request is served in HTTP/1.1, then the connection
+  closes;
 - bodies as they arrive (`RequestBody`), with backpressure: reading from the client
   pauses while more than `BODY_HIGH_WATER` bytes wait to be taken; `Expect:
   100-continue` is answered when the handler first waits for the body;
@@ -21,6 +24,9 @@ this module owns:
   (from the connection's start or from the head's first byte), an idle connection is
   closed after `idle_timeout`; the connection cap through `ConnectionGuard`. One lazily
   re-armed timer per connection watches both, so a request costs no timer operations;
+- closing: after an answer while the client may still be sending (its body unread,
+  a head refused), a lingering close (`linger_time`, `linger_bytes`): our side is
+  shut and what arrives is dropped, so the client reads the answer, not a reset;
 - shutdown: stop accepting, close idle connections, let answers in progress finish.
 
 It knows nothing about models: `handler(request)` makes every answer.
@@ -678,7 +684,7 @@ class _Connection(WriteFlow, asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        if not unread or not transport.can_write_eof():
+        if not unread or self._server.linger_bytes <= 0 or not transport.can_write_eof():
             self.close()
             return
         self.closing = True

@@ -51,6 +51,8 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     assert (config.max_body_bytes, config.max_buffered_bytes) == (16 * 2**20, 256 * 2**20)
     assert (config.max_queue, config.max_queue_total) == (1000, 10000)
     assert (config.max_concurrent_per_client, config.max_queued_per_client) == (256, 128)
+    assert (config.lingering_time, config.lingering_bytes) == (30.0, 128 * 2**20)
+    assert config.backend_idle_timeout == 4.0
     assert (
         config.client_header_timeout,
         config.client_body_timeout,
@@ -68,6 +70,7 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         "--backend-headers-timeout", "1m", "--backend-read-timeout", "7s",
         "--access-log", "--retry-after", "3",
         "--max-concurrent-per-client", "6", "--max-queued-per-client", "0",
+        "--lingering-time", "2s", "--lingering-bytes", "0", "--backend-idle-timeout", "1s",
     ]  # fmt: skip
     set_ = config_from(build_parser().parse_args(flags))
     assert (set_.max_body_bytes, set_.max_buffered_bytes, set_.max_queue) == (2048, 4096, 3)
@@ -75,6 +78,7 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     assert (set_.client_header_timeout, set_.backend_headers_timeout) == (2.0, 60.0)
     assert set_.access_log
     assert (set_.max_concurrent_per_client, set_.max_queued_per_client) == (6, 0)
+    assert (set_.lingering_time, set_.lingering_bytes, set_.backend_idle_timeout) == (2, 0, 1)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,9 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     [
         (["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
         (["--max-queued-per-client", "-1"], "--max-queued-per-client must be at least 0"),
+        (["--lingering-time", "0s"], "--lingering-time must be longer than 0s"),
+        (["--lingering-bytes", "-5"], "--lingering-bytes must be at least 0"),
+        (["--backend-idle-timeout", "soon"], "'soon' is not a valid duration"),
         (["--max-concurrent-per-client", "x"], "--max-concurrent-per-client: 'x' is not a"),
         (["--max-body-bytes", "lots"], "--max-body-bytes: 'lots' is not a whole number"),
         (["--client-header-timeout", "0s"], "--client-header-timeout must be longer than 0s"),

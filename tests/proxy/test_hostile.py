@@ -541,7 +541,7 @@ async def test_nothing_is_left_behind(bounded: StaticProxy, baseline: dict[str, 
             attempts=300,
             interval=0.1,
         )
-    # Pooled backend connections close after aiohttp's 15 s keep-alive.
+    # Pooled backend connections close after --backend-idle-timeout (4 s).
     await eventually(
         lambda: bounded.descriptors() <= baseline["descriptors"],
         what=f"descriptors back to {baseline['descriptors']}",

@@ -91,6 +91,7 @@ from flexinfer_proxy.request_body import (
     BodyTooLarge,
     RequestBody,
     read_request_body,
+    small_body_at_hand,
 )
 from flexinfer_proxy.upstream import (
     DEFAULT_IDLE_SECONDS,
@@ -329,61 +330,62 @@ class Proxy:
             return openai_errors.client_concurrency_limit(
                 self.limits.max_concurrent, retry_after=self.retry_after()
             )
+        reachable = key.namespaces if key is not None else None
+        # Counted until the answer is done (one coroutine: no extra await per request).
         try:
-            reachable = key.namespaces if key is not None else None
-            return await self._openai(request, client=client, reachable=reachable)
+            resolved: list[Resolution] = []
+
+            def on_model(name: str) -> None:
+                resolved.append(self._resolve_or_refuse(name, client=client, reachable=reachable))
+
+            config = self.config
+            try:
+                body = small_body_at_hand(
+                    request, max_bytes=config.max_body_bytes, budget=self.budget, on_model=on_model
+                ) or await read_request_body(
+                    request,
+                    max_bytes=config.max_body_bytes,
+                    budget=self.budget,
+                    timeout=config.client_body_timeout,
+                    on_model=on_model,
+                )
+            except _Refusal as refusal:
+                self.metrics.request_done(refusal.model, refusal.outcome)
+                return refusal.response.closing()
+            except BadRequest as error:
+                self.metrics.request_done("", OUTCOME_BAD_REQUEST)
+                return openai_errors.bad_request(str(error), param=error.param).closing()
+            except BodyTooLarge:
+                self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
+                return openai_errors.body_too_large(self.config.max_body_bytes).closing()
+            except BodyBudgetExceeded:
+                self.metrics.request_done("", OUTCOME_PROXY_BUSY)
+                log.warning("request body refused: %d bytes of bodies held", self.budget.used)
+                return openai_errors.proxy_busy(retry_after=self.retry_after()).closing()
+            except BodyTimeout:
+                self.metrics.request_done("", OUTCOME_BODY_TIMEOUT)
+                timeout = self.config.client_body_timeout
+                return openai_errors.body_timeout(timeout).closing()
+            except (BodyCutOff, ConnectionError) as error:
+                # The client went away (or broke its own framing) in the middle of its body.
+                self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
+                log.info("request body cut off by the client: %s", error)
+                message = "The request body was cut off before its end."
+                return openai_errors.bad_request(message, param=None).closing()
+            except asyncio.CancelledError:
+                self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
+                raise
+            try:
+                entry = resolved[-1].entry
+                assert entry is not None
+                if entry.ready and not self.queues.depth(entry.key):
+                    # The usual case, one coroutine less: nobody to wait for.
+                    return await self._forward(request, entry, body=body, ticket=None, deadline=0.0)
+                return await self._route(request, entry, body, client=client)
+            finally:
+                body.release()
         finally:
             self.limits.leave(client)
-
-    async def _openai(
-        self, request: Request, *, client: str, reachable: frozenset[str] | None
-    ) -> Answer | None:
-        resolved: list[Resolution] = []
-        try:
-            body = await read_request_body(
-                request,
-                max_bytes=self.config.max_body_bytes,
-                budget=self.budget,
-                timeout=self.config.client_body_timeout,
-                on_model=lambda name: resolved.append(
-                    self._resolve_or_refuse(name, client=client, reachable=reachable)
-                ),
-            )
-        except _Refusal as refusal:
-            self.metrics.request_done(refusal.model, refusal.outcome)
-            return refusal.response.closing()
-        except BadRequest as error:
-            self.metrics.request_done("", OUTCOME_BAD_REQUEST)
-            return openai_errors.bad_request(str(error), param=error.param).closing()
-        except BodyTooLarge:
-            self.metrics.request_done("", OUTCOME_BODY_TOO_LARGE)
-            return openai_errors.body_too_large(self.config.max_body_bytes).closing()
-        except BodyBudgetExceeded:
-            self.metrics.request_done("", OUTCOME_PROXY_BUSY)
-            log.warning("request body refused: %d bytes of bodies held", self.budget.used)
-            return openai_errors.proxy_busy(retry_after=self.retry_after()).closing()
-        except BodyTimeout:
-            self.metrics.request_done("", OUTCOME_BODY_TIMEOUT)
-            timeout = self.config.client_body_timeout
-            return openai_errors.body_timeout(timeout).closing()
-        except (BodyCutOff, ConnectionError) as error:
-            # The client went away (or broke its own framing) in the middle of its body.
-            self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
-            log.info("request body cut off by the client: %s", error)
-            message = "The request body was cut off before its end."
-            return openai_errors.bad_request(message, param=None).closing()
-        except asyncio.CancelledError:
-            self.metrics.request_done("", OUTCOME_CLIENT_DISCONNECTED)
-            raise
-        try:
-            entry = resolved[-1].entry
-            assert entry is not None
-            if entry.ready and not self.queues.depth(entry.key):
-                # The usual case, one coroutine less: nobody to wait for.
-                return await self._forward(request, entry, body=body, ticket=None, deadline=0.0)
-            return await self._route(request, entry, body, client=client)
-        finally:
-            body.release()
 
     def _key_of(self, request: Request) -> ApiKey | None:
         """The request's API key, or None (then `_key_refusal` says why)."""

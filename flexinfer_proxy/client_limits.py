@@ -29,10 +29,21 @@ class ClientLimits:
 
     def enter(self, client: str) -> bool:
         """Count a request of `client` in progress; False (and not counted) at its limit."""
-        return _take(self._active, client, self.max_concurrent)
+        active = self._active
+        held = active.get(client, 0)
+        if held >= self.max_concurrent > 0:
+            return False
+        active[client] = held + 1
+        return True
 
     def leave(self, client: str) -> None:
-        _give_back(self._active, client)
+        # Forgotten at zero: clients come and go (addresses), the map must not grow.
+        active = self._active
+        held = active[client] - 1
+        if held:
+            active[client] = held
+        else:
+            del active[client]
 
     def may_queue(self, client: str) -> bool:
         """Whether another request of `client` may wait now (counts nothing)."""
@@ -40,30 +51,20 @@ class ClientLimits:
 
     def queue(self, client: str) -> bool:
         """Count a request of `client` waiting; False (and not counted) at its limit."""
-        return _take(self._queued, client, self.max_queued)
+        if not self.may_queue(client):
+            return False
+        self._queued[client] = self._queued.get(client, 0) + 1
+        return True
 
     def unqueue(self, client: str) -> None:
-        _give_back(self._queued, client)
+        held = self._queued[client] - 1
+        if held:
+            self._queued[client] = held
+        else:
+            del self._queued[client]
 
     def active(self, client: str) -> int:
         return self._active.get(client, 0)
 
     def queued(self, client: str) -> int:
         return self._queued.get(client, 0)
-
-
-def _take(counts: dict[str, int], client: str, limit: int) -> bool:
-    held = counts.get(client, 0)
-    if limit and held >= limit:
-        return False
-    counts[client] = held + 1
-    return True
-
-
-def _give_back(counts: dict[str, int], client: str) -> None:
-    # Forgotten at zero: clients come and go (addresses), the map must not grow.
-    held = counts.get(client, 0) - 1
-    if held > 0:
-        counts[client] = held
-    else:
-        counts.pop(client, None)

@@ -77,11 +77,12 @@ class ModelEntry:
     service_labels: tuple[str, ...] = ()
     active_services: tuple[str, ...] = ()
     priority: int = DEFAULT_PRIORITY
+    # `namespace/name`: unique across the cluster (queues, demand and metrics are kept
+    # by it). Made once: it is read several times for every request.
+    key: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def key(self) -> str:
-        """`namespace/name`: unique across the cluster (queues and demand are kept by it)."""
-        return f"{self.namespace}/{self.name}"
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
 
     @property
     def backend_model(self) -> str:
@@ -141,14 +142,9 @@ def resolve_name(
     API key's): the others' models do not exist for it.
     """
 
-    def allowed(namespace: str) -> bool:
-        return (not namespace_order or namespace in namespace_order) and (
-            reachable is None or namespace in reachable
-        )
-
     namespace, slash, name = requested.partition("/")
     if slash:
-        if not allowed(namespace):
+        if not _allowed(namespace, namespace_order, reachable):
             return Resolution()
         entry = by_namespace(namespace, name)
         if entry is not None:
@@ -160,8 +156,16 @@ def resolve_name(
     # Every namespace where the name means something, by a model's name or by a
     # service label, competes on equal terms: a tenant's Model named like another
     # team's service label must not take that team's requests.
-    named = {ns for ns in homes(requested) if allowed(ns)}
-    labelled = [e for e in label_members(requested) if allowed(e.namespace)]
+    found_in = homes(requested)
+    labelled = label_members(requested)
+    if not labelled and len(found_in) == 1:
+        # The usual request: a model's name, in one namespace, no label of that name.
+        home = found_in[0]
+        if _allowed(home, namespace_order, reachable):
+            return Resolution(by_namespace(home, requested))
+        return Resolution()
+    named = {ns for ns in found_in if _allowed(ns, namespace_order, reachable)}
+    labelled = [e for e in labelled if _allowed(e.namespace, namespace_order, reachable)]
     found = named | {e.namespace for e in labelled}
     if not found:
         return Resolution()
@@ -175,6 +179,11 @@ def resolve_name(
         return Resolution(by_namespace(chosen, requested))
     local = [e for e in labelled if e.namespace == chosen]
     return Resolution(choose_for_service_label(requested, local), by_service_label=True)
+
+
+def _allowed(namespace: str, order: Sequence[str], reachable: Collection[str] | None) -> bool:
+    """Watched (`--namespace`, none: all) and reachable (the client's key, None: all)."""
+    return (not order or namespace in order) and (reachable is None or namespace in reachable)
 
 
 def _first_namespace(found: Iterable[str], order: Sequence[str]) -> str | None:
@@ -225,6 +234,7 @@ class InMemoryDirectory:
     ) -> None:
         self._entries: dict[str, ModelEntry] = {}
         self._homes: dict[str, dict[str, None]] = {}  # name -> namespaces that have it
+        self._labelled: dict[str, dict[str, None]] = {}  # service label -> keys
         self._namespaces = tuple(namespaces)
         self._listeners: list[Listener] = []
         for entry in entries:
@@ -240,7 +250,7 @@ class InMemoryDirectory:
             by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
             homes=lambda name: list(self._homes.get(name, ())),
             label_members=lambda label: [
-                e for e in self._entries.values() if label in e.service_labels
+                self._entries[key] for key in self._labelled.get(label, ())
             ],
             namespace_order=self._namespaces,
             reachable=reachable,
@@ -260,8 +270,20 @@ class InMemoryDirectory:
         self._notify(entry.key)
 
     def _store(self, entry: ModelEntry) -> None:
+        previous = self._entries.get(entry.key)
+        if previous is not None:
+            self._unlabel(previous)
         self._entries[entry.key] = entry
         self._homes.setdefault(entry.name, {})[entry.namespace] = None
+        for label in entry.service_labels:
+            self._labelled.setdefault(label, {})[entry.key] = None
+
+    def _unlabel(self, entry: ModelEntry) -> None:
+        for label in entry.service_labels:
+            keys = self._labelled.get(label, {})
+            keys.pop(entry.key, None)
+            if not keys:
+                self._labelled.pop(label, None)
 
     def set_ready(self, name: str, ready: bool = True) -> None:
         entry = self._named(name)
@@ -270,6 +292,7 @@ class InMemoryDirectory:
     def remove(self, name: str) -> None:
         entry = self._named(name)
         del self._entries[entry.key]
+        self._unlabel(entry)
         homes = self._homes[entry.name]
         del homes[entry.namespace]
         if not homes:

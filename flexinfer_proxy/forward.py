@@ -125,33 +125,57 @@ def upstream_header_lines(
     headers: list[tuple[bytes, bytes]],
     *,
     client: str | None,
-    skip: frozenset[bytes] = REQUEST_SKIPPED,
     names_hop_headers: bool = True,
 ) -> bytes:
-    """The client's headers minus `skip` (hop-by-hop ones, `Expect`, credentials and
-    forwarding headers by default), any `X-Forwarded-*`, and those its `Connection`
-    header names (when `names_hop_headers`), plus `X-Forwarded-For: <client>`, as
-    `Name: value` lines."""
+    """The client's headers minus hop-by-hop ones, `Expect`, credentials, forwarding
+    headers (any `X-Forwarded-*`), their spellings with `_`, and those its
+    `Connection` header names (when `names_hop_headers`), plus
+    `X-Forwarded-For: <client>`, as `Name: value` lines."""
+    lines = []
     if names_hop_headers:
-        skip = skip | _connection_named(headers)
-    lines = [
-        b"%s: %s\r\n" % (name, value)
-        for name, value in headers
-        if (lower := name.lower()) not in skip
-        and not lower.startswith(b"x-forwarded-")
-        and not (b"_" in lower and _dropped_lookalike(lower, skip))
-    ]
+        skip = REQUEST_SKIPPED | _connection_named(headers)
+        for name, value in headers:
+            if _forwarded(name.lower(), skip):
+                lines.append(b"%s: %s\r\n" % (name, value))
+    else:
+        verdicts = _VERDICTS
+        for name, value in headers:
+            keep = verdicts.get(name)
+            if keep is None:
+                keep = _remember(name)
+            if keep:
+                lines.append(b"%s: %s\r\n" % (name, value))
     if client:
         lines.append(b"X-Forwarded-For: %s\r\n" % client.encode("latin-1"))
     return b"".join(lines)
 
 
-def _dropped_lookalike(lower: bytes, skip: frozenset[bytes]) -> bool:
-    """`Transfer_Encoding`, `Content_Length`, `X_Forwarded_For`...: a backend that reads
-    `_` as `-` (every WSGI/CGI server: both become HTTP_TRANSFER_ENCODING) would take
-    them for the fields the proxy drops, and frame or trust the request differently."""
-    dashed = lower.replace(b"_", b"-")
-    return dashed in skip or dashed.startswith(b"x-forwarded-")
+def _forwarded(lower: bytes, skip: frozenset[bytes]) -> bool:
+    if lower in skip or lower.startswith(b"x-forwarded-"):
+        return False
+    if b"_" in lower:
+        # `Transfer_Encoding`, `Content_Length`, `X_Forwarded_For`...: a backend that
+        # reads `_` as `-` (every WSGI/CGI server: both become HTTP_TRANSFER_ENCODING)
+        # would take them for the fields the proxy drops, and frame or trust the
+        # request differently.
+        dashed = lower.replace(b"_", b"-")
+        return dashed not in skip and not dashed.startswith(b"x-forwarded-")
+    return True
+
+
+# Whether a header name, as clients spell it, is forwarded (without a `Connection`
+# field naming others): clients send the same few names on every request, so each
+# is decided once. Bounded: a client making names up empties it, never grows it.
+_VERDICTS: dict[bytes, bool] = {}
+_VERDICTS_KEPT = 1024
+
+
+def _remember(name: bytes) -> bool:
+    keep = _forwarded(name.lower(), REQUEST_SKIPPED)
+    if len(_VERDICTS) >= _VERDICTS_KEPT:
+        _VERDICTS.clear()
+    _VERDICTS[name] = keep
+    return keep
 
 
 def request_head(
@@ -169,12 +193,27 @@ def request_head(
 def answer_header_lines(upstream: UpstreamConnection) -> bytes:
     """The backend's headers minus hop-by-hop ones and those its `Connection` names."""
     headers = upstream.headers
-    skip = HOP_BY_HOP
     if upstream.names_hop_headers:
-        skip = skip | _connection_named(headers)
-    return b"".join(
-        b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() not in skip
-    )
+        skip = HOP_BY_HOP | _connection_named(headers)
+        return b"".join(
+            b"%s: %s\r\n" % (name, value) for name, value in headers if name.lower() not in skip
+        )
+    lines = []
+    relayed = _RELAYED
+    for name, value in headers:
+        keep = relayed.get(name)
+        if keep is None:
+            keep = name.lower() not in HOP_BY_HOP
+            if len(relayed) >= _VERDICTS_KEPT:
+                relayed.clear()
+            relayed[name] = keep
+        if keep:
+            lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)
+
+
+# The same for a backend's answer header names: relayed unless hop-by-hop.
+_RELAYED: dict[bytes, bool] = {}
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -233,44 +272,29 @@ async def relay(
 
     `on_dispatched` is called once the request's head is on the wire.
     """
-    upstream = await _exchange(pool, origin, head, body, on_dispatched)
+    # The request is sent once: a failure after it was written (a kept-alive connection
+    # the backend closed as it crossed the request, included) is the backend's, never
+    # a reason to send it again, since the backend may already be running it (the
+    # pool's keep-alive limits make that crossing rare; OpenAI clients retry the 502).
+    upstream = pool.take_idle(origin)
+    if upstream is None:
+        try:
+            upstream = await pool.acquire(origin)
+        except ConnectFailed as error:
+            raise BackendUnavailable(str(error), retryable=True) from error
     try:
+        try:
+            await upstream.exchange(head, body, on_sent=on_dispatched)
+        except HeadersTimeout as error:
+            raise BackendTimeout(str(error)) from error
+        except UpstreamError as error:
+            raise BackendUnavailable(str(error), retryable=False) from error
         if rewrite is not None and _rewritable(upstream):
             await _rewritten_back(request, upstream, rewrite)
         else:
             await _stream_back(request, upstream)
     finally:
         pool.release(upstream)
-
-
-async def _exchange(
-    pool: UpstreamPool,
-    origin: Origin,
-    head: bytes,
-    body: bytes | bytearray,
-    on_dispatched: Callable[[], None] | None,
-) -> UpstreamConnection:
-    """A connection whose answer's head is in. The request is sent once: a failure
-    after it was written (a kept-alive connection the backend closed as it crossed
-    the request, included) is the backend's, never a reason to send it again, since
-    the backend may already be running it (the pool's keep-alive limits make that
-    crossing rare; OpenAI clients retry the 502 themselves)."""
-    try:
-        upstream = await pool.acquire(origin)
-    except ConnectFailed as error:
-        raise BackendUnavailable(str(error), retryable=True) from error
-    try:
-        await upstream.exchange(head, body, on_sent=on_dispatched)
-    except HeadersTimeout as error:
-        pool.release(upstream)
-        raise BackendTimeout(str(error)) from error
-    except UpstreamError as error:
-        pool.release(upstream)
-        raise BackendUnavailable(str(error), retryable=False) from error
-    except BaseException:
-        pool.release(upstream)
-        raise
-    return upstream
 
 
 def _rewritable(upstream: UpstreamConnection) -> bool:
@@ -284,7 +308,7 @@ def _rewritable(upstream: UpstreamConnection) -> bool:
 
 
 async def _whole(upstream: UpstreamConnection) -> bytes:
-    if upstream.complete:
+    if upstream.body.complete:
         return upstream.body.take()
     try:
         return await upstream.body.read_all()
@@ -311,7 +335,7 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
     length = upstream.content_length
     status, reason = upstream.status, upstream.reason
     lines = answer_header_lines(upstream)
-    if upstream.complete or (length is not None and length <= WHOLE_ANSWER_BYTES):
+    if upstream.body.complete or (length is not None and length <= WHOLE_ANSWER_BYTES):
         whole = await _whole(upstream)
         request.start(status, reason, lines, content_length=len(whole), first=whole)
         return

@@ -55,23 +55,21 @@ class HeadMeter:
 
     `scan(data, start)` counts `data[start:]` toward the head until its blank line and
     returns the offset just past it, or -1 when the head goes on past `data`; it
-    raises `HeadTooLarge` as soon as the head is larger than `limit`. `reset()` starts
-    the next head.
+    raises `HeadTooLarge` as soon as the head is larger than `limit`. Once a head has
+    ended (`measured` is its size) the meter is ready for the next one.
     """
 
-    __slots__ = ("_tail", "limit", "size")
+    __slots__ = ("_tail", "limit", "measured", "size")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.size = 0  # bytes of the current head so far
+        self.size = 0  # bytes of the head being measured, so far
+        self.measured = 0  # of the last head that ended
         self._tail = b""  # its last (up to) 3 bytes: a CRLF CRLF may straddle reads
-
-    def reset(self) -> None:
-        self.size = 0
-        self._tail = b""
 
     @property
     def started(self) -> bool:
+        """Some bytes of a head have arrived, not its end."""
         return self.size > 0
 
     def scan(self, data: bytes, start: int = 0) -> int:
@@ -86,12 +84,17 @@ class HeadMeter:
             found = data.find(_CRLF2, start)
             if found >= 0:
                 end = found + 4
-        taken = (end if end >= 0 else len(data)) - start
-        self.size += taken
-        if self.size > self.limit:
+        size = self.size + (end if end >= 0 else len(data)) - start
+        if size > self.limit:
             raise HeadTooLarge(f"the head is larger than {self.limit} bytes")
         if end < 0:
+            self.size = size
             self._tail = (tail + data[start:])[-3:]
+        else:
+            self.measured = size
+            self.size = 0
+            if tail:
+                self._tail = b""
         return end
 
 
@@ -147,22 +150,15 @@ class ChunkedEnd:
         return -1
 
 
-class RequestHead:
-    """What the proxy reads from a request's header fields, in one pass over them."""
-
-    __slots__ = ("expects_continue", "framing", "length", "names_hop_headers")
-
-    def __init__(
-        self, framing: int, length: int, expects_continue: bool, names_hop_headers: bool
-    ) -> None:
-        self.framing = framing  # LENGTH or CHUNKED
-        self.length = length  # for LENGTH
-        self.expects_continue = expects_continue
-        self.names_hop_headers = names_hop_headers  # a `Connection` field was sent
+# What the server reads from a request's head: its Content-Length (None: chunked),
+# whether it expects `100 Continue`, and whether a `Connection` field was sent. A
+# tuple: made for every request.
+RequestHead = tuple[int | None, bool, bool]
 
 
 def request_head(headers: list[tuple[bytes, bytes]], *, version: str) -> RequestHead:
-    """A request's framing and the facts the server needs (RFC 9112 3.2, 6.1–6.3).
+    """A request's framing and the facts the server needs (RFC 9112 3.2, 6.1–6.3):
+    (Content-Length, None when chunked; `Expect: 100-continue`; a `Connection` field).
 
     Raises `FramingError` for: no Host (HTTP/1.1) or several; Content-Length with
     Transfer-Encoding; two Content-Length fields or a list in one; a length that is
@@ -203,30 +199,24 @@ def request_head(headers: list[tuple[bytes, bytes]], *, version: str) -> Request
             raise FramingError("Transfer-Encoding in an HTTP/1.0 request")
         if coding.strip(b" \t").lower() != b"chunked":
             raise FramingError(f"Transfer-Encoding {coding[:40]!r} is not 'chunked'")
-        return RequestHead(CHUNKED, 0, expects_continue, named)
-    return RequestHead(LENGTH, _length(length), expects_continue, named)
+        return None, expects_continue, named
+    if length is None:
+        return 0, expects_continue, named
+    digits = length.strip(b" \t")
+    if not digits.isdigit():  # ASCII digits only, for bytes
+        raise FramingError(f"Content-Length {length[:40]!r} is not a number")
+    return int(digits), expects_continue, named
 
 
-class AnswerHead:
-    """What the proxy reads from an answer's header fields, in one pass over them."""
-
-    __slots__ = ("framing", "keep_alive_timeout", "length", "names_hop_headers")
-
-    def __init__(
-        self,
-        framing: int,
-        length: int,
-        names_hop_headers: bool,
-        keep_alive_timeout: float | None,
-    ) -> None:
-        self.framing = framing  # LENGTH, CHUNKED or UNTIL_CLOSE
-        self.length = length  # for LENGTH
-        self.names_hop_headers = names_hop_headers  # a `Connection` field was sent
-        self.keep_alive_timeout = keep_alive_timeout  # `Keep-Alive: timeout=N`
+# What the pool reads from an answer's head: its framing (LENGTH, CHUNKED or
+# UNTIL_CLOSE), its length (for LENGTH), whether a `Connection` field was sent, and
+# its `Keep-Alive: timeout=N` in seconds. A tuple: made for every answer.
+AnswerHead = tuple[int, int, bool, float | None]
 
 
 def answer_head(headers: list[tuple[bytes, bytes]], *, status: int) -> AnswerHead:
-    """An answer's framing and the facts the pool needs (RFC 9112 6.3).
+    """An answer's framing and the facts the pool needs (RFC 9112 6.3): see
+    `AnswerHead`.
 
     1xx, 204 and 304 have no body; otherwise exactly `chunked`, else a length, else
     the close ends it. Raises `FramingError` for what `request_head` refuses, and for
@@ -253,16 +243,19 @@ def answer_head(headers: list[tuple[bytes, bytes]], *, status: int) -> AnswerHea
         elif size == 10 and name.lower() == b"keep-alive":
             keep_alive = _keep_alive_timeout(value)
     if status < 200 or status in (204, 304):
-        return AnswerHead(LENGTH, 0, named, keep_alive)
+        return LENGTH, 0, named, keep_alive
     if coding is not None:
         if length is not None:
             raise FramingError("both Content-Length and Transfer-Encoding")
         if coding.strip(b" \t").lower() != b"chunked":
             raise FramingError(f"Transfer-Encoding {coding[:40]!r} is not 'chunked'")
-        return AnswerHead(CHUNKED, 0, named, keep_alive)
+        return CHUNKED, 0, named, keep_alive
     if length is None:
-        return AnswerHead(UNTIL_CLOSE, 0, named, keep_alive)
-    return AnswerHead(LENGTH, _length(length), named, keep_alive)
+        return UNTIL_CLOSE, 0, named, keep_alive
+    digits = length.strip(b" \t")
+    if not digits.isdigit():  # ASCII digits only, for bytes
+        raise FramingError(f"Content-Length {length[:40]!r} is not a number")
+    return LENGTH, int(digits), named, keep_alive
 
 
 def _keep_alive_timeout(value: bytes) -> float | None:
@@ -273,30 +266,21 @@ def _keep_alive_timeout(value: bytes) -> float | None:
     return None
 
 
-def _length(value: bytes | None) -> int:
-    if value is None:
-        return 0
-    digits = value.strip(b" \t")
-    if not _DIGITS.fullmatch(digits):
-        raise FramingError(f"Content-Length {value[:40]!r} is not a number")
-    return int(digits)
-
-
 class BodyBuffer:
     """A body as it arrives, taken by one reader that waits for more.
 
     The receiving side calls `feed`, `finish` or `fail`; the reader `take`s what has
-    arrived, or awaits `readany` / `read`. `_taken` and `_before_wait` are the hooks
-    a side uses for its backpressure and its `100 Continue`.
+    arrived, or awaits `readany` / `read`. `_taken` is the hook a side uses for its
+    backpressure; a side that must act before the first wait overrides `wait`.
     """
 
-    __slots__ = ("_chunks", "_error", "_waiter", "complete", "size")
+    __slots__ = ("_chunks", "_waiter", "complete", "error", "size")
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
         self.size = 0  # bytes waiting to be taken
         self.complete = False  # the whole body has arrived
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None  # why it will not end
         self._waiter: asyncio.Future[None] | None = None
 
     # -- fed by the receiving side -----------------------------------------------------
@@ -312,13 +296,9 @@ class BodyBuffer:
 
     def fail(self, error: BaseException) -> None:
         """The body will not end: the reader gets `error` (unless it already ended)."""
-        if not self.complete and self._error is None:
-            self._error = error
+        if not self.complete and self.error is None:
+            self.error = error
             self.wake()
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -348,16 +328,16 @@ class BodyBuffer:
         while not self._chunks:
             if self.complete:
                 return b""
-            if self._error is not None:
-                raise self._error
+            if self.error is not None:
+                raise self.error
             await self.wait()
         return self.take()
 
     async def read(self) -> bytes:
         """The whole body (what was not taken yet)."""
         while not self.complete:
-            if self._error is not None:
-                raise self._error
+            if self.error is not None:
+                raise self.error
             await self.wait()
         return self.take()
 
@@ -370,12 +350,8 @@ class BodyBuffer:
 
     async def wait(self) -> None:
         """Until something changes (more bytes, the end, a failure)."""
-        self._before_wait()
         self._waiter = waiter = asyncio.get_running_loop().create_future()
         await waiter
 
     def _taken(self) -> None:
-        return None
-
-    def _before_wait(self) -> None:
         return None

@@ -49,7 +49,6 @@ import httptools
 
 from flexinfer_proxy.connections import ConnectionGuard
 from flexinfer_proxy.framing import (
-    LENGTH,
     BodyBuffer,
     ChunkedEnd,
     FramingError,
@@ -141,17 +140,24 @@ class RequestBody(BodyBuffer):
     __slots__ = ("_connection", "expects_continue")
 
     def __init__(self, connection: _Connection, *, expects_continue: bool) -> None:
-        super().__init__()
+        # BodyBuffer's fields, set here rather than by super(): made for every request.
+        self._chunks: list[bytes] = []
+        self.size = 0
+        self.complete = False
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._connection = connection
         self.expects_continue = expects_continue  # not yet answered 100 Continue
 
     def _taken(self) -> None:
         self._connection._body_taken()
 
-    def _before_wait(self) -> None:
+    async def wait(self) -> None:
         if self.expects_continue:
             self.expects_continue = False
             self._connection._send_continue()
+        self._waiter = waiter = self._connection._loop.create_future()
+        await waiter
 
 
 class Request:
@@ -436,9 +442,12 @@ class _Connection(WriteFlow, asyncio.Protocol):
         start = 0
         size = len(data)
         while start < size and not self._ignore_rest:
-            if self._body_left:
-                end = min(size, start + self._body_left)
-                self._body_left -= end - start
+            left = self._body_left
+            if left:
+                end = start + left
+                if end > size:
+                    end = size
+                self._body_left = left - (end - start)
                 self._feed(data, start, end)
                 if not self._body_left:
                     self._body_ended()
@@ -450,18 +459,19 @@ class _Connection(WriteFlow, asyncio.Protocol):
                     self._chunks = None
                     self._body_ended()
             else:
-                found = self._meter.scan(data, start)
-                end = size if found < 0 else found
-                self._feed(data, start, end)
-                if found < 0:
+                end = self._meter.scan(data, start)
+                if end < 0:
+                    self._feed(data, start, size)
                     if self._head_since is None:
                         self._head_since = now = self._loop.time()
                         self._arm(now + self._server.header_timeout)
-                else:
-                    self._meter.reset()
-                    if self._message_open and self._receiving is None:
-                        # llhttp is still in a head that we saw end.
-                        raise FramingError("the head's end is not where it seems")
+                    return
+                self._feed(data, start, end)
+                if self._message_open and self._receiving is None:
+                    # llhttp is still in a head that we saw end.
+                    raise FramingError("the head's end is not where it seems")
+                if self._raw_body and not self._body_left:
+                    self._body_ended()  # a declined upgrade without a body
             start = end
 
     def _feed(self, data: bytes, start: int, end: int) -> None:
@@ -471,13 +481,14 @@ class _Connection(WriteFlow, asyncio.Protocol):
         piece = data if start == 0 and end == len(data) else data[start:end]
         try:
             self._parser.feed_data(piece)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
             # An offer to switch protocols (curl's h2c), declined: the request is served
             # in HTTP/1.1 (RFC 9110 7.8 lets a server ignore it). llhttp stops at the
             # head, so its body is taken as it comes and the connection closes after.
             self._raw_body = True
-            if not self._body_left:
-                self._body_ended()
+            rest = piece[upgrade.args[0] :]
+            if rest:
+                self.on_body(rest)
 
     def _body_ended(self) -> None:
         if self._raw_body:
@@ -533,8 +544,9 @@ class _Connection(WriteFlow, asyncio.Protocol):
         if method is None:
             method = _METHODS.setdefault(raw_method, raw_method.decode("ascii"))
         version = parser.get_http_version()
-        head = request_head(self._headers, version=version)
-        content_length = head.length if head.framing == LENGTH else None
+        content_length, expects_continue, names_hop_headers = request_head(
+            self._headers, version=version
+        )
         keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
             if raw_method == b"CONNECT" or content_length is None:
@@ -558,9 +570,9 @@ class _Connection(WriteFlow, asyncio.Protocol):
             self._headers,
             content_length,
             keep_alive,
-            head.expects_continue and version == "1.1",
+            expects_continue and version == "1.1",
         )
-        request.names_hop_headers = head.names_hop_headers
+        request.names_hop_headers = names_hop_headers
         self._receiving = request
         if self._active is None and not self.closing:
             self._start(request)

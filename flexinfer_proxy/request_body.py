@@ -88,6 +88,30 @@ def _encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def small_body_at_hand(
+    request: Request,
+    *,
+    max_bytes: int,
+    budget: BodyBudget,
+    on_model: Callable[[str], None],
+) -> RequestBody | None:
+    """The body when it is small and has all arrived with its head (the usual case),
+    read without waiting, timer or scanner; None otherwise (`read_request_body` then).
+    Raises as `read_request_body` does."""
+    length = request.content_length
+    if length is None or length > SMALL_BODY_BYTES or length > max_bytes:
+        return None
+    if not request.body.complete:
+        return None
+    if not budget.try_reserve(length):
+        raise BodyBudgetExceeded()
+    try:
+        return _small(request.body.take(), budget, length, on_model)
+    except BaseException:
+        budget.release(length)
+        raise
+
+
 async def read_request_body(
     request: Request,
     *,
@@ -107,9 +131,6 @@ async def read_request_body(
             raise BodyBudgetExceeded()
         reserved = length
     try:
-        if length is not None and length <= SMALL_BODY_BYTES and request.body.complete:
-            # Already all here (the usual case): no timer, no scanner, no waiting.
-            return _small(request.body.take(), budget, reserved, on_model)
         async with asyncio.timeout(timeout):
             if length is not None and length <= SMALL_BODY_BYTES:
                 return _small(await request.body.read(), budget, reserved, on_model)

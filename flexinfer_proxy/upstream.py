@@ -136,10 +136,7 @@ class _Answer(BodyBuffer):
     """An answer's body as it arrives; taking it lets reading from the backend resume."""
 
     __slots__ = ("_connection",)
-
-    def __init__(self, connection: UpstreamConnection) -> None:
-        super().__init__()
-        self._connection = connection
+    _connection: UpstreamConnection  # set once made (no __init__: one is made per answer)
 
     def _taken(self) -> None:
         self._connection._resume_reading()
@@ -166,7 +163,8 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self.head_done = False
         self.keep_alive = False
         self.keep_alive_hint: float | None = None  # `Keep-Alive: timeout=N`, seconds
-        self.body = _Answer(self)
+        self.body = _Answer()
+        self.body._connection = self
         self._meter = HeadMeter(MAX_ANSWER_HEAD_BYTES)
         self._in_body = False  # the final head is in: the rest is the answer's body
         self._informational = False
@@ -179,10 +177,6 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self._timer_due = 0.0
         # Backpressure (writing: `WriteFlow`).
         self._reading_paused = False
-
-    @property
-    def complete(self) -> bool:
-        return self.body.complete
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -220,15 +214,18 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
                 self._arm(due)
 
     def _take(self, data: bytes) -> None:
-        """Measure each head up to its end (1xx heads come before the answer's), then
-        hand the rest to llhttp whole: nothing may follow an answer."""
+        """Measure each head up to its end, then hand the rest to llhttp whole: nothing
+        may follow an answer. Only a 1xx head (`HTTP/1.1 1..`) is cut from what
+        follows it, since another head comes after it."""
         start = 0
+        meter = self._meter
         while not self._in_body:
-            end = self._meter.scan(data, start)
+            began_here = not meter.size
+            end = meter.scan(data, start)
             if end < 0:
-                self._parser.feed_data(data if start == 0 else data[start:])
-                return
-            self._meter.reset()
+                break
+            if began_here and data[start : start + 10] != b"HTTP/1.1 1":
+                break  # the answer's own head: its body follows in the same call
             self._parser.feed_data(data[start:end])
             start = end
             if start >= len(data):
@@ -275,13 +272,13 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
                 raise _Switching()
             self._informational = True  # 100 Continue, 103 Early Hints: not the answer
             return
-        head = answer_head(self.headers, status=status)
-        self.names_hop_headers = head.names_hop_headers
-        self.keep_alive_hint = head.keep_alive_timeout
+        framing, length, self.names_hop_headers, self.keep_alive_hint = answer_head(
+            self.headers, status=status
+        )
         self.status = status
-        self.content_length = head.length if head.framing == LENGTH else None
+        self.content_length = length if framing == LENGTH else None
         self.keep_alive = self._parser.should_keep_alive()
-        self._eof_delimited = head.framing == UNTIL_CLOSE
+        self._eof_delimited = framing == UNTIL_CLOSE
         self._in_body = True
         self.head_done = True
         self._phase = _READING
@@ -318,8 +315,14 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         self.status = 0
         self.content_length = None
         self.keep_alive_hint = None
-        self.body = answer = _Answer(self)
-        self._meter.reset()
+        # The answer's buffer, emptied rather than made anew (no allocation per request;
+        # the last answer was relayed whole before the connection came back to the pool).
+        answer = self.body
+        answer._chunks = []
+        answer.size = 0
+        answer.complete = False
+        answer.error = None
+        answer._waiter = None
         self._phase = _WAITING
         self._sent_at = now = self._loop.time()
         self._arm(now + self._timeouts.headers)
@@ -431,8 +434,12 @@ class UpstreamPool:
         return sum(len(idle) for idle in self._idle.values())
 
     async def acquire(self, origin: Origin) -> UpstreamConnection:
-        """A connection to `origin`: an idle one still within its keep-alive if there
-        is one (the most recently used), else a new one."""
+        """A connection to `origin`: an idle one (`take_idle`), else a new one."""
+        return self.take_idle(origin) or await self._connect(origin)
+
+    def take_idle(self, origin: Origin) -> UpstreamConnection | None:
+        """An idle connection to `origin` still within its keep-alive (the most recently
+        used), or None."""
         idle = self._idle.get(origin)
         if idle:
             now = self.loop.time()
@@ -447,7 +454,7 @@ class UpstreamPool:
                 ):
                     return connection
                 connection.close()
-        return await self._connect(origin)
+        return None
 
     def release(self, connection: UpstreamConnection) -> None:
         """Back to the pool if another request may use it (its answer was read whole,
@@ -459,7 +466,7 @@ class UpstreamPool:
             keep = min(keep, hint - KEEP_ALIVE_MARGIN_SECONDS)
         if (
             keep <= 0
-            or not (connection.complete and connection.keep_alive and connection.alive)
+            or not (connection.body.complete and connection.keep_alive and connection.alive)
             or connection.body.error is not None
         ):
             connection.close()

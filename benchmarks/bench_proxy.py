@@ -6,7 +6,8 @@ Every party is its own process (2 cores here: they share them):
   ~300-byte JSON completion per request, or server-sent events carrying the time
   they were sent (CLOCK_MONOTONIC is one clock for every process on the machine);
 - the proxy: `tests/proxy/static_proxy.py`, i.e. `python -m flexinfer_proxy`'s flags,
-  config and server with a static model list (uvloop, access log off: its defaults);
+  config and server with a static model list (uvloop, access log off: its defaults;
+  the per-client limits off, since one load process stands for many clients);
 - nginx, when installed (Debian package `nginx`): one worker, upstream keep-alive,
   buffering off, access log off; without it (or with `--without-nginx`) the figures
   are direct and proxy only;
@@ -362,6 +363,11 @@ def backend(events: int, interval: float) -> Iterator[int]:
         _stop(process)
 
 
+# The load is one process standing for many clients, and nginx has no per-client
+# limit here either: the proxy's are turned off (their counting still runs).
+PER_CLIENT_LIMITS_OFF = ("--max-concurrent-per-client", "0", "--max-queued-per-client", "0")
+
+
 @contextlib.contextmanager
 def proxy(
     backend_port: int, *flags: str, profile: str | None = None
@@ -370,7 +376,8 @@ def proxy(
     profiler = ["-m", "pyinstrument", "-r", "text", "-o", profile] if profile else []
     process = _child(
         *profiler, "-m", "tests.proxy.static_proxy", "--models", models,
-        "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING", *flags,
+        "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING",
+        *PER_CLIENT_LIMITS_OFF, *flags,
         quiet="--access-log" in flags,  # its lines are written (and paid for), not shown
     )  # fmt: skip
     assert process.stdout is not None

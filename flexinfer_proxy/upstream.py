@@ -136,7 +136,7 @@ class _Answer(BodyBuffer):
     """An answer's body as it arrives; taking it lets reading from the backend resume."""
 
     __slots__ = ("_connection",)
-    _connection: UpstreamConnection  # set once made (no __init__: one is made per answer)
+    _connection: UpstreamConnection  # set by its connection (one buffer per connection)
 
     def _taken(self) -> None:
         self._connection._resume_reading()

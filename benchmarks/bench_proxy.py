@@ -21,6 +21,11 @@ ratios proxy ÷ nginx and proxy ÷ direct side by side; the added p50 at 1
 connection; and the drain time of `--queued` requests once their model is Ready.
 
     python benchmarks/bench_proxy.py [--seconds 4] [--streams 200] [--queued 200]
+    python benchmarks/bench_proxy.py instructions [--requests 2000]   # needs valgrind
+
+`instructions` counts the user-space instructions a request costs through the proxy
+(client, proxy and backend in one process, under valgrind): a figure that does not
+move with the machine's load, for comparing two versions of the proxy.
 """
 
 from __future__ import annotations
@@ -605,6 +610,68 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     return {"profile": args.output, "load": figures}
 
 
+# -- instructions per request -----------------------------------------------------------
+
+
+async def relay_in_process(requests: int) -> None:
+    """A raw backend, the proxy (the production config from its flags, per-client
+    limits off) and one client on one uvloop loop: `requests` requests one after
+    another after 100 of warm-up, start-up objects frozen as `python -m
+    flexinfer_proxy` does. Run under valgrind by `instructions`."""
+    sys.path.insert(0, str(ROOT))
+    from flexinfer_proxy.__main__ import build_parser, config_from, freeze_startup_objects
+    from flexinfer_proxy.app import Proxy, serve
+    from flexinfer_proxy.directory import InMemoryDirectory
+    from tests.proxy.static_proxy import NullSink, entry_from
+
+    loop = asyncio.get_running_loop()
+    backend_server = await loop.create_server(
+        lambda: BackendProtocol(events=1, interval=0.0), "127.0.0.1", 0
+    )
+    endpoint = f"http://127.0.0.1:{backend_server.sockets[0].getsockname()[1]}/v1"
+    config = config_from(build_parser().parse_args(list(PER_CLIENT_LIMITS_OFF)))
+    directory = InMemoryDirectory([entry_from({"name": "m", "endpoint": endpoint})])
+    proxy = Proxy(directory, NullSink(), config=config)
+    runner, port = await serve(proxy, host="127.0.0.1", port=0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = request_bytes(port, REQUEST_BODY)
+    answers = Answers()
+    freeze_startup_objects()
+    for _ in range(100 + requests):
+        writer.write(request)
+        while not answers.feed(await reader.read(65536)):
+            pass
+    writer.close()
+    await runner.cleanup()
+    backend_server.close()
+
+
+def instructions(requests: int) -> dict[str, Any]:
+    """User-space instructions per request through the proxy, counted by valgrind
+    (cachegrind, no cache simulation): the difference between `requests` and a fifth
+    of them, so start-up cancels out. Unlike requests per second, the figure does not
+    move with what else runs on the machine; the client and the backend share the
+    process and count too (the same on every branch)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("instructions: valgrind is not installed (Debian package valgrind)")
+    counted = {}
+    for count in (requests // 5, requests):
+        done = subprocess.run(
+            [
+                "valgrind", "--tool=cachegrind", "--cache-sim=no",
+                "--cachegrind-out-file=/dev/null",
+                sys.executable, __file__, "in-process", "--requests", str(count),
+            ],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        )  # fmt: skip
+        found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+        assert found, done.stderr[-2000:]
+        counted[count] = int(found.group(1).replace(",", ""))
+    small, large = sorted(counted)
+    per_request = (counted[large] - counted[small]) / (large - small)
+    return {"requests": requests, "instructions_per_request": round(per_request)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -633,6 +700,12 @@ def main() -> None:
     profile_cmd.add_argument("--output", default="proxy-profile.txt")
     profile_cmd.add_argument("--events", type=int, default=1)
     profile_cmd.add_argument("--interval", type=float, default=0.0)
+    count_cmd = sub.add_parser(
+        "instructions", help="instructions per request through the proxy (valgrind)"
+    )
+    count_cmd.add_argument("--requests", type=int, default=2000)
+    in_process_cmd = sub.add_parser("in-process")
+    in_process_cmd.add_argument("--requests", type=int, required=True)
     sse_cmd = sub.add_parser("sse")
     sse_cmd.add_argument("--port", type=int, required=True)
     sse_cmd.add_argument("--streams", type=int, required=True)
@@ -646,6 +719,11 @@ def main() -> None:
         print(json.dumps(figures))
     elif args.command == "profile":
         print(json.dumps(profile(args), indent=2))
+    elif args.command == "instructions":
+        print(json.dumps(instructions(args.requests), indent=2))
+    elif args.command == "in-process":
+        with _loop_runner() as runner:
+            runner.run(relay_in_process(args.requests))
     elif args.command == "sse":
         with _loop_runner() as runner:
             print(json.dumps(runner.run(drive_streams(args.port, args.streams))))

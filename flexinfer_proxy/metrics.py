@@ -9,6 +9,8 @@ label set. This module counts; it decides nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     Counter,
@@ -19,6 +21,8 @@ from prometheus_client import (
 
 # CollectorRegistry is re-exported: the type of what callers may pass in.
 from prometheus_client import CollectorRegistry as CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Outcomes of a client request, as `flexinfer_proxy_requests_total{outcome}`.
 OUTCOME_SERVED = "served"
@@ -53,12 +57,8 @@ class ProxyMetrics:
             ["model"],
             registry=registry,
         )
-        self.requests = Counter(
-            "flexinfer_proxy_requests",
-            "Client requests by model and outcome.",
-            ["model", "outcome"],
-            registry=registry,
-        )
+        self.requests = _RequestCounts()
+        registry.register(self.requests)
         self.queue_wait = Histogram(
             "flexinfer_proxy_queue_wait_seconds",
             "Time a request spent queued before it was dispatched, timed out or abandoned.",
@@ -96,16 +96,32 @@ class ProxyMetrics:
             "Bytes of request bodies held in memory now (--max-buffered-bytes bounds it).",
             registry=registry,
         )
-        # Children looked up once: `labels()` on every request costs a lock and a dict.
-        self._request_children: dict[tuple[str, str], Counter] = {}
 
     def request_done(self, model: str, outcome: str) -> None:
-        child = self._request_children.get((model, outcome))
-        if child is None:
-            child = self.requests.labels(model=model, outcome=outcome)
-            self._request_children[(model, outcome)] = child
-        child.inc()
+        counts = self.requests.counts
+        key = (model, outcome)
+        counts[key] = counts.get(key, 0) + 1
 
     def exposition(self) -> tuple[bytes, bytes]:
         """`/metrics`: (content type, body) in Prometheus's text format."""
         return CONTENT_TYPE_LATEST.encode(), generate_latest(self.registry)
+
+
+class _RequestCounts(Collector):
+    """`flexinfer_proxy_requests_total{model, outcome}`, counted in a plain dict and
+    turned into samples when scraped: a request costs one dict update, not a
+    `Counter` child's lock and checks (requests and scrapes run on the event loop's
+    one thread)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "flexinfer_proxy_requests",
+            "Client requests by model and outcome.",
+            labels=["model", "outcome"],
+        )
+        for (model, outcome), count in list(self.counts.items()):
+            family.add_metric([model, outcome], count)
+        yield family

@@ -194,6 +194,31 @@ def _first_namespace(found: Iterable[str], order: Sequence[str]) -> str | None:
     return next(iter(present)) if len(present) == 1 else None
 
 
+class ResolutionCache:
+    """Resolutions made since the view last changed: every request resolves its name,
+    and most name the same few models. The owner clears it on every change of the
+    view; a client inventing names clears it when it is full, never grows it."""
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, frozenset[str] | None], Resolution] = {}
+
+    def get(self, requested: str, reachable: frozenset[str] | None) -> Resolution | None:
+        return self._made.get((requested, reachable))
+
+    def put(
+        self, requested: str, reachable: frozenset[str] | None, resolution: Resolution
+    ) -> Resolution:
+        if len(self._made) >= self.KEPT:
+            self._made.clear()
+        self._made[(requested, reachable)] = resolution
+        return resolution
+
+    def clear(self) -> None:
+        self._made.clear()
+
+
 class ModelDirectory(Protocol):
     """A read view of the routable models, kept current by whoever implements it."""
 
@@ -202,7 +227,7 @@ class ModelDirectory(Protocol):
         """True once the view is complete enough to route (initial lists done)."""
         ...
 
-    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
+    def resolve(self, requested: str, *, reachable: frozenset[str] | None = None) -> Resolution:
         """What a request's `model` names, among the `reachable` namespaces (None: all)."""
         ...
 
@@ -235,6 +260,7 @@ class InMemoryDirectory:
         self._entries: dict[str, ModelEntry] = {}
         self._homes: dict[str, dict[str, None]] = {}  # name -> namespaces that have it
         self._labelled: dict[str, dict[str, None]] = {}  # service label -> keys
+        self._resolved = ResolutionCache()
         self._namespaces = tuple(namespaces)
         self._listeners: list[Listener] = []
         for entry in entries:
@@ -244,8 +270,11 @@ class InMemoryDirectory:
     def synced(self) -> bool:
         return True
 
-    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
-        return resolve_name(
+    def resolve(self, requested: str, *, reachable: frozenset[str] | None = None) -> Resolution:
+        made = self._resolved.get(requested, reachable)
+        if made is not None:
+            return made
+        resolution = resolve_name(
             requested,
             by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
             homes=lambda name: list(self._homes.get(name, ())),
@@ -255,6 +284,7 @@ class InMemoryDirectory:
             namespace_order=self._namespaces,
             reachable=reachable,
         )
+        return self._resolved.put(requested, reachable, resolution)
 
     def lookup(self, key: str) -> ModelEntry | None:
         return self._entries.get(key)
@@ -270,6 +300,7 @@ class InMemoryDirectory:
         self._notify(entry.key)
 
     def _store(self, entry: ModelEntry) -> None:
+        self._resolved.clear()
         previous = self._entries.get(entry.key)
         if previous is not None:
             self._unlabel(previous)
@@ -291,6 +322,7 @@ class InMemoryDirectory:
 
     def remove(self, name: str) -> None:
         entry = self._named(name)
+        self._resolved.clear()
         del self._entries[entry.key]
         self._unlabel(entry)
         homes = self._homes[entry.name]

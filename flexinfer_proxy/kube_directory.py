@@ -60,6 +60,7 @@ from flexinfer_proxy.directory import (
     ModelEntry,
     ModelKind,
     Resolution,
+    ResolutionCache,
     resolve_name,
 )
 
@@ -224,6 +225,7 @@ class KubeDirectory:
         self._homes: dict[str, set[str]] = {}  # name -> namespaces with an entry of it
         self._labelled: dict[str, set[str]] = {}  # service label -> keys of entries
         self._services: dict[ServiceKey, JSON] = {}
+        self._resolved = ResolutionCache()  # cleared whenever an entry changes
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._informers = [
@@ -244,9 +246,12 @@ class KubeDirectory:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
 
-    def resolve(self, requested: str, *, reachable: Collection[str] | None = None) -> Resolution:
+    def resolve(self, requested: str, *, reachable: frozenset[str] | None = None) -> Resolution:
         with self._lock:
-            return resolve_name(
+            made = self._resolved.get(requested, reachable)
+            if made is not None:
+                return made
+            resolution = resolve_name(
                 requested,
                 by_namespace=lambda namespace, name: self._entries.get(f"{namespace}/{name}"),
                 homes=lambda name: sorted(self._homes.get(name, ())),
@@ -254,6 +259,7 @@ class KubeDirectory:
                 namespace_order=self._namespaces,
                 reachable=reachable,
             )
+            return self._resolved.put(requested, reachable, resolution)
 
     def lookup(self, key: str) -> ModelEntry | None:
         return self._entries.get(key)
@@ -334,6 +340,8 @@ class KubeDirectory:
                 for label in entry.service_labels:
                     self._labelled.setdefault(label, set()).add(key)
             changed.append(key)
+        if changed:
+            self._resolved.clear()
         return changed
 
     def _resolve(self, namespace: str, name: str) -> ModelEntry | None:

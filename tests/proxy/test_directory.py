@@ -109,9 +109,24 @@ def test_a_client_resolves_among_the_namespaces_its_key_reaches() -> None:
     team_b = model("small", "team-b", labels=("chat",))
     evil = model("chat", "team-evil")
     directory = InMemoryDirectory([team_b, evil, model("x", "a"), model("x", "b")])
-    only_b = {"team-b"}
+    only_b = frozenset({"team-b"})
     chosen = directory.resolve("chat", reachable=only_b).entry
     assert chosen is not None and chosen.key == "team-b/small"
     assert directory.resolve("team-evil/chat", reachable=only_b).entry is None
-    assert directory.resolve("x", reachable={"b"}).entry == model("x", "b")
-    assert directory.resolve("x", reachable=()).entry is None
+    assert directory.resolve("x", reachable=frozenset({"b"})).entry == model("x", "b")
+    assert directory.resolve("x", reachable=frozenset()).entry is None
+
+
+def test_a_resolution_made_before_a_change_is_not_served_after_it() -> None:
+    """Resolutions are kept between requests until the view changes."""
+    parked = model("m", "a")
+    directory = InMemoryDirectory([parked])
+    first = directory.resolve("m").entry
+    assert first is not None and not first.ready
+    directory.set_ready("m")
+    now = directory.resolve("m").entry
+    assert now is not None and now.ready, "the cached resolution was dropped"
+    directory.put(model("m", "b"))
+    assert directory.resolve("m").ambiguous == ("a", "b")
+    directory.remove("b/m")
+    assert directory.resolve("m").entry == attrs.evolve(parked, ready=True, phase="Ready")

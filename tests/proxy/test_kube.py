@@ -399,7 +399,7 @@ async def test_a_name_in_several_namespaces_is_ambiguous_unless_they_are_ordered
             )
             assert captured == (other,)
             assert everywhere.resolve("cap").ambiguous == tuple(sorted((namespace, other)))
-            labelled = everywhere.resolve("cap", reachable={other}).entry
+            labelled = everywhere.resolve("cap", reachable=frozenset({other})).entry
             assert labelled is not None and labelled.key == f"{other}/small"
 
             await asyncio.to_thread(kubectl.ok, "delete", "-n", other, "model/shadowed")

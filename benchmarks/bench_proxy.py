@@ -21,11 +21,11 @@ ratios proxy ÷ nginx and proxy ÷ direct side by side; the added p50 at 1
 connection; and the drain time of `--queued` requests once their model is Ready.
 
     python benchmarks/bench_proxy.py [--seconds 4] [--streams 200] [--queued 200]
-    python benchmarks/bench_proxy.py instructions [--requests 2000]   # needs valgrind
+    python benchmarks/bench_proxy.py instructions [--connections 32] [--requests 1920]
 
-`instructions` counts the user-space instructions a request costs through the proxy
-(client, proxy and backend in one process, under valgrind): a figure that does not
-move with the machine's load, for comparing two versions of the proxy.
+`instructions` (needs valgrind) counts the user-space instructions the proxy process
+spends a request, loaded as above: a figure that does not move with the machine's
+load, for comparing two versions of the proxy.
 """
 
 from __future__ import annotations
@@ -613,63 +613,64 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
 # -- instructions per request -----------------------------------------------------------
 
 
-async def relay_in_process(requests: int) -> None:
-    """A raw backend, the proxy (the production config from its flags, per-client
-    limits off) and one client on one uvloop loop: `requests` requests one after
-    another after 100 of warm-up, start-up objects frozen as `python -m
-    flexinfer_proxy` does. Run under valgrind by `instructions`."""
-    sys.path.insert(0, str(ROOT))
-    from flexinfer_proxy.__main__ import build_parser, config_from, freeze_startup_objects
-    from flexinfer_proxy.app import Proxy, serve
-    from flexinfer_proxy.directory import InMemoryDirectory
-    from tests.proxy.static_proxy import NullSink, entry_from
-
-    loop = asyncio.get_running_loop()
-    backend_server = await loop.create_server(
-        lambda: BackendProtocol(events=1, interval=0.0), "127.0.0.1", 0
-    )
-    endpoint = f"http://127.0.0.1:{backend_server.sockets[0].getsockname()[1]}/v1"
-    config = config_from(build_parser().parse_args(list(PER_CLIENT_LIMITS_OFF)))
-    directory = InMemoryDirectory([entry_from({"name": "m", "endpoint": endpoint})])
-    proxy = Proxy(directory, NullSink(), config=config)
-    runner, port = await serve(proxy, host="127.0.0.1", port=0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def _fixed_load(port: int, connections: int, per_connection: int) -> None:
+    """`per_connection` requests one after another on each of `connections`."""
     request = request_bytes(port, REQUEST_BODY)
-    answers = Answers()
-    freeze_startup_objects()
-    for _ in range(100 + requests):
-        writer.write(request)
-        while not answers.feed(await reader.read(65536)):
-            pass
-    writer.close()
-    await runner.cleanup()
-    backend_server.close()
+
+    async def one_connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answers = Answers()
+        for _ in range(per_connection):
+            writer.write(request)
+            while not answers.feed(await reader.read(65536)):
+                pass
+        writer.close()
+
+    await asyncio.gather(*(one_connection() for _ in range(connections)))
 
 
-def instructions(requests: int) -> dict[str, Any]:
-    """User-space instructions per request through the proxy, counted by valgrind
-    (cachegrind, no cache simulation): the difference between `requests` and a fifth
-    of them, so start-up cancels out. Unlike requests per second, the figure does not
-    move with what else runs on the machine; the client and the backend share the
-    process and count too (the same on every branch)."""
+def instructions(connections: int, requests: int) -> dict[str, Any]:
+    """User-space instructions per request of the proxy process, counted by valgrind
+    (cachegrind, no cache simulation) while `connections` keep-alive connections send
+    fixed requests to it: the difference between two runs, one with a sixth of the
+    requests, so start-up and shutdown cancel out. Unlike requests per second, the
+    figure does not move with what else runs on the machine."""
     if shutil.which("valgrind") is None:
         raise SystemExit("instructions: valgrind is not installed (Debian package valgrind)")
+    per_connection = max(6, requests // connections)
     counted = {}
-    for count in (requests // 5, requests):
-        done = subprocess.run(
-            [
-                "valgrind", "--tool=cachegrind", "--cache-sim=no",
-                "--cachegrind-out-file=/dev/null",
-                sys.executable, __file__, "in-process", "--requests", str(count),
-            ],
-            capture_output=True, text=True, check=True, cwd=ROOT,
-        )  # fmt: skip
-        found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-        assert found, done.stderr[-2000:]
-        counted[count] = int(found.group(1).replace(",", ""))
+    with backend(1, 0.0) as backend_port:
+        models = json.dumps([{"name": "m", "endpoint": f"http://127.0.0.1:{backend_port}/v1"}])
+        for count in (per_connection // 6, per_connection):
+            process = subprocess.Popen(
+                [
+                    "valgrind", "--tool=cachegrind", "--cache-sim=no",
+                    "--cachegrind-out-file=/dev/null",
+                    sys.executable, "-m", "tests.proxy.static_proxy", "--models", models,
+                    "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING",
+                    *PER_CLIENT_LIMITS_OFF,
+                ],
+                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            assert process.stdout is not None and process.stdin is not None
+            port = int(process.stdout.readline().split()[1])
+            with _loop_runner() as runner:
+                runner.run(_fixed_load(port, connections, count))
+            process.stdin.close()  # static_proxy stops when its stdin closes
+            assert process.stderr is not None
+            errors = process.stderr.read()
+            process.wait(timeout=300)
+            found = re.search(r"I\s+refs:\s+([\d,]+)", errors)
+            assert found, errors[-2000:]
+            counted[count] = int(found.group(1).replace(",", ""))
     small, large = sorted(counted)
-    per_request = (counted[large] - counted[small]) / (large - small)
-    return {"requests": requests, "instructions_per_request": round(per_request)}
+    per_request = (counted[large] - counted[small]) / ((large - small) * connections)
+    return {
+        "connections": connections,
+        "requests": large * connections,
+        "proxy_instructions_per_request": round(per_request),
+    }
 
 
 def main() -> None:
@@ -701,11 +702,10 @@ def main() -> None:
     profile_cmd.add_argument("--events", type=int, default=1)
     profile_cmd.add_argument("--interval", type=float, default=0.0)
     count_cmd = sub.add_parser(
-        "instructions", help="instructions per request through the proxy (valgrind)"
+        "instructions", help="the proxy's instructions per request (valgrind)"
     )
-    count_cmd.add_argument("--requests", type=int, default=2000)
-    in_process_cmd = sub.add_parser("in-process")
-    in_process_cmd.add_argument("--requests", type=int, required=True)
+    count_cmd.add_argument("--connections", type=int, default=32)
+    count_cmd.add_argument("--requests", type=int, default=1920)
     sse_cmd = sub.add_parser("sse")
     sse_cmd.add_argument("--port", type=int, required=True)
     sse_cmd.add_argument("--streams", type=int, required=True)
@@ -720,10 +720,7 @@ def main() -> None:
     elif args.command == "profile":
         print(json.dumps(profile(args), indent=2))
     elif args.command == "instructions":
-        print(json.dumps(instructions(args.requests), indent=2))
-    elif args.command == "in-process":
-        with _loop_runner() as runner:
-            runner.run(relay_in_process(args.requests))
+        print(json.dumps(instructions(args.connections, args.requests), indent=2))
     elif args.command == "sse":
         with _loop_runner() as runner:
             print(json.dumps(runner.run(drive_streams(args.port, args.streams))))

@@ -191,21 +191,12 @@ def request_head(headers: list[tuple[bytes, bytes]], *, version: str) -> Request
         raise FramingError("several Host fields")
     if not hosts and version != "1.0":
         raise FramingError("no Host field")
-    if coding is not None:
-        if length is not None:
-            raise FramingError("both Content-Length and Transfer-Encoding")
-        if version == "1.0":
-            # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing.
-            raise FramingError("Transfer-Encoding in an HTTP/1.0 request")
-        if coding.strip(b" \t").lower() != b"chunked":
-            raise FramingError(f"Transfer-Encoding {coding[:40]!r} is not 'chunked'")
-        return None, expects_continue, named
-    if length is None:
+    if coding is None and length is None:
         return 0, expects_continue, named
-    digits = length.strip(b" \t")
-    if not digits.isdigit():  # ASCII digits only, for bytes
-        raise FramingError(f"Content-Length {length[:40]!r} is not a number")
-    return int(digits), expects_continue, named
+    if coding is not None and version == "1.0" and length is None:
+        # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing.
+        raise FramingError("Transfer-Encoding in an HTTP/1.0 request")
+    return _body_length(length, coding), expects_continue, named
 
 
 # What the pool reads from an answer's head: its framing (LENGTH, CHUNKED or
@@ -244,18 +235,28 @@ def answer_head(headers: list[tuple[bytes, bytes]], *, status: int) -> AnswerHea
             keep_alive = _keep_alive_timeout(value)
     if status < 200 or status in (204, 304):
         return LENGTH, 0, named, keep_alive
+    if coding is None and length is None:
+        return UNTIL_CLOSE, 0, named, keep_alive
+    body = _body_length(length, coding)
+    if body is None:
+        return CHUNKED, 0, named, keep_alive
+    return LENGTH, body, named, keep_alive
+
+
+def _body_length(length: bytes | None, coding: bytes | None) -> int | None:
+    """The body's length its framing fields give (one at least), None for chunked;
+    refused, never chosen, when they could be read two ways."""
     if coding is not None:
         if length is not None:
             raise FramingError("both Content-Length and Transfer-Encoding")
         if coding.strip(b" \t").lower() != b"chunked":
             raise FramingError(f"Transfer-Encoding {coding[:40]!r} is not 'chunked'")
-        return CHUNKED, 0, named, keep_alive
-    if length is None:
-        return UNTIL_CLOSE, 0, named, keep_alive
+        return None
+    assert length is not None
     digits = length.strip(b" \t")
     if not digits.isdigit():  # ASCII digits only, for bytes
         raise FramingError(f"Content-Length {length[:40]!r} is not a number")
-    return LENGTH, int(digits), named, keep_alive
+    return int(digits)
 
 
 def _keep_alive_timeout(value: bytes) -> float | None:

@@ -1,8 +1,8 @@
 """Request smuggling against the proxy process, over real sockets.
 
 The proxy runs as `python -m flexinfer_proxy` does (`static_proxy`: its flags,
-server and event loop) in front of a raw backend that records every request it is
-sent. Each case of the corpus is sent on its own connection followed by an honest
+server and event loop) in front of a scripted raw backend that records every request
+it is sent. Each case of the corpus is sent on its own connection followed by an honest
 probe request; a case the proxy refuses must get a 400 and the close, with nothing
 (the case or the probe) reaching the backend; a case it accepts must reach the
 backend as exactly the requests it is, with the bodies the proxy framed, then the
@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
 
 from .harness import StaticProxy, async_test
 from .test_hostile import closed_by_peer, connection, read_answer
+from .test_http_paths import Scripted, json_answer, scripted
 
 BODY = b'{"model": "m", "n": 1}'
 PROBE_BODY = b'{"model": "m", "probe": true}'
@@ -174,50 +172,11 @@ ACCEPTED = {
 }
 
 
-@attrs.define
-class RecordingBackend:
-    port: int = 0
-    requests: list[tuple[bytes, bytes]] = attrs.field(factory=list)  # head, body
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+def _answer(index: int, body: bytes) -> bytes:
+    return json_answer(b'{"ok": true}')
 
 
-@asynccontextmanager
-async def recording_backend() -> AsyncIterator[RecordingBackend]:
-    """Reads requests as the proxy frames them (always a Content-Length) and answers
-    each with a small JSON body, keeping the connection."""
-    backend = RecordingBackend()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                match = re.search(rb"(?i)\r\ncontent-length: *(\d+)\r\n", head)
-                assert match, head
-                body = await reader.readexactly(int(match.group(1)))
-                backend.requests.append((head, body))
-                answer = b'{"ok": true}'
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
-                )
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    backend.port = int(server.sockets[0].getsockname()[1])
-    try:
-        yield backend
-    finally:
-        server.close()
-
-
-async def _proxy(backend: RecordingBackend, tmp: Path) -> StaticProxy:
+async def _proxy(backend: Scripted, tmp: Path) -> StaticProxy:
     models = [{"name": "m", "endpoint": backend.endpoint}]
     return await asyncio.to_thread(
         StaticProxy, models, "--client-header-timeout", "5s", log_path=tmp / "proxy.log"
@@ -228,7 +187,7 @@ async def _proxy(backend: RecordingBackend, tmp: Path) -> StaticProxy:
 async def test_every_smuggling_shape_is_refused_and_nothing_reaches_the_backend(
     tmp_path: Path,
 ) -> None:
-    async with recording_backend() as backend:
+    async with scripted(_answer) as backend:
         proxy = await _proxy(backend, tmp_path)
         try:
             for name, raw in REFUSED.items():
@@ -246,20 +205,21 @@ async def test_every_smuggling_shape_is_refused_and_nothing_reaches_the_backend(
 
 @async_test
 async def test_what_is_accepted_reaches_the_backend_framed_one_way(tmp_path: Path) -> None:
-    async with recording_backend() as backend:
+    async with scripted(_answer) as backend:
         proxy = await _proxy(backend, tmp_path)
         try:
             for name, case in ACCEPTED.items():
                 backend.requests.clear()
+                backend.heads.clear()
                 expected = [*case.bodies, PROBE_BODY]
                 async with connection(proxy.port) as (reader, writer):
                     writer.write(case.raw + PROBE)
                     answers = [await asyncio.wait_for(read_answer(reader), 20) for _ in expected]
                 assert [a.status for a in answers] == [200] * len(expected), (name, answers)
-                assert [json.loads(body) for _, body in backend.requests] == [
+                assert [json.loads(body) for body in backend.requests] == [
                     json.loads(body) for body in expected
                 ], name
-                for head, _ in backend.requests:
+                for head in backend.heads:
                     assert b"transfer-encoding" not in head.lower(), name
                     assert head.lower().count(b"\r\ncontent-length:") == 1, name
                     for absent in case.absent:

@@ -27,6 +27,10 @@ owns:
   less than `idle_timeout` (`--backend-idle-timeout`, below every rendered backend's
   keep-alive) and less than the backend's own `Keep-Alive: timeout=N` less a
   second; one the backend closes while idle is dropped when its close is seen. A
+  connection that carried an event stream (`text/event-stream`) is closed, not pooled:
+  llama.cpp's server closes every connection right after a streamed answer while its
+  headers say keep-alive, and a request sent on it in between would fail (a stream
+  lasts seconds of generation: a new connection is noise beside it). A
   request is sent once: the backend closing a reused connection as the request
   crosses it is avoided by those limits, and answered 502 when it happens anyway
   (the backend may have started it: sending it again could run it twice).
@@ -407,6 +411,13 @@ class _Switching(Exception):
     pass
 
 
+def _event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return False
+
+
 class UpstreamPool:
     """Connections to every backend, kept for reuse per origin."""
 
@@ -468,6 +479,7 @@ class UpstreamPool:
             keep <= 0
             or not (connection.body.complete and connection.keep_alive and connection.alive)
             or connection.body.error is not None
+            or (connection.content_length is None and _event_stream(connection.headers))
         ):
             connection.close()
             return

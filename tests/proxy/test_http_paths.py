@@ -144,9 +144,12 @@ async def test_a_backend_that_closes_between_requests_gets_a_new_connection() ->
 
 
 @asynccontextmanager
-async def closing_on_reuse(second_answer: bytes = b"") -> AsyncIterator[Scripted]:
-    """Answers the first request of each connection; on the second it writes
-    `second_answer` (nothing: its keep-alive close crossed the request) and closes."""
+async def closing_on_reuse(
+    second_answer: bytes = b"", *, first_answer: bytes | None = None
+) -> AsyncIterator[Scripted]:
+    """Answers the first request of each connection (`first_answer`, a JSON completion
+    unless given); on the second it writes `second_answer` (nothing: its keep-alive
+    close crossed the request) and closes."""
     backend = Scripted()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -156,7 +159,8 @@ async def closing_on_reuse(second_answer: bytes = b"") -> AsyncIterator[Scripted
                 head = await reader.readuntil(b"\r\n\r\n")
                 match = re.search(rb"(?i)content-length:\s*(\d+)", head)
                 backend.requests.append(await reader.readexactly(int(match.group(1))))
-                writer.write(json_answer() if index == 0 else second_answer)
+                first = json_answer() if first_answer is None else first_answer
+                writer.write(first if index == 0 else second_answer)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -186,6 +190,25 @@ async def test_a_post_is_never_sent_twice_when_a_reused_connection_closes_under_
         assert (backend.connections, len(backend.requests)) == (1, 2), "sent once"
         assert (await chat(p.url)).status == 200, "then a new connection"
         assert backend.connections == 2
+
+
+@async_test
+async def test_a_connection_that_carried_an_event_stream_is_not_reused() -> None:
+    """llama.cpp's server closes the connection after every streamed answer although
+    its headers say keep-alive; the close can cross the next request (the demo's warm
+    request met it). Such a connection is not pooled: the next request gets its own,
+    and both are answered."""
+    stream = chunked(b'data: {"choices": []}\n\n', b"data: [DONE]\n\n").replace(
+        b"Transfer-Encoding", b"Keep-Alive: timeout=5, max=100\r\nTransfer-Encoding"
+    )
+    async with (
+        closing_on_reuse(first_answer=stream) as backend,
+        running_proxy([entry("m", backend.endpoint)]) as p,
+    ):
+        for _ in range(2):
+            answer = await chat(p.url, stream=True)
+            assert (answer.status, answer.body.endswith(b"data: [DONE]\n\n")) == (200, True)
+        assert (backend.connections, len(backend.requests)) == (2, 2)
 
 
 @async_test

@@ -71,7 +71,10 @@ from flexinfer_kube.resources import (
 )
 
 CONTROLLER = "flexinfer-controller"
-SWAP_REASONS = frozenset({"Promoted", "Swap", "Start"})
+# A shared group's handover has one Event: `Preempted` on the Model that was serving,
+# or `Promoted` on the new holder when none was; a GPUGroup's is `Swap` or `Start`.
+MODEL_SWAP_REASONS = frozenset({"Promoted", "Preempted"})
+SWAP_REASONS = MODEL_SWAP_REASONS | {"Swap", "Start"}
 
 
 @attrs.frozen
@@ -348,7 +351,7 @@ def swap_loop(
         if when is None or when < since or involved.get("namespace") != namespace:
             continue
         name = str(involved.get("name") or "")
-        if involved.get("kind") == MODELS.kind and event.get("reason") == "Promoted":
+        if involved.get("kind") == MODELS.kind and event.get("reason") in MODEL_SWAP_REASONS:
             model = view.get(MODELS, namespace, name)
             group = model_state_group(model) if model is not None else ""
             if group:

@@ -108,6 +108,8 @@ class MemberChanges:
     `observedGeneration`); `replicas`: its Deployment's scale, from `replicas_from`
     (None: no Deployment, nothing to scale) to `replicas_to`; `active_services`: the
     annotation on its Service; `events`: to record once the status is written.
+    `progress`: the status differs only in how far a holder has come on its way to
+    serving (`progress_only`), which an adapter may coalesce with what follows.
     """
 
     name: str
@@ -117,6 +119,7 @@ class MemberChanges:
     events: tuple[Event, ...]
     replicas_from: int | None = None
     replicas_to: int = 0
+    progress: bool = False
 
     @property
     def any(self) -> bool:
@@ -182,6 +185,7 @@ class GroupDecision:
                         events=target.events,
                         replicas_from=model.replicas,
                         replicas_to=target.desired_replicas,
+                        progress=status and progress_only(model, target),
                     )
                 )
         return tuple(out)
@@ -213,6 +217,34 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
         model.group,
         target.preempted_at,
         frozenset(target.conditions),
+    )
+
+
+# The phases of a holder on its way to serving: waiting for the card to be free (its
+# own phase still Idle or Preempted), its pod being made (Pending), its server loading.
+_STARTING = frozenset({Phase.IDLE, Phase.PREEMPTED, Phase.PENDING, Phase.LOADING})
+
+
+def progress_only(model: ModelState, target: MemberDecision) -> bool:
+    """Whether the member's written status differs from the decision's only in a
+    holder's progress toward serving: it held the card when its status was last
+    written and still does, was and stays short of Ready (and not Failed), and only
+    its phase among Idle, Preempted, Pending and Loading and the reason and message
+    that go with it move. Nobody acts on that but people (the election reads phases
+    from the pods, the proxy waits for Ready), so an adapter may hold such a write
+    back briefly and let the next one carry it (docs/controller.md)."""
+    return (
+        model.shared_state is SharedState.ACTIVE
+        and target.state is SharedState.ACTIVE
+        and model.recorded_phase in _STARTING
+        and target.phase in _STARTING
+        and not target.events
+        and target.rewrite_last_active is None
+        and (model.generation is None or model.observed_generation == model.generation)
+        and (model.recorded_group or "") == model.group
+        and model.queue_position == target.queue_position
+        and model.preempted_by == target.preempted_by
+        and model.preempted_at == target.preempted_at
     )
 
 
@@ -418,6 +450,9 @@ def _member_decisions(
     positions = {m.name: i for i, m in enumerate(others, start=1)}
     holder_label = lease_holder_label(lease) if lease is not None else leader_name or ""
     parked = _Parked(election, holder_label=holder_label, now=now)
+    # One Event a handover: the member that loses the card while serving gets
+    # `Preempted` naming the new holder; `Promoted` only when nobody is evicted.
+    evicting = lease is None and any(m.phase is _READY for m in others)
     members = []
     for model in by_name:
         if model.name == leader_name:
@@ -429,6 +464,7 @@ def _member_decisions(
                     now=now,
                     services=",".join(model.service_labels),
                     has_pods=model.name in running,
+                    announce=not evicting,
                 )
             )
         else:
@@ -448,6 +484,7 @@ def _leader_decision(
     now: datetime,
     services: str,
     has_pods: bool,
+    announce: bool = True,
 ) -> MemberDecision:
     want = desired_replicas(model, now=now)
     reason, message = election.reason, election.message
@@ -470,7 +507,7 @@ def _leader_decision(
     # Preemption ended: a member that is Ready again no longer carries its stamp.
     preempted_at = None if model.phase is _READY else model.preempted_at
     events: tuple[Event, ...] = ()
-    if model.shared_state is not _ACTIVE:
+    if announce and model.shared_state is not _ACTIVE:
         events = (
             Event(model.name, reasons.PROMOTED, f"{model.name} holds the GPU: {election.message}"),
         )
@@ -514,9 +551,15 @@ class _Parked:
         phase = model.phase
         preempted_at = model.preempted_at
         events: tuple[Event, ...] = ()
+        # Who took the card from it, as it happened: a queued member's status never
+        # names the current holder, so a handover between two others writes nothing on
+        # it (the holder is the member whose state is Active; `flexinfer status` shows
+        # the queue).
+        preempted_by = ""
         if phase is _READY:
             phase = _PREEMPTED
             preempted_at = self.now
+            preempted_by = holder_label
             events = (
                 Event(
                     name,
@@ -525,18 +568,20 @@ class _Parked:
                     type="Warning",
                 ),
             )
+        elif self.under_lease:
+            preempted_by = holder_label
+        elif phase is _PREEMPTED:
+            preempted_by = model.preempted_by or ""
         if self.under_lease:
             reason = reasons.GPU_LEASE_HELD
             message = self.lease_message
         elif phase is _PREEMPTED:
             reason = reasons.PREEMPTED
-            message = f"preempted; {holder_label} holds the GPU (queue position {position})"
-        elif holder_label:
-            reason = reasons.QUEUED
-            message = f"queued behind {holder_label} (queue position {position})"
+            by = f" by {preempted_by}" if preempted_by else ""
+            message = f"preempted{by} (queue position {position})"
         else:
             reason = reasons.QUEUED
-            message = f"queued (position {position}); no member holds the GPU"
+            message = f"queued for the GPU (queue position {position})"
         # Positional, in the field order of MemberDecision (name, state, queue_position,
         # preempted_by, phase, preempted_at, desired_replicas, active_services, reason,
         # message, conditions, events): built for every parked member at every decision.
@@ -544,7 +589,7 @@ class _Parked:
             name,
             _QUEUED,
             position,
-            holder_label,
+            preempted_by,
             phase,
             preempted_at,
             0,

@@ -32,6 +32,7 @@ from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.leader import Leadership, run_leader_election
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
+from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
 from flexinfer_k8s.render.cache import CacheImages
 from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 from flexinfer_k8s.render.workload import Vendor
@@ -44,6 +45,8 @@ log = logging.getLogger("flexinfer.main")
 
 MAX_WORKERS = 64
 MAX_RESYNC = 86_400.0  # a day
+# A status lagging its pods by longer than a minute would mislead more than it saves.
+MAX_STATUS_COALESCE = 60.0
 MAX_CACHE_TIMEOUT = 86_400  # a day
 
 
@@ -100,6 +103,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=300.0,
         help=f"seconds between full passes over every key, 0 (never) or 10..{MAX_RESYNC}",
+    )
+    parser.add_argument(
+        "--status-coalesce-seconds",
+        type=float,
+        default=DEFAULT_COALESCE.total_seconds(),
+        help="how long a shared-group holder's progress toward serving (its phase among "
+        "Idle, Pending and Loading, and the reason with it) may wait to be written, so a "
+        f"quick start writes Ready alone; 0 (every step) .. {MAX_STATUS_COALESCE:g}",
     )
     for policy_flag in policy_flags():
         parser.add_argument(
@@ -188,6 +199,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--workers must be 1..{MAX_WORKERS}; got {args.workers}")
     if args.resync_seconds != 0 and not 10 <= args.resync_seconds <= MAX_RESYNC:
         parser.error(f"--resync-seconds must be 0 or 10..{MAX_RESYNC}; got {args.resync_seconds}")
+    if not 0 <= args.status_coalesce_seconds <= MAX_STATUS_COALESCE:
+        parser.error(
+            f"--status-coalesce-seconds must be 0..{MAX_STATUS_COALESCE:g}; "
+            f"got {args.status_coalesce_seconds:g}"
+        )
     if not 0 < args.retry_period < args.renew_deadline < args.lease_duration:
         parser.error(
             "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration; "
@@ -273,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=args.namespace,
         workers=args.workers,
         resync_seconds=args.resync_seconds,
+        status_coalesce=timedelta(seconds=args.status_coalesce_seconds),
         identity=identity,
         render_settings=args.render_settings,
         finetune_image=args.finetune_image,

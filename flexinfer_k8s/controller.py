@@ -50,7 +50,7 @@ from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.reconcile_cache import CacheReconciler, CacheTimeouts
 from flexinfer_k8s.reconcile_gpugroup import GpuGroupReconciler
-from flexinfer_k8s.reconcile_shared import SharedGroupReconciler
+from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE, SharedGroupReconciler
 from flexinfer_k8s.reconcile_standalone import StandaloneReconciler
 from flexinfer_k8s.reconcile_workload import WorkloadReconciler, workload_inputs_changed
 from flexinfer_k8s.render.cache import CACHE_LABEL
@@ -102,6 +102,7 @@ class Controller:
         namespaces: Sequence[str] = (),
         clock: Clock | None = None,
         policy: Policy = DEFAULT_POLICY,
+        status_coalesce: timedelta = DEFAULT_COALESCE,
         workers: int = 2,
         resync_seconds: float = 300.0,
         watch_timeout: int = 60,
@@ -120,7 +121,7 @@ class Controller:
         wiring = Wiring(
             cache=self.cache, writer=self.writer, api=api, metrics=metrics, clock=self.clock
         )
-        self.shared = SharedGroupReconciler(wiring, policy=policy)
+        self.shared = SharedGroupReconciler(wiring, policy=policy, coalesce=status_coalesce)
         self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
         if finetune_image:

@@ -6,8 +6,7 @@ reconcile's result (when to look again, whether it wrote, the deciding reason);
 `Applied` says how applying a decision went. `record_events` writes a decision's
 Events and counts the swaps and preemptions among them; `Refusals` remembers which
 status writes the API server refused, so that each is logged (and its Events
-recorded) once rather than at every reconcile; `write_spec_problem` writes what an
-object whose spec cannot be read is told. No decisions here.
+recorded) once rather than at every reconcile. No decisions here.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from typing import Any
 
 import attrs
 
-from flexinfer_core import Event, SpecProblem, reasons
+from flexinfer_core import Event, reasons
 from flexinfer_k8s.apply import Writer
 from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.metrics import ControllerMetrics
-from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.clock import Clock
-from flexinfer_kube.kubeapi import JSON, KubeApi, Rejected
+from flexinfer_kube.kubeapi import KubeApi, Rejected
 from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import Resource
 
@@ -39,8 +37,14 @@ RECHECK_AFTER = timedelta(milliseconds=500)
 
 # Event reasons that mean a member lost the card (counted as preemptions).
 EVICTION_REASONS = frozenset({reasons.PREEMPTED, reasons.GPU_LEASE_HELD})
-# Event reasons that mean a member (or a GPUGroup) changed hands (counted as swaps).
-SWAP_REASONS = frozenset({reasons.PROMOTED, reasons.SWAP, reasons.START})
+# Event reasons that mean a group changed hands (counted as swaps), by kind of group: a
+# shared group's handover has one Event, `Preempted` on the member that was serving or,
+# when none was, `Promoted` on the new holder; a GPUGroup's is `Swap` or `Start` on it
+# (its `Preempted` on the displaced member goes with that one).
+SWAP_REASONS = {
+    "shared": frozenset({reasons.PROMOTED, reasons.PREEMPTED}),
+    "gpugroup": frozenset({reasons.SWAP, reasons.START}),
+}
 
 
 @attrs.frozen
@@ -104,7 +108,7 @@ def record_events(
             wiring.metrics.preemptions.labels(
                 namespace=namespace, group=group, reason=event.reason
             ).inc()
-        if event.reason in SWAP_REASONS:
+        if event.reason in SWAP_REASONS.get(kind, ()):
             wiring.metrics.swaps.labels(namespace=namespace, group=group, kind=kind).inc()
 
 
@@ -151,52 +155,3 @@ class Refusals:
         """A status write of this object went through: a later refusal is news again."""
         with self._lock:
             self._said.pop((resource.plural, namespace_of(obj), name_of(obj)), None)
-
-
-def write_spec_problem(
-    wiring: Wiring,
-    refusals: Refusals,
-    *,
-    resource: Resource,
-    obj: Mapping[str, Any],
-    problem: SpecProblem,
-    status: JSON,
-    now: datetime,
-) -> bool:
-    """Write the status of an object whose spec cannot be read (flexinfer_core.invalid),
-    and say it once: the Warning Event and one log line go with the status write that
-    records it, or with that write's first refusal (an object whose stored spec the
-    real CRD no longer accepts refuses every status write). True when it wrote."""
-    if not status_differs(obj.get("status"), status):
-        return False
-    try:
-        written = wiring.writer.patch_status(resource, obj, status)
-    except Rejected as error:
-        if not refusals.refused(resource, obj, error=error):
-            return False
-        written = None
-    else:
-        if written is None:
-            return False
-        refusals.accepted(resource, obj)
-    if problem.event is not None:
-        log.warning(
-            "spec cannot be read; it runs nothing until it is fixed",
-            extra={
-                "fields": {
-                    "kind": resource.kind,
-                    "namespace": namespace_of(obj),
-                    "name": name_of(obj),
-                    "field": problem.field,
-                    "message": problem.message,
-                }
-            },
-        )
-        wiring.writer.event(
-            obj,
-            reason=problem.event.reason,
-            message=problem.event.message,
-            type=problem.event.type,
-            now=now,
-        )
-    return written is not None

@@ -7,19 +7,17 @@ decision (its pods still hold the card), and its status is its own key's to writ
 A listed ModelDeployment whose own spec cannot be read (flexinfer_core.invalid) is
 left out the same way, held at zero by the decision, and told why (`Ready=False`,
 `InvalidSpec`, one Warning Event when that is news); a GPUGroup whose own spec cannot
-be read decides nothing and says so. A status write that fails never holds back the
-scale-downs (a refused one is logged once and the rest written; a conflict decides
-again first, and writes them anyway once the key's attempts all conflicted).
+be read decides nothing and says so.
 Demand is the `demand.ai.flexinfer/<member>` annotations the proxy writes
 (docs/resources.md). The decision records a swap at once in the status
 (`activeModel`, `lastSwapTime`, `swapCount`); every later decision derives the
-Graceful drain from that record and the members' pods, so the writes here are: the
-status (conditional on the observed resourceVersion) with the decision's Events
-(Swap/Start on the group, Preempted on the member it displaces), scale-downs, then
-scale-ups — the latter only when a live Pod list agrees with the cache about which
-other members still have pods — and each member ModelDeployment's observed
-`phase`/`readyReplicas` with a Ready condition naming the group. Nothing else is
-written; a reconcile that changes nothing writes nothing.
+Graceful drain from that record and the members' pods. The writes go out through the
+one ordered apply (`flexinfer_k8s.write_plan`): the status (conditional on the
+observed resourceVersion), scale-downs, the decision's Events (Swap/Start on the
+group, Preempted on the member it displaces), scale-ups — only when a live Pod list
+shows no pod of another member the decision did not see — and last each member
+ModelDeployment's observed `phase`/`readyReplicas` with a Ready condition naming the
+group. Nothing else is written; a reconcile that changes nothing writes nothing.
 """
 
 from __future__ import annotations
@@ -36,24 +34,23 @@ from flexinfer_core import (
     spec_problem,
 )
 from flexinfer_k8s import observe
-from flexinfer_k8s.apply import RetryNow
-from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.convert_gpugroups import (
     gpu_group_status,
     unreadable_group_status,
 )
 from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
-from flexinfer_k8s.outcome import (
-    Outcome,
-    Refusals,
-    Wiring,
-    recheck_soon,
-    record_events,
-    write_spec_problem,
-)
+from flexinfer_k8s.outcome import Applied, Outcome, Refusals, Wiring, recheck_soon
 from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
-from flexinfer_kube.kubeapi import JSON, Rejected
+from flexinfer_k8s.write_plan import (
+    Interlock,
+    Scale,
+    StatusWrite,
+    WritePlan,
+    apply_plan,
+    write_spec_problem,
+)
+from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
@@ -83,96 +80,59 @@ class GpuGroupReconciler:
         member_pods, replicas = snapshot.member_pods, snapshot.replicas
         unreadable = snapshot.unreadable
         decision = decide_gpu_group(state, now=now)
-        wrote = False
-        stale: RetryNow | None = None
 
         wanted = gpu_group_status(group, decision, now=now)
+        statuses: list[StatusWrite] = []
         if status_differs(group.get("status"), wanted):
-            news = False
-            try:
-                written = self.writer.patch_status(GPU_GROUPS, group, wanted)
-            except RetryNow as conflict:
-                if not insist:
-                    raise
-                stale = conflict
-            except Rejected as error:
-                news = self.refusals.refused(GPU_GROUPS, group, error=error)
-            else:
-                news = written is not None
-                if news:
-                    self.refusals.accepted(GPU_GROUPS, group)
-                    wrote = True
-            if news:
-                # The Events of a swap are the decision's; a retry after a conflict
-                # decides again, so they are recorded only once the status that holds
-                # them is written (or, refused, once).
-                record_events(
-                    self.wiring,
-                    [
-                        *((group, event) for event in decision.group_events),
-                        *(
-                            (model_deployments.get(event.model), event)
-                            for event in decision.member_events
-                        ),
-                    ],
-                    namespace=namespace,
-                    group=name,
-                    kind="gpugroup",
-                    now=now,
-                )
-
-        # Scale-downs whatever became of the status: they are what frees the card.
-        for member in members:
-            want = decision.replicas_for(member)
-            have = replicas[member]
-            if have is not None and want < have:
-                wrote = self.writer.scale(namespace, member, want) or wrote
-        if stale is not None:
-            raise stale  # scale-ups wait for a decision on a fresh view
-
-        ups = [
-            m
-            for m in members
-            if replicas[m] is not None and decision.replicas_for(m) > (replicas[m] or 0)
-        ]
-        deferred = False
-        if ups:
-            cached = {m for m in members if live_pods(member_pods[m])}
-            # Label-selected: a former member's pods count too (the decision never saw them).
-            live = live_occupants(
-                self.wiring.api, namespace, group=name, kind=MODEL_DEPLOYMENTS.kind
+            # The Events of a swap are the decision's: recorded only once the status
+            # that holds them is written (or, refused, once).
+            events = (
+                *((group, event) for event in decision.group_events),
+                *((model_deployments.get(e.model), e) for e in decision.member_events),
             )
-            for member in ups:
-                surprise = sorted((live - cached) - {member})
-                if surprise:
-                    # The cache had not seen these pods when the core decided.
-                    log.info(
-                        "scale-up deferred: the cache was behind on pods",
-                        extra={"fields": {"gpugroup": name, "model": member, "pods_of": surprise}},
-                    )
-                    deferred = True
-                    break
-                wrote = self.writer.scale(namespace, member, decision.replicas_for(member)) or wrote
-
+            statuses.append(StatusWrite(GPU_GROUPS, group, wanted, events))
+        scales = []
+        for member in members:
+            have, want = replicas[member], decision.replicas_for(member)
+            if have is not None and want != have:
+                scales.append(Scale(member, have, want))
+        trailing = []
         for member, md in model_deployments.items():
             if memberships[member].in_conflict:
                 continue  # held at zero by its own key, which writes why
-            wrote = (
-                self._member_status(
-                    md,
-                    memberships[member],
-                    error=unreadable.get(member),
-                    replicas=replicas[member],
-                    pods=member_pods[member],
-                    group=name,
-                    now=now,
-                    rewrite_last_access_time=member in decision.rewrite_last_access_time,
-                )
-                or wrote
+            write = self._member_status(
+                md,
+                memberships[member],
+                error=unreadable.get(member),
+                replicas=replicas[member],
+                pods=member_pods[member],
+                group=name,
+                now=now,
+                rewrite_last_access_time=member in decision.rewrite_last_access_time,
             )
+            if write is not None:
+                trailing.append(write)
+        plan = WritePlan(
+            namespace=namespace,
+            group=name,
+            kind="gpugroup",
+            # The decision saw these members' pods and chose to start beside them (an
+            # Immediate preemption, a drain past its timeout); any other in the live
+            # list (a former member's included) is one the cache had not seen.
+            interlock=Interlock(
+                group=name,
+                kind=MODEL_DEPLOYMENTS.kind,
+                accounted=frozenset(m for m in members if live_pods(member_pods[m])),
+            ),
+            statuses=tuple(statuses),
+            scales=tuple(scales),
+            trailing=tuple(trailing),
+        )
+        applied = apply_plan(self.wiring, self.refusals, plan, now=now, insist=insist)
+        wrote = applied is not Applied.NOTHING
 
         next_at = decision.next_change_at
-        if deferred:
+        if applied is Applied.DEFERRED:
             next_at = recheck_soon(next_at, now=now)
         if wrote:
             log.info(
@@ -204,9 +164,10 @@ class GpuGroupReconciler:
         group: str,
         now: datetime,
         rewrite_last_access_time: bool = False,
-    ) -> bool:
+    ) -> StatusWrite | None:
         """A member's observed status with a Ready condition naming its group, or, when
-        its spec cannot be read, why (with one Warning Event when that is news)."""
+        its spec cannot be read, why (with one Warning Event when that is news); None
+        when the status already says it."""
         recorded = recorded_conditions(md, ("Ready",))
         if error is None:
             if reports_spec_problem(recorded):
@@ -223,26 +184,14 @@ class GpuGroupReconciler:
                 rewrite_last_access_time=rewrite_last_access_time,
             )
             if not status_differs(md.get("status"), wanted):
-                return False
-            try:
-                written = self.writer.patch_status(MODEL_DEPLOYMENTS, md, wanted)
-            except Rejected as refused:
-                self.refusals.refused(MODEL_DEPLOYMENTS, md, error=refused)
-                return False
-            if written is not None:
-                self.refusals.accepted(MODEL_DEPLOYMENTS, md)
-            return written is not None
+                return None
+            return StatusWrite(MODEL_DEPLOYMENTS, md, wanted)
         problem = spec_problem(name_of(md), error, recorded=recorded, scope=Scope.MEMBER)
         wanted = unreadable_status(md, problem, replicas=replicas, pods=pods, now=now)
-        return write_spec_problem(
-            self.wiring,
-            self.refusals,
-            resource=MODEL_DEPLOYMENTS,
-            obj=md,
-            problem=problem,
-            status=wanted,
-            now=now,
-        )
+        if not status_differs(md.get("status"), wanted):
+            return None
+        events = ((md, problem.event),) if problem.event is not None else ()
+        return StatusWrite(MODEL_DEPLOYMENTS, md, wanted, events, problem=problem)
 
     def _unreadable_group(self, group: JSON, error: InvalidFieldError, *, now: datetime) -> Outcome:
         """A GPUGroup whose own spec (or status) cannot be read decides nothing: its

@@ -2,21 +2,17 @@
 
 Observe from the cache (Models, their Deployments, Pods and Services, leases),
 call `flexinfer_core.decide_group` with `now` from the clock, then write exactly
-what `GroupDecision.changes` says differs, nothing it does not:
+what `GroupDecision.changes` says differs, nothing it does not, through the one
+ordered apply (`flexinfer_k8s.write_plan`): Model statuses, scale-downs, their
+Events, the `ai.flexinfer/active-services` annotations, then scale-ups after a
+*live* Pod list, selected by the group label every rendered pod carries, confirms
+no other member of the group, present or deleted, has a pod left.
 
-1. Model status through the status subresource (a status write records a
-   preemption, so it comes before the scale-down that makes the phase unreadable);
-2. scale-downs through `deployments/scale`, then the Events of the written statuses;
-3. the `ai.flexinfer/active-services` annotation on each member's Service;
-4. scale-ups, only after a *live* Pod list (not the cache), selected by the group
-   label every rendered pod carries, confirms no other member of the group, present
-   or deleted, has a pod left — break-before-make must not rest on a watch that is a
-   few milliseconds behind, nor on a memory of deletions a restart would lose.
-
-A status write that fails never holds back the scale-downs that park members: a
-refused one (422) is logged once and the rest is written; a conflict decides again on
-a fresh read, and once the key's last attempts all conflicted the scale-downs go out
-anyway. Scale-ups wait for a decision whose statuses were written (or refused).
+A holder's progress toward serving (`MemberChanges.progress`: its phase among Idle,
+Preempted, Pending and Loading, and the reason that goes with it) is written once it
+has waited `coalesce` (or at once with the next change that is news, e.g. Ready), so
+a swap whose pods start quickly writes its new holder twice (holding the card,
+serving) rather than at every step; the key's timer is armed for when it is due.
 
 Who occupies the card is read from the cluster at every reconcile: pods labelled with
 the group (a deleted member's included, until they are gone), and Deployments of
@@ -37,21 +33,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import attrs
 
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
     DEFAULT_POLICY,
-    Event,
     GroupDecision,
-    InvalidFieldError,
     LeaseSource,
     ModelState,
     Policy,
     Scope,
-    SpecProblem,
     decide_group,
     lease_is_active,
     reasons,
@@ -59,8 +52,6 @@ from flexinfer_core import (
     spec_problem,
 )
 from flexinfer_k8s import observe
-from flexinfer_k8s.apply import RetryNow
-from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import (
     MODEL_CONDITIONS,
@@ -75,50 +66,35 @@ from flexinfer_k8s.outcome import (
     Refusals,
     Wiring,
     recheck_soon,
-    record_events,
 )
 from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
-from flexinfer_kube.kubeapi import JSON, Rejected
+from flexinfer_k8s.write_plan import Interlock, Scale, StatusWrite, WritePlan, apply_plan
+from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import get_path, name_of
-from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS, SERVICES
+from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS
 
 log = logging.getLogger("flexinfer.shared")
 
 
-@attrs.frozen
-class MemberWrites:
-    """What to write for one member: its status patch (None: unchanged), the Events to
-    record once that status is written, its Deployment's scale (`replicas_from` None:
-    no Deployment) and its Service's `ai.flexinfer/active-services` (None: unchanged)."""
-
-    name: str
-    obj: JSON
-    status: JSON | None
-    events: tuple[Event, ...]
-    replicas_from: int | None
-    replicas_to: int
-    active_services: str | None
-    # Why the member's spec cannot be read (flexinfer_core.invalid), said in one log
-    # line when its Events are recorded (when that is news).
-    unreadable: SpecProblem | None = None
-
-    @property
-    def scale_down(self) -> bool:
-        return self.replicas_from is not None and self.replicas_to < self.replicas_from
-
-    @property
-    def scale_up(self) -> bool:
-        return self.replicas_from is not None and self.replicas_to > self.replicas_from
+# How long a holder's progress toward serving may wait to be written (docs/controller.md).
+DEFAULT_COALESCE = timedelta(seconds=5)
 
 
 class SharedGroupReconciler:
-    def __init__(self, wiring: Wiring, *, policy: Policy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        wiring: Wiring,
+        *,
+        policy: Policy = DEFAULT_POLICY,
+        coalesce: timedelta = DEFAULT_COALESCE,
+    ) -> None:
         self.wiring = wiring
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.metrics = wiring.metrics
         self.policy = policy
+        self.coalesce = coalesce
         # Per group: the lease metrics' labels and what was counted as an acquisition,
         # the members whose `member_active` series exist, and what failing open was
         # last logged for (metrics and logs only; no decision reads these).
@@ -126,6 +102,11 @@ class SharedGroupReconciler:
         self._governing: dict[tuple[str, str], tuple[str, str]] = {}
         self._member_series: dict[tuple[str, str], set[str]] = {}
         self._failing_open: dict[tuple[str, str], str] = {}
+        # Per key (namespace, group, and the Model's name when it is alone): since when
+        # each member's status has differed only in progress. Only that key's reconcile
+        # reads or replaces its entry (never one key twice at once); a restart forgets
+        # it, which delays such a write by at most `coalesce` again.
+        self._progress_since: dict[tuple[str, str, str], dict[str, datetime]] = {}
         self.refusals = Refusals(wiring, kind="shared")
 
     def reconcile_standalone(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
@@ -133,6 +114,7 @@ class SharedGroupReconciler:
         `reconcile_group`."""
         model = self.cache.get(MODELS, namespace, name)
         if model is None or model_state_group(model):
+            self._progress_since.pop((namespace, "", name), None)
             return Outcome(None, False)
         return self._reconcile(namespace, "", [model], insist=insist)
 
@@ -183,18 +165,6 @@ class SharedGroupReconciler:
                     "spec readable again",
                     extra={"fields": {"namespace": namespace, "group": group, "model": state.name}},
                 )
-        # Left out of the election; their pods (in `running`) still hold the card.
-        unreadable = [
-            self._unreadable(
-                member.obj,
-                member.error,
-                deployment=member.deployment,
-                service=member.service,
-                group=group,
-                now=now,
-            )
-            for member in snapshot.unreadable
-        ]
         decision = decide_group(
             states,
             now=now,
@@ -203,16 +173,24 @@ class SharedGroupReconciler:
             policy=self.policy,
             running=snapshot.running,
         )
+        # Left out of the election; their pods (in `running`) still hold the card.
+        unreadable = [name_of(member.obj) for member in snapshot.unreadable]
         if group:
             self._report_fail_open(decision, namespace=namespace, group=group, now=now)
-            self._record_metrics(
-                decision, namespace=namespace, group=group, unreadable=[w.name for w in unreadable]
-            )
-        writes = [
-            *self._decided_writes(decision, observed=states, objs=objs, group=group, now=now),
-            *unreadable,
-        ]
-        applied = self._apply(writes, namespace=namespace, group=group, now=now, insist=insist)
+            self._record_metrics(decision, namespace=namespace, group=group, unreadable=unreadable)
+        plan = WritePlan(
+            namespace=namespace,
+            group=group,
+            kind="shared",
+            interlock=Interlock(group=group, kind=MODELS.kind),
+        )
+        key = (namespace, group, "" if group else name_of(objs[0]))
+        plan, held_until = self._decided(
+            plan, decision, key=key, observed=states, objs=objs, now=now
+        )
+        for member in snapshot.unreadable:
+            plan = self._unreadable(plan, member, group=group, now=now)
+        applied = apply_plan(self.wiring, self.refusals, plan, now=now, insist=insist)
         if (
             group
             and self._write_lease_statuses(namespace, group, now=now)
@@ -220,6 +198,8 @@ class SharedGroupReconciler:
         ):
             applied = Applied.WROTE
         next_at = decision.next_change_at
+        if held_until is not None:
+            next_at = held_until if next_at is None else min(next_at, held_until)
         if applied is Applied.DEFERRED:
             next_at = recheck_soon(next_at, now=now)
         if applied is not Applied.NOTHING:
@@ -241,200 +221,94 @@ class SharedGroupReconciler:
                             }
                             for m in decision.members
                         },
-                        "unreadable": [w.name for w in unreadable] or None,
+                        "unreadable": unreadable or None,
                     }
                 },
             )
         return Outcome(next_at, applied is not Applied.NOTHING, decision.reason)
 
-    def _decided_writes(
+    def _decided(
         self,
+        plan: WritePlan,
         decision: GroupDecision,
         *,
+        key: tuple[str, str, str],
         observed: Sequence[ModelState],
         objs: Sequence[JSON],
-        group: str,
         now: datetime,
-    ) -> list[MemberWrites]:
-        """What differs between the members the election decided and the cluster."""
+    ) -> tuple[WritePlan, datetime | None]:
+        """`plan` with what differs between the members the election decided and the
+        cluster, and until when a status that differs only in progress is held back
+        (None: nothing is)."""
         by_name = {name_of(o): o for o in objs}
-        writes = []
+        statuses: list[StatusWrite] = []
+        scales: list[Scale] = []
+        annotations: list[tuple[str, str]] = []
+        since = self._progress_since.get(key, {})
+        waiting: dict[str, datetime] = {}
+        held_until: datetime | None = None
         for change in decision.changes(observed):
             obj = by_name[change.name]
             member = decision.member(change.name)
-            writes.append(
-                MemberWrites(
-                    name=change.name,
-                    obj=obj,
-                    status=model_status(obj, member, group=group, now=now)
-                    if change.status
-                    else None,
-                    events=change.events,
-                    replicas_from=change.replicas_from,
-                    replicas_to=change.replicas_to,
-                    active_services=member.active_services if change.active_services else None,
+            write = change.status
+            if write and change.progress and self.coalesce > timedelta(0):
+                waiting[change.name] = since.get(change.name, now)
+                due = waiting[change.name] + self.coalesce
+                if now < due:
+                    write = False
+                    held_until = due if held_until is None else min(held_until, due)
+            if write:
+                statuses.append(
+                    StatusWrite(
+                        MODELS,
+                        obj,
+                        model_status(obj, member, group=plan.group, now=now),
+                        events=tuple((obj, event) for event in change.events),
+                    )
                 )
-            )
-        return writes
+            if change.replicas and change.replicas_from is not None:
+                scales.append(Scale(change.name, change.replicas_from, change.replicas_to))
+            if change.active_services:
+                annotations.append((change.name, member.active_services))
+        if waiting:
+            self._progress_since[key] = waiting
+        else:
+            self._progress_since.pop(key, None)
+        plan = attrs.evolve(
+            plan,
+            statuses=(*plan.statuses, *statuses),
+            scales=(*plan.scales, *scales),
+            annotations=(*plan.annotations, *annotations),
+        )
+        return plan, held_until
 
     def _unreadable(
-        self,
-        obj: JSON,
-        error: InvalidFieldError,
-        *,
-        deployment: JSON | None,
-        service: JSON | None,
-        group: str,
-        now: datetime,
-    ) -> MemberWrites:
-        """The writes for a Model whose spec cannot be read: told why (once), held at 0,
-        and named by no Service as the holder (flexinfer_core.invalid)."""
-        name = name_of(obj)
+        self, plan: WritePlan, member: observe.UnreadableModel, *, group: str, now: datetime
+    ) -> WritePlan:
+        """`plan` with the writes for a Model whose spec cannot be read: told why (once),
+        held at 0, and named by no Service as the holder (flexinfer_core.invalid)."""
+        obj, service = member.obj, member.service
         problem = spec_problem(
-            name,
-            error,
+            name_of(obj),
+            member.error,
             recorded=recorded_conditions(obj, MODEL_CONDITIONS),
             condition_types=MODEL_CONDITIONS,
             scope=Scope.MEMBER if group else Scope.ALONE,
         )
         status = unreadable_model_status(obj, problem, group=group, now=now)
-        annotations = get_path(service, "metadata", "annotations") or {}
-        return MemberWrites(
-            name=name,
-            obj=obj,
-            status=status if status_differs(obj.get("status"), status) else None,
-            events=(problem.event,) if problem.event is not None else (),
-            replicas_from=deployment_replicas(deployment),
-            replicas_to=0,
-            active_services=(
-                ""
-                if service is not None and annotations.get(ACTIVE_SERVICES_ANNOTATION) != ""
-                else None
-            ),
-            unreadable=problem,
-        )
-
-    def _apply(
-        self,
-        writes: Sequence[MemberWrites],
-        *,
-        namespace: str,
-        group: str,
-        now: datetime,
-        insist: bool,
-    ) -> Applied:
-        """Write `writes` in the safe order: statuses, scale-downs, their Events, Service
-        annotations, then scale-ups after a live check.
-
-        A status write that fails never holds back the scale-downs that park members: a
-        refused one (422) is logged once (its Events recorded then, since no status will
-        hold them) and the rest is written; a conflict re-reads and decides again first
-        (the decision may be stale), and only when the key's last attempts all conflicted
-        (`insist`) are the scale-downs written anyway. Scale-ups wait for a decision
-        whose statuses were written, or refused.
-        """
-        applied = Applied.NOTHING
-        events: list[tuple[JSON | None, Event]] = []
-        stale: RetryNow | None = None
-
-        def record() -> None:
-            record_events(
-                self.wiring, events, namespace=namespace, group=group, kind="shared", now=now
-            )
-            events.clear()
-
-        def news(write: MemberWrites) -> None:
-            events.extend((write.obj, event) for event in write.events)
-            problem = write.unreadable
-            if problem is not None and problem.event is not None:
-                # Logged when it becomes news, not at every reconcile while it lasts.
-                log.warning(
-                    "spec cannot be read; the model runs nothing until it is fixed",
-                    extra={
-                        "fields": {
-                            "namespace": namespace,
-                            "group": group or None,
-                            "model": write.name,
-                            "field": problem.field,
-                            "message": problem.message,
-                        }
-                    },
-                )
-
-        # 1. status (conditional on the observed resourceVersion), then its Events.
-        for write in writes:
-            if write.status is None:
-                continue
-            try:
-                written = self.writer.patch_status(MODELS, write.obj, write.status)
-            except RetryNow as conflict:
-                stale = conflict
-                break
-            except Rejected as error:
-                if self.refusals.refused(MODELS, write.obj, error=error):
-                    news(write)  # no status will hold them: said once, here
-                continue
-            if written is None:
-                continue
-            self.refusals.accepted(MODELS, write.obj)
-            applied = Applied.WROTE
-            news(write)
-        if stale is not None and not insist:
-            record()  # the statuses written so far keep their Events
-            raise stale
-
-        # 2. scale-downs.
-        for write in writes:
-            if write.scale_down and self.writer.scale(namespace, write.name, write.replicas_to):
-                applied = Applied.WROTE
-
-        # Events only once their status is written (a retry must not repeat them), and
-        # after the scale-downs, which are what frees the card.
-        record()
-        if stale is not None:
-            raise stale  # the rest waits for a decision on a fresh view
-
-        # 3. Service annotations.
-        for write in writes:
-            if write.active_services is None:
-                continue
-            if self.cache.get(SERVICES, namespace, write.name) is None:
-                continue  # nothing to annotate until the Service exists
-            if self.writer.annotate(
-                SERVICES,
-                namespace,
-                write.name,
-                {ACTIVE_SERVICES_ANNOTATION: write.active_services},
-            ):
-                applied = Applied.WROTE
-
-        # 4. scale-ups, after a live check that no other member still has a pod.
-        ups = [write for write in writes if write.scale_up]
-        if ups:
-            occupied = (
-                live_occupants(self.wiring.api, namespace, group=group, kind=MODELS.kind)
-                if group
-                else set()
-            )
-            for write in ups:
-                others = sorted(occupied - {write.name})
-                if others:
-                    log.info(
-                        "scale-up deferred: other members still have pods",
-                        extra={
-                            "fields": {
-                                "namespace": namespace,
-                                "group": group,
-                                "model": write.name,
-                                "occupied": others,
-                            }
-                        },
-                    )
-                    applied = Applied.DEFERRED
-                    break
-                if self.writer.scale(namespace, write.name, write.replicas_to):
-                    applied = Applied.WROTE
-        return applied
+        statuses = plan.statuses
+        if status_differs(obj.get("status"), status):
+            events = ((obj, problem.event),) if problem.event is not None else ()
+            statuses = (*statuses, StatusWrite(MODELS, obj, status, events, problem=problem))
+        replicas = deployment_replicas(member.deployment)
+        scales = plan.scales
+        if replicas:
+            scales = (*scales, Scale(name_of(obj), replicas, 0))
+        annotations = plan.annotations
+        recorded = get_path(service, "metadata", "annotations") or {}
+        if service is not None and recorded.get(ACTIVE_SERVICES_ANNOTATION) != "":
+            annotations = (*annotations, (name_of(obj), ""))
+        return attrs.evolve(plan, statuses=statuses, scales=scales, annotations=annotations)
 
     def _write_lease_statuses(self, namespace: str, group: str, *, now: datetime) -> bool:
         """GPULease `status.active`/`acquiredAt` for people; decisions never read them.
@@ -554,6 +428,7 @@ class SharedGroupReconciler:
             self.metrics.lease_acquired.labels(*labels).inc()
 
     def _forget_group(self, namespace: str, group: str) -> None:
+        self._progress_since.pop((namespace, group, ""), None)
         key = (namespace, group)
         previous = self._lease_labels.pop(key, None)
         if previous is not None:

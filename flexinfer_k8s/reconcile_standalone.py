@@ -34,9 +34,10 @@ from flexinfer_k8s.convert_model_deployments import (
     standalone_status,
     unreadable_status,
 )
-from flexinfer_k8s.outcome import Outcome, Refusals, Wiring, write_spec_problem
+from flexinfer_k8s.outcome import Outcome, Refusals, Wiring
 from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
+from flexinfer_k8s.write_plan import write_spec_problem
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS

@@ -23,6 +23,7 @@ from flexinfer_core import (
     reasons,
     standalone_models,
 )
+from flexinfer_core.leases import lease_holder_label
 from flexinfer_core.testing import check_invariants, oracle
 from flexinfer_core.testing.strategies import (
     GroupScenario,
@@ -79,8 +80,17 @@ def check_status_fields(sc: GroupScenario, decision: GroupDecision) -> None:
         else:
             assert member.active_services == ""
             assert member.desired_replicas == 0
-            if decision.leader is not None:
+            # preemptedBy names who took the card from a member that was serving (or the
+            # lease that parks it); a queued member's never names the current holder.
+            lease = decision.election.lease
+            if lease is not None:
+                assert member.preempted_by == lease_holder_label(lease)
+            elif observed.phase is Phase.READY:
                 assert member.preempted_by == decision.leader
+            elif observed.phase is Phase.PREEMPTED:
+                assert member.preempted_by == (observed.preempted_by or "")
+            else:
+                assert member.preempted_by == ""
             # Only a real eviction (Ready, no longer leader) stamps preemptedAt.
             if observed.phase is Phase.READY:
                 assert (member.phase, member.preempted_at) == (Phase.PREEMPTED, sc.now)
@@ -116,6 +126,33 @@ def test_every_decision_keeps_the_invariants(sc: GroupScenario, data: st.DataObj
     check_unleased_group_has_a_leader(sc, decision)
     check_status_fields(sc, decision)
     check_order_independence(sc, decision, data)
+
+
+@given(contested_scenarios(), st.data())
+def test_a_handover_writes_no_status_on_a_member_it_does_not_move(
+    sc: GroupScenario, data: st.DataObject
+) -> None:
+    """A queued member is told its place in the queue, not who holds the card: once a
+    decision is written, a new demand changes the status of the old and the new holder,
+    and of any other member only when its queue position moves."""
+    assume(sc.models)
+    settled = attrs.evolve(sc, models=apply_decision(sc.models, sc.decide()))
+    before = settled.decide()
+    asked = data.draw(st.sampled_from([m.name for m in settled.models]), label="asked")
+    later = attrs.evolve(
+        settled,
+        models=tuple(
+            attrs.evolve(m, last_active=sc.now) if m.name == asked else m for m in settled.models
+        ),
+    )
+    after = later.decide()
+    holders = {before.leader, after.leader}
+    for change in after.changes(later.models):
+        if change.status and change.name not in holders:
+            assert (
+                before.member(change.name).queue_position
+                != after.member(change.name).queue_position
+            ), change
 
 
 @given(group_scenarios(min_size=1), st.data())

@@ -52,8 +52,34 @@ def test_leader_and_queue_positions() -> None:
     # Non-leaders ranked by priority desc, then name asc, 1-based.
     positions = {m.name: m.queue_position for m in decision.members if m.name != "coder"}
     assert positions == {"vision": 1, "chat": 2, "embed": 3}
-    assert all(decision.member(n).preempted_by == "coder" for n in positions)
+    # preemptedBy names who took the card from a member that was serving, and only it:
+    # a queued member's status never names the holder (see the next test).
+    assert {n: decision.member(n).preempted_by for n in positions} == {
+        "vision": "",
+        "chat": "coder",
+        "embed": "",
+    }
+    assert decision.member("chat").message == "preempted by coder (queue position 2)"
+    assert decision.member("vision").message == "queued for the GPU (queue position 1)"
     assert all(decision.member(n).state is QUEUED for n in positions)
+
+
+def test_a_handover_between_two_others_changes_nothing_on_a_queued_member() -> None:
+    """b takes the card from a: c and d keep their places in the queue, so their
+    statuses stay as written (a write would tell their readers nothing new)."""
+    group = [
+        member("a", priority=100, phase=READY, replicas=1, last_active=ago(minutes=3)),
+        member("b", priority=150, replicas=0),
+        member("c", priority=50, replicas=0),
+        member("d", priority=10, replicas=0),
+    ]
+    settled = apply_decision(group, decide_group(group, now=T0))
+    assert decide_group(settled, now=T0).leader == "a"
+    asked = [attrs.evolve(m, last_active=T0) if m.name == "b" else m for m in settled]
+    decision = decide_group(asked, now=T0)
+    assert decision.leader == "b"
+    assert {c.name for c in decision.changes(asked) if c.status} == {"a", "b"}
+    assert decision.member("c").message == "queued for the GPU (queue position 2)"
 
 
 def test_ready_member_losing_the_card_is_preempted_with_event() -> None:
@@ -69,10 +95,23 @@ def test_ready_member_losing_the_card_is_preempted_with_event() -> None:
     assert embed.phase is Phase.IDLE and embed.preempted_at is None and embed.events == ()
 
 
-def test_new_leader_gets_promoted_event_once() -> None:
+def test_a_handover_has_one_event_on_the_member_that_lost_the_card() -> None:
+    """chat serves and loses the card: its Preempted Event names coder, which gets none."""
     models = swap_scenario()
     first = decide_group(models, now=T0)
-    assert [e.reason for e in first.member("coder").events] == [reasons.PROMOTED]
+    assert [(e.model, e.reason) for e in first.events] == [("chat", reasons.PREEMPTED)]
+    assert "preempted by coder" in first.events[0].message
+    second = decide_group(apply_decision(models, first), now=T0)
+    assert second.events == ()
+
+
+def test_new_leader_gets_promoted_event_once_when_nobody_is_evicted() -> None:
+    # chat holds the card but is not serving (scaled to zero): nobody is evicted.
+    models = [
+        attrs.evolve(m, phase=Phase.IDLE) if m.name == "chat" else m for m in swap_scenario()
+    ]
+    first = decide_group(models, now=T0)
+    assert [(e.model, e.reason) for e in first.events] == [("coder", reasons.PROMOTED)]
     second = decide_group(apply_decision(models, first), now=T0)
     assert second.events == ()
 
@@ -394,3 +433,31 @@ def test_a_clock_a_little_ahead_is_read_as_now_without_comment() -> None:
     assert (chat.rewrite_last_active, chat.events) == (None, ())
     assert "future" not in chat.message
     assert decision.next_change_at == T0 + timedelta(minutes=2)  # the demand window, from now
+
+
+def test_a_holder_s_way_to_serving_is_progress_and_serving_is_news() -> None:
+    """coder took the card from chat and waits for chat's pod: the steps of its start
+    (the pod gone, its own pod made, loading) are progress an adapter may coalesce;
+    Ready, and chat's preemption, are news."""
+    models = swap_scenario()
+    waiting = apply_decision(models, decide_group(models, now=T0, running={"chat"}))
+    assert decide_group(waiting, now=T0, running={"chat"}).changes(waiting) == ()
+
+    def step(phase: Phase, replicas: int) -> tuple[bool, bool]:
+        observed = [
+            attrs.evolve(m, phase=phase, replicas=replicas) if m.name == "coder" else m
+            for m in waiting
+        ]
+        running = {"coder"} if phase in (Phase.LOADING, READY) else set()
+        change = next(
+            c for c in decide_group(observed, now=T0, running=running).changes(observed)
+            if c.name == "coder"
+        )
+        return change.status, change.progress
+
+    assert step(Phase.IDLE, 0) == (True, True)  # chat's pod gone: scale-up, reason moves
+    assert step(Phase.PENDING, 1) == (True, True)
+    assert step(Phase.LOADING, 1) == (True, True)
+    assert step(READY, 1) == (True, False)
+    first = decide_group(models, now=T0, running={"chat"})
+    assert not any(c.progress for c in first.changes(models))

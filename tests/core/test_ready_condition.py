@@ -16,7 +16,8 @@ def ready(decision: object, name: str) -> tuple[bool, str, str]:
     return condition.status, condition.reason, condition.message
 
 
-def test_a_queued_member_says_behind_whom() -> None:
+def test_a_queued_member_says_its_place_in_the_queue() -> None:
+    # Not the holder's name: that would rewrite every queued member at every handover.
     models = [
         member("chat", phase=Phase.READY, shared_state=SharedState.ACTIVE, last_active=ago(5)),
         member("coder", last_active=ago(3)),
@@ -26,7 +27,7 @@ def test_a_queued_member_says_behind_whom() -> None:
     assert ready(decision, "coder") == (
         False,
         reasons.QUEUED,
-        "queued behind chat (queue position 1)",
+        "queued for the GPU (queue position 1)",
     )
 
 

@@ -41,6 +41,7 @@ from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
 from flexinfer_k8s.render.workloads import RenderSettings
+from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODEL_CACHES, MODELS, PODS, SERVICES
@@ -235,13 +236,19 @@ def controller(
     policy: Policy = TEST_POLICY,
     cache_timeouts: CacheTimeouts | None = None,
     settings: RenderSettings | None = None,
+    status_coalesce: timedelta = DEFAULT_COALESCE,
 ) -> Iterator[RunningController]:
     """An in-process controller; it renders under the local cluster's administrator
     policy (`flexinfer_devcluster.policy`) unless `settings` say otherwise."""
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     api = KubeApi(
-        new_api_client(str(local.kubeconfig), impersonate=impersonate),
+        new_api_client(
+            str(local.kubeconfig),
+            impersonate=impersonate,
+            # Its writes tell themselves apart in the audit log (`controller_writes`).
+            user_agent=f"{CONTROLLER_AGENT}test-{namespace}",
+        ),
         on_request=metrics.count_request,
     )
     ctl = Controller(
@@ -255,6 +262,7 @@ def controller(
         identity=f"test-{namespace}",
         cache_timeouts=cache_timeouts,
         render_settings=settings or RenderSettings(policy=dev_policy()),
+        status_coalesce=status_coalesce,
     )
     endpoints = HttpEndpoints(
         0, registry=registry, healthz=ctl.healthy, readyz=ctl.ready, host="127.0.0.1"
@@ -265,6 +273,37 @@ def controller(
     finally:
         ctl.stop()
         endpoints.stop()
+
+
+CONTROLLER_AGENT = "flexinfer-controller/"
+"""How every controller's User-Agent starts (`python -m flexinfer_k8s` and `controller`)."""
+
+
+def controller_writes(
+    local: LocalCluster, namespace: str, *, since: datetime | None = None
+) -> list[tuple[str, str, str, int]]:
+    """(when, identity, what, HTTP status) for every write a controller sent to the API
+    server about `namespace`, oldest first, from the API server's audit log (lease
+    renewals, which carry their own User-Agent, left out). `what` is `verb
+    resource/name[/subresource]`; `since` drops the writes received before it."""
+    writes = []
+    for event in local.audit_events():
+        agent = str(event.get("userAgent") or "")
+        ref = event.get("objectRef") or {}
+        if not agent.startswith(CONTROLLER_AGENT) or agent.endswith("/leader-election"):
+            continue
+        if ref.get("namespace") != namespace:
+            continue
+        received = str(event["requestReceivedTimestamp"])
+        if since is not None and datetime.fromisoformat(received.replace("Z", "+00:00")) < since:
+            continue
+        what = f"{event.get('verb')} {ref.get('resource')}/{ref.get('name')}"
+        if ref.get("subresource"):
+            what += f"/{ref['subresource']}"
+        identity = agent.removeprefix(CONTROLLER_AGENT)
+        code = int((event.get("responseStatus") or {}).get("code") or 0)
+        writes.append((received, identity, what, code))
+    return sorted(writes)
 
 
 class ControllerProcess:

@@ -15,6 +15,7 @@ def test_the_defaults_parse() -> None:
     assert args.workers == 8 and args.resync_seconds == 300.0
     # Minutes, not hours: a finetune stuck on a taint parks serving at most this long.
     assert args.finetune_unschedulable_timeout == 300 and args.cache_cleanup_timeout == 300
+    assert args.status_coalesce_seconds == 5.0
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,8 @@ def test_the_defaults_parse() -> None:
         ("--finetune-unschedulable-timeout", "0",
          "--finetune-unschedulable-timeout must be 1..86400; got 0"),
         ("--cache-cleanup-timeout", "86401", "--cache-cleanup-timeout must be 1..86400; got 86401"),
+        ("--status-coalesce-seconds", "-1", "--status-coalesce-seconds must be 0..60; got -1"),
+        ("--status-coalesce-seconds", "61", "--status-coalesce-seconds must be 0..60; got 61"),
     ],
 )
 def test_a_value_out_of_bounds_is_refused_naming_it(
@@ -43,7 +46,9 @@ def test_a_value_out_of_bounds_is_refused_naming_it(
                                              ("--resync-seconds", "0"),
                                              ("--resync-seconds", "86400"),
                                              ("--finetune-unschedulable-timeout", "1"),
-                                             ("--cache-cleanup-timeout", "86400")])
+                                             ("--cache-cleanup-timeout", "86400"),
+                                             ("--status-coalesce-seconds", "0"),
+                                             ("--status-coalesce-seconds", "60")])
 def test_the_bounds_themselves_are_accepted(flag: str, value: str) -> None:
     parse_args([flag, value])
 

@@ -28,6 +28,7 @@ from .harness import (  # noqa: F401  (fixtures)
     crds,
     kubectl,
 )
+from .harness import controller_writes as audit_writes
 from .outage import Forwarder
 from .test_controller_gpugroup import add_group, add_member, group_status, queue
 
@@ -54,23 +55,9 @@ def renewed_at(c: Cluster) -> datetime | None:
 
 
 def controller_writes(local: Any, namespace: str) -> list[tuple[str, str, str]]:
-    """(when, identity, what) for every write a controller replica sent to the API server
-    in `namespace`, oldest first, from the API server's audit log (lease renewals, which
-    carry their own User-Agent, left out)."""
-    writes = []
-    for event in local.audit_events():
-        agent = str(event.get("userAgent") or "")
-        ref = event.get("objectRef") or {}
-        if not agent.startswith("flexinfer-controller/") or agent.endswith("/leader-election"):
-            continue
-        if ref.get("namespace") != namespace:
-            continue
-        what = f"{event.get('verb')} {ref.get('resource')}/{ref.get('name')}"
-        if ref.get("subresource"):
-            what += f"/{ref['subresource']}"
-        identity = agent.removeprefix("flexinfer-controller/")
-        writes.append((str(event["requestReceivedTimestamp"]), identity, what))
-    return sorted(writes)
+    """(when, identity, what) for every write a controller replica sent about
+    `namespace`, oldest first (harness.controller_writes)."""
+    return [(when, who, what) for when, who, what, _ in audit_writes(local, namespace)]
 
 
 def writer_runs(writes: list[tuple[str, str, str]]) -> list[str]:

@@ -135,16 +135,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda g: demand(member(g, 0)), range(args.groups)))
-        def all_ready(index: int) -> bool:
+        def not_ready(index: int) -> list[str]:
             listing = c.api.list(MODELS, NAMESPACE).get("items") or []
             ready = {m["metadata"]["name"] for m in listing
                      if (m.get("status") or {}).get("phase") == "Ready"}
-            return all(member(g, index) in ready for g in range(args.groups))
+            return [member(g, index) for g in range(args.groups) if member(g, index) not in ready]
 
         deadline = time.monotonic() + args.timeout
-        while not all_ready(0):  # every group serves its first member before the burst
+        asked_at = time.monotonic()
+        while waiting := not_ready(0):  # every group serves its first member before the burst
             if time.monotonic() > deadline:
                 raise TimeoutError("the first members did not all become Ready")
+            if time.monotonic() - asked_at > 60:
+                # As the proxy does for a request still waiting: ask again, so a slow
+                # start (1,000 Models to render on a busy machine) never outlasts the
+                # demand window.
+                with ThreadPoolExecutor(16) as pool:
+                    list(pool.map(demand, waiting))
+                asked_at = time.monotonic()
             time.sleep(1)
         warm = time.monotonic() - created
 
@@ -201,6 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         writes: dict[str, float] = {}
         if args.audit:  # the controller's writes during the burst, per swap
             counted: Counter[str] = Counter()
+            roles = {member(g, 0): "old holder" for g in swapping}
+            roles |= {member(g, 1): "new holder" for g in swapping}
             for event in local.audit_events():
                 if not str(event.get("userAgent", "")).startswith("flexinfer-controller"):
                     continue
@@ -209,8 +219,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 ref = event.get("objectRef") or {}
                 what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+                if what == "models/status":  # whose: a swap's two holders, or a bystander
+                    what += f" ({roles.get(str(ref.get('name')), 'other member')})"
                 counted[f"{event['verb']} {what}"] += 1
             writes = {k: round(v / len(swapping), 2) for k, v in counted.most_common()}
+            writes["total"] = round(sum(counted.values()) / len(swapping), 2)
         return {
             "benchmark": "controller_burst_swaps",
             "models": len(names),

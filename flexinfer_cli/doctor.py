@@ -518,7 +518,12 @@ def demand_reaches_controller(
             policy=settings.policy,
             running=snapshot.running,
         )
-        pending = {c.name for c in decision.changes(group.states) if c.status or c.replicas}
+        # A holder's progress toward serving is the controller's to hold back a while.
+        pending = {
+            c.name
+            for c in decision.changes(group.states)
+            if (c.status and not c.progress) or c.replicas
+        }
         for state in group.states:
             if (
                 state.name in pending

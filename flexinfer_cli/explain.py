@@ -378,7 +378,12 @@ def shared_data(
                 "pendingWrites": [
                     what
                     for what, due in (
-                        ("status", change is not None and change.status),
+                        # A holder's progress toward serving waits to be written
+                        # (the controller's --status-coalesce-seconds).
+                        (
+                            "progress" if change is not None and change.progress else "status",
+                            change is not None and change.status,
+                        ),
                         ("replicas", change is not None and change.replicas),
                         ("active-services", change is not None and change.active_services),
                     )

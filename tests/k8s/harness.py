@@ -40,8 +40,8 @@ from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
-from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
 from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODEL_CACHES, MODELS, PODS, SERVICES

@@ -36,6 +36,7 @@ from flexinfer_devcluster.localcluster import (
     LocalCluster,
 )
 from flexinfer_devcluster.policy import dev_policy, dev_policy_yaml
+from flexinfer_k8s.cache import INFORMER_SELECTORS
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
 from flexinfer_k8s.pods import pod_is_ready
@@ -225,6 +226,33 @@ class RunningController:
 
     def writes(self) -> float:
         return self.metrics.writes()
+
+    def settle(self, cluster: Cluster, *, timeout: float = 60.0) -> None:
+        """Return once the controller has acted on the cluster as it is now: its cache
+        holds every pod, Deployment and Model of the namespace at the API server's
+        resourceVersion, and a full pass over every key, started after that, is done.
+        A test that counts writes from here on counts only what it causes itself: a
+        pod that became Ready a moment ago is no longer a status write on its way (the
+        watch delivered it, and the pass wrote it)."""
+        def versions(objects: list[JSON]) -> dict[str, str]:
+            return {o["metadata"]["name"]: str(o["metadata"]["resourceVersion"]) for o in objects}
+
+        def caught_up() -> bool:
+            for resource in (PODS, DEPLOYMENTS, MODELS):
+                # What the controller's informer lists, with the same selector.
+                live = cluster.api.list(
+                    resource, cluster.namespace, label_selector=INFORMER_SELECTORS.get(resource)
+                )
+                cached = self.controller.cache.objects(resource, cluster.namespace)
+                if versions(live.get("items") or []) != versions(cached):
+                    return False
+            return True
+
+        wait_until(caught_up, what="the controller's cache to catch up", timeout=timeout)
+        # The pass covers a change whose watch event was stored but not yet queued when
+        # the cache was compared (the informer stores, then queues).
+        self.controller.enqueue_all()
+        assert self.controller.wait_idle(timeout), "the controller never went idle"
 
 
 @contextlib.contextmanager

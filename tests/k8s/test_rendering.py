@@ -254,12 +254,22 @@ def test_a_users_label_survives_and_a_settings_edit_rolls_without_touching_repli
         # The applies left replicas alone: the leader kept its pod, nobody else got one.
         assert a["spec"]["replicas"] == 1 and b["spec"]["replicas"] == 0
         assert c.replicas("x") == 0
-        wait_until(lambda: c.ready_pods("a"), what="a's new pod Ready")
-        ctl.controller.wait_idle()
+
+        def rolled_out() -> bool:
+            """a's roll is over: its one pod is of the new template, Ready, staying."""
+            pods = c.pods("a")
+            return len(pods) == 1 and pods == c.ready_pods("a") and (
+                "--max-model-len" in pods[0]["spec"]["containers"][0]["args"]
+            )
+
+        wait_until(rolled_out, what="a's roll to end with its new pod Ready")
+        # The controller may still have to write what the roll changed (a's phase back
+        # to Ready): those writes are the roll's, not the full pass's.
+        ctl.settle(c)
         writes = ctl.writes()
         assert c.api.get(DEPLOYMENTS, c.namespace, "a")["metadata"]["labels"]["team"] == "research"
         ctl.controller.enqueue_all()  # a full pass over everything: nothing left to apply
-        ctl.controller.wait_idle()
+        assert ctl.controller.wait_idle()
         assert ctl.writes() == writes
     timeline.stop()
     assert timeline.violations == []

@@ -8,6 +8,7 @@ live list still shows.
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,6 +35,7 @@ from flexinfer_kube.kubeapi import Conflict, Rejected
 from flexinfer_kube.resources import (
     CONFIG_MAPS,
     DEPLOYMENTS,
+    GPU_GROUPS,
     MODEL_DEPLOYMENTS,
     MODELS,
     PODS,
@@ -244,6 +246,84 @@ def test_a_scale_up_the_live_pod_list_contradicts_is_deferred_then_done() -> Non
         ("PATCH", "deployments", "b", "scale")
     )
     assert world.replicas("b") == 1
+
+
+def gpu_group_member(name: str, replicas: int) -> tuple[JSON, JSON]:
+    """A ModelDeployment of GPUGroup gg and its Deployment."""
+    labels = {MODEL_LABEL: name, KIND_LABEL: "ModelDeployment"}
+    md = {
+        "metadata": {"name": name, "namespace": NS, "generation": 1, "uid": f"uid-{name}"},
+        "spec": {"backend": "vllm", "model": f"test/{name}", "idleTimeoutSeconds": 300,
+                 "gpuGroupRef": "gg"},
+    }
+    workload = {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "ownerReferences": [owner("ModelDeployment", name)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": {**labels, GROUP_LABEL: "gg"}}},
+        },
+    }
+    return md, workload
+
+
+def test_a_gpugroup_scale_up_the_live_pod_list_contradicts_is_deferred_then_done() -> None:
+    """The same interlock for a GPUGroup, through the same apply: m1 held the card and
+    m2 is queued; once the cache says m1's pod is gone (Graceful drain over) but the
+    live list still has it, m2's scale-up waits; it goes once the pod is gone."""
+    world = World()
+    key: WorkKey = ("gpugroup", NS, "gg")
+    world.put(GPU_GROUPS, {
+        "metadata": {"name": "gg", "namespace": NS, "generation": 1, "annotations": {
+            "demand.ai.flexinfer/m2": json.dumps({
+                "queued": 1,
+                "oldestWaiting": format_rfc3339(T0 - timedelta(seconds=30)),
+                "reportedAt": format_rfc3339(T0),
+            }),
+        }},
+        "spec": {
+            "models": [{"name": "m1", "priority": 100}, {"name": "m2", "priority": 100}],
+            "scalingPolicy": {"preemptionPolicy": "Graceful", "drainTimeoutSeconds": 60},
+            "antiThrashing": {"enabled": False},
+        },
+        "status": {"phase": "Active", "activeModel": "m1",
+                   "lastSwapTime": format_rfc3339(T0 - timedelta(hours=1)), "swapCount": 1},
+    })
+    for name, replicas in (("m1", 1), ("m2", 0)):
+        md, workload = gpu_group_member(name, replicas)
+        world.put(MODEL_DEPLOYMENTS, md)
+        world.put(DEPLOYMENTS, workload)
+    m1_pod = pod("m1")
+    m1_pod["metadata"]["labels"] = {MODEL_LABEL: "m1", KIND_LABEL: "ModelDeployment",
+                                    GROUP_LABEL: "gg"}
+    world.put(PODS, m1_pod)
+    world.run(key)  # the swap: m1 scaled down, m2 waits for its pod (Draining)
+    assert world.replicas("m1") == 0 and world.replicas("m2") == 0
+    assert world.status(GPU_GROUPS, "gg")["activeModel"] == "m2"
+    world.controller.cache.store(PODS).forget(NS, "m1-0")  # the cache: gone
+    world.api.calls.clear()
+
+    deferred = world.run(key)
+
+    assert ("LIST", "pods", "", "") in world.api.calls
+    assert ("PATCH", "deployments", "m2", "scale") not in world.api.calls
+    assert world.replicas("m2") == 0
+    assert deferred is not None and deferred.next_change_at is not None
+    assert deferred.next_change_at <= T0 + timedelta(seconds=1)
+
+    world.api.remove(PODS, NS, "m1-0")  # the API server: gone too
+    world.clock.advance(timedelta(seconds=1))
+    world.api.calls.clear()
+    world.run(key)
+    calls = world.api.verbs()
+    assert calls.index(("LIST", "pods", "", "")) < calls.index(
+        ("PATCH", "deployments", "m2", "scale")
+    )
+    assert world.replicas("m2") == 1
 
 
 # --- a status write that fails --------------------------------------------------------------

@@ -220,32 +220,38 @@ def test_a_swap_writes_status_then_scale_down_then_events_then_annotations() -> 
     assert outcome is not None and outcome.wrote
 
 
+def deferred_until_the_pod_is_gone(world: World, key: WorkKey, *, old: str, new: str) -> None:
+    """`old`'s pod leaves the cache but not the API server: `new`'s scale-up waits for
+    the live list (the key rechecks within a second), and goes once the pod is gone."""
+    world.controller.cache.store(PODS).forget(NS, f"{old}-0")  # the cache: gone
+    world.api.calls.clear()
+
+    deferred = world.run(key)
+
+    assert ("LIST", "pods", "", "") in world.api.calls
+    assert ("PATCH", "deployments", new, "scale") not in world.api.calls
+    assert world.replicas(new) == 0
+    assert deferred is not None and deferred.next_change_at is not None
+    assert deferred.next_change_at <= T0 + timedelta(seconds=1)
+
+    world.api.remove(PODS, NS, f"{old}-0")  # the API server: gone too
+    world.clock.advance(timedelta(seconds=1))
+    world.api.calls.clear()
+    world.run(key)
+    calls = world.api.verbs()
+    assert calls.index(("LIST", "pods", "", "")) < calls.index(
+        ("PATCH", "deployments", new, "scale")
+    )
+    assert world.replicas(new) == 1
+
+
 def test_a_scale_up_the_live_pod_list_contradicts_is_deferred_then_done() -> None:
     """The cache says a's pod is gone; the live list (what a watch a little behind
     cannot see) still has it: b's scale-up waits, then goes once the pod is gone."""
     world = World()
     a_holds_b_asks(world)
     world.run()
-    world.controller.cache.store(PODS).forget(NS, "a-0")  # the cache: gone
-    world.api.calls.clear()
-
-    deferred = world.run()
-
-    assert ("LIST", "pods", "", "") in world.api.calls
-    assert ("PATCH", "deployments", "b", "scale") not in world.api.calls
-    assert world.replicas("b") == 0
-    assert deferred is not None and deferred.next_change_at is not None
-    assert deferred.next_change_at <= T0 + timedelta(seconds=1)
-
-    world.api.remove(PODS, NS, "a-0")  # the API server: gone too
-    world.clock.advance(timedelta(seconds=1))
-    world.api.calls.clear()
-    world.run()
-    calls = world.api.verbs()
-    assert calls.index(("LIST", "pods", "", "")) < calls.index(
-        ("PATCH", "deployments", "b", "scale")
-    )
-    assert world.replicas("b") == 1
+    deferred_until_the_pod_is_gone(world, KEY, old="a", new="b")
 
 
 def gpu_group_member(name: str, replicas: int) -> tuple[JSON, JSON]:
@@ -304,26 +310,7 @@ def test_a_gpugroup_scale_up_the_live_pod_list_contradicts_is_deferred_then_done
     world.run(key)  # the swap: m1 scaled down, m2 waits for its pod (Draining)
     assert world.replicas("m1") == 0 and world.replicas("m2") == 0
     assert world.status(GPU_GROUPS, "gg")["activeModel"] == "m2"
-    world.controller.cache.store(PODS).forget(NS, "m1-0")  # the cache: gone
-    world.api.calls.clear()
-
-    deferred = world.run(key)
-
-    assert ("LIST", "pods", "", "") in world.api.calls
-    assert ("PATCH", "deployments", "m2", "scale") not in world.api.calls
-    assert world.replicas("m2") == 0
-    assert deferred is not None and deferred.next_change_at is not None
-    assert deferred.next_change_at <= T0 + timedelta(seconds=1)
-
-    world.api.remove(PODS, NS, "m1-0")  # the API server: gone too
-    world.clock.advance(timedelta(seconds=1))
-    world.api.calls.clear()
-    world.run(key)
-    calls = world.api.verbs()
-    assert calls.index(("LIST", "pods", "", "")) < calls.index(
-        ("PATCH", "deployments", "m2", "scale")
-    )
-    assert world.replicas("m2") == 1
+    deferred_until_the_pod_is_gone(world, key, old="m1", new="m2")
 
 
 # --- a status write that fails --------------------------------------------------------------

@@ -178,6 +178,7 @@ def _model(item: Any, where: str, *, group: str, namespace: str) -> ModelState:
         priority=_int(item, "priority", where, default=Policy.PRIORITY),
         swap_cooldown=_duration(item, "swapCooldown", where) if "swapCooldown" in item else None,
         force_promotion=bool(item.get("forcePromotion", Policy.FORCE_PROMOTION)),
+        default_member=bool(item.get("default", Policy.DEFAULT_MEMBER)),
         serverless=Serverless(
             enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
             min_replicas=_int(

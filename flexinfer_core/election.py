@@ -24,6 +24,11 @@ read carries its `problem`. A readable active lease parks the group whatever els
 unreadable; with none, an unreadable source or lease means the election proceeds as
 unleased and its message says which and why.
 
+The group's default member (docs/election.md 1.5) is two rules of the chain: the
+default yields once it runs only to stay warm (rule 8), and takes the card back once
+nobody else is demanded and the holder has idled out (rule 9); `Ballot.default` names
+it.
+
 Adding a rule (a holder that drains before it is preempted, a set of holders packed
 into a VRAM budget) is adding a `Rule` to `CHAIN` where docs/election.md puts it,
 with its own crossings and wording; nothing else walks the members.
@@ -238,12 +243,15 @@ class Threshold(StrEnum):
     LOAD_GRACE = "load grace"
     IDLE_TIMEOUT = "idle timeout"
     SWAP_COOLDOWN = "swap cooldown"
+    DEFAULT_YIELD = "default idle past its idle timeout"
+    DEFAULT_RETURN = "holder idle past its idle timeout"
 
 
 # As the members of Phase and SharedState above: read for every member.
 _LEASE_EXPIRY, _SWAP_COOLDOWN = Threshold.LEASE_EXPIRY, Threshold.SWAP_COOLDOWN
 _LOAD_GRACE, _IDLE = Threshold.LOAD_GRACE, Threshold.IDLE
 _DEMAND_WINDOW, _RECENT_WINDOW = Threshold.DEMAND_WINDOW, Threshold.RECENT_WINDOW
+_DEFAULT_YIELD, _DEFAULT_RETURN = Threshold.DEFAULT_YIELD, Threshold.DEFAULT_RETURN
 
 
 class Crossing(NamedTuple):
@@ -276,6 +284,33 @@ class WrittenStatus(Protocol):
 def is_loading(model: ModelState) -> bool:
     """Pending or Loading: its pod is on its way."""
     return model.phase in _LOADING
+
+
+def idle_past_timeout(model: ModelState, now: datetime) -> bool:
+    """No `lastActiveTime`, or one strictly older than the member's own `idleTimeout`
+    (when a leader would scale to `minReplicas`; docs/election.md 1.3)."""
+    last = model.last_active
+    return last is None or now - last > model.serverless.idle_timeout
+
+
+def scales_to_zero(model: ModelState) -> bool:
+    """A leader that goes to 0 replicas by itself once idle past its idle timeout."""
+    serverless = model.serverless
+    return serverless.enabled and serverless.min_replicas == 0
+
+
+def _default_rank(model: ModelState) -> tuple[int, str]:
+    return (-model.priority, model.name)
+
+
+def group_default(members: Iterable[ModelState]) -> tuple[ModelState | None, tuple[str, ...]]:
+    """The group's default (docs/election.md 1.5): of the members with `spec.gpu.default`,
+    the highest priority, then the smaller name; and the names of the other marked
+    members, whose flag is ignored."""
+    marked = sorted([m for m in members if m.default_member], key=_default_rank)
+    if not marked:
+        return None, ()
+    return marked[0], tuple(sorted(m.name for m in marked[1:]))
 
 
 class Ballot:
@@ -341,6 +376,12 @@ class Ballot:
             None,
         )
         """Rule 6: the best runnable member demanded within the demand window."""
+        self.default: ModelState | None = None
+        """The group's default member (docs/election.md 1.5); shared groups only."""
+        self.ignored_defaults: tuple[str, ...] = ()
+        """The other members with `spec.gpu.default`, whose flag is ignored."""
+        if group:
+            self.default, self.ignored_defaults = group_default(members)
 
     @property
     def activity(self) -> tuple[tuple[datetime, ModelState], ...]:
@@ -728,6 +769,132 @@ def _idle_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
     return ballot.after_activity(ballot.policy.demand_window + _TICK, _IDLE, after=after)
 
 
+def _default_yields(ballot: Ballot) -> Verdict:
+    """A default that only stays warm gives the card to whoever is demanded."""
+    default, ready, demanded = ballot.default, ballot.ready, ballot.demanded
+    if default is None:
+        return lambda: "the group names no default (spec.gpu.default)"
+    if ready is not default:
+        return lambda: f"the default {default.name} is not the ready member"
+    idle = _fmt(default.serverless.idle_timeout)
+    if ballot.is_demanded(default) or not idle_past_timeout(default, ballot.now):
+        return lambda: f"the default {default.name} is in use (inside its {idle} idle timeout)"
+    if demanded is None:
+        return lambda: f"the default {default.name} stays warm: nobody else is demanded"
+    return Election(
+        demanded,
+        reasons.DEFAULT_YIELDS,
+        f"{demanded.name} is demanded and the default {default.name} is idle past its "
+        f"{idle} idle timeout (it only stays warm)",
+    )
+
+
+def _default_yield_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
+    default = ballot.default
+    if default is None or default.last_active is None:
+        return []
+    at = default.last_active + default.serverless.idle_timeout + _TICK
+    return [(at, _DEFAULT_YIELD, default.name)] if after is None or at > after else []
+
+
+def _default_yield_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    default = ballot.default
+    if (
+        crossing.kind is not _DEFAULT_YIELD
+        or default is None
+        or default.shared_state is not _ACTIVE
+    ):
+        return None
+    idle = _fmt(default.serverless.idle_timeout)
+    return (
+        f"the default {default.name}'s {idle} idle timeout ends: it yields to any demanded member"
+    )
+
+
+def _return_to_default(ballot: Ballot) -> Verdict:
+    """The card goes back to the default once nobody else needs it."""
+    default = ballot.default
+    if default is None:
+        return lambda: "the group names no default (spec.gpu.default)"
+    name = default.name
+    if not default.runnable:
+        return lambda: f"the default {name} is not runnable ({_not_runnable(default)})"
+    now, window = ballot.now, ballot.policy.demand_window
+    other = next(
+        (
+            m
+            for m in ballot.runnable
+            if m is not default and m.last_active is not None and now - m.last_active < window
+        ),
+        None,
+    )
+    if other is not None:
+        return lambda: f"{other.name} is demanded: the default {name} waits"
+    holder = ballot.holder
+    if holder is None:
+        why = "nobody holds the card and nobody else is demanded"
+    elif holder is default:
+        return Election(
+            default,
+            reasons.RETURN_TO_DEFAULT,
+            f"{name} is the group's default and keeps the card: nobody else is demanded",
+        )
+    elif not holder.runnable:
+        why = f"nobody else is demanded and the holder {holder.name} is {_not_runnable(holder)}"
+    else:
+        idle = _fmt(holder.serverless.idle_timeout)
+        if not idle_past_timeout(holder, now):
+            age = _fmt(idle_for(holder, now) or timedelta(0))
+            return lambda: (
+                f"{holder.name} is in use: idle {age} of its {idle} idle timeout; "
+                f"the default {name} returns after it"
+            )
+        if holder.phase is _READY and scales_to_zero(holder):
+            return lambda: (
+                f"{holder.name} is idle past its {idle} idle timeout but still Ready: it "
+                f"scales itself to zero first, then the default {name} returns"
+            )
+        why = f"nobody else is demanded and {holder.name} is idle past its {idle} idle timeout"
+    return Election(
+        default,
+        reasons.RETURN_TO_DEFAULT,
+        f"{name} is the group's default and takes the card back: {why}",
+    )
+
+
+def _default_return_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
+    # Every other member's idle timeout, not only the holder's: the timer is read off the
+    # ballot before the decision is written, and the decision may change the holder.
+    default = ballot.default
+    if default is None:
+        return []
+    activity = ballot.activity
+    longest = max([m.serverless.idle_timeout for _, m in activity], default=_TICK)
+    out = []
+    for last, m in ballot.active_since(after, longest):
+        if m is default:
+            continue
+        end = last + m.serverless.idle_timeout
+        if after is None or end >= after:  # end + a tick > after
+            out.append((end + _TICK, _DEFAULT_RETURN, m.name))
+    return out
+
+
+def _default_return_says(ballot: Ballot, crossing: Crossing) -> str | None:
+    default = ballot.default
+    if crossing.kind is not _DEFAULT_RETURN or default is None:
+        return None
+    holder = ballot.member(crossing.subject)
+    # Worth saying only of the member that holds the card.
+    if holder is None or holder.shared_state is not _ACTIVE:
+        return None
+    idle = _fmt(holder.serverless.idle_timeout)
+    return (
+        f"{holder.name}'s {idle} idle timeout ends: the default {default.name} may take the "
+        "card back"
+    )
+
+
 def _ready_member(ballot: Ballot) -> Verdict:
     ready = ballot.ready
     if ready is not None:
@@ -783,6 +950,18 @@ CHAIN: Final = (
     ),
     Rule("classify", _classify, crossings=_window_crossings, says=_window_says),
     Rule("demand preemption", _demand_preemption, crossings=_idle_crossings),
+    Rule(
+        "default yields",
+        _default_yields,
+        crossings=_default_yield_crossings,
+        says=_default_yield_says,
+    ),
+    Rule(
+        "return to default",
+        _return_to_default,
+        crossings=_default_return_crossings,
+        says=_default_return_says,
+    ),
     Rule("ready member", _ready_member),
     Rule("recent demand", _recent_demand),
     Rule("fallback", _fallback),
@@ -994,14 +1173,18 @@ def _classification(ballot: Ballot) -> str:
         f"wanted within {_fmt(policy.recent_window)}: {_name(ballot.recent)}",
         f"demanded within {_fmt(policy.demand_window)}: {_name(ballot.demanded)}",
     ]
-    blocked = [
-        f"{m.name} ({'failed' if m.phase is _FAILED else 'cache not ready'})"
-        for m in ballot.members
-        if not m.runnable
-    ]
+    blocked = [f"{m.name} ({_not_runnable(m)})" for m in ballot.members if not m.runnable]
     if blocked:
         parts.append(f"not runnable: {', '.join(blocked)}")
+    if ballot.default is not None:
+        parts.append(f"default: {ballot.default.name}")
+    if ballot.ignored_defaults:
+        parts.append(f"spec.gpu.default ignored on: {', '.join(ballot.ignored_defaults)}")
     return "; ".join(parts)
+
+
+def _not_runnable(model: ModelState) -> str:
+    return "failed" if model.phase is _FAILED else "cache not ready"
 
 
 def _why_no_preemption(ballot: Ballot) -> str:

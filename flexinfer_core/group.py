@@ -248,13 +248,19 @@ def progress_only(model: ModelState, target: MemberDecision) -> bool:
     )
 
 
-def desired_replicas(model: ModelState, *, now: datetime) -> int:
-    """Replicas for a member that holds the card (spec 1.3); a non-leader wants 0."""
+def desired_replicas(model: ModelState, *, now: datetime, warm: bool = False) -> int:
+    """Replicas for a member that holds the card (spec 1.3); a non-leader wants 0.
+
+    `warm`: the member is its group's default (docs/election.md 1.5), which never goes
+    below one replica while it holds the card, whatever its idle timeout.
+    """
     serverless = model.serverless
     if not serverless.enabled:
         return 1
     if model.phase is _LOADING:
         return 1
+    if warm:
+        return max(1, serverless.min_replicas)
     if model.last_active is None:
         return serverless.min_replicas
     if now - model.last_active > serverless.idle_timeout:
@@ -305,7 +311,8 @@ def decide_group(
         policy=policy,
     )
     election = elect(ballot)
-    members = _member_decisions(models, election, now=now, running=running)
+    default = ballot.default.name if ballot.default is not None else None
+    members = _member_decisions(models, election, now=now, running=running, default=default)
     if election.leader is not None:
         # The leader's condition gives the reason it holds the card once this decision
         # is applied. Applying can itself change the live rule (a fresh preemption
@@ -320,6 +327,13 @@ def decide_group(
                     _held_because(member, again) if member.is_leader else member
                     for member in members
                 )
+    if ballot.ignored_defaults:
+        members = tuple(
+            _default_ignored(member, default or "")
+            if member.name in ballot.ignored_defaults
+            else member
+            for member in members
+        )
     if from_the_future:
         members = tuple(
             _from_the_future(member, from_the_future[member.name], now=now)
@@ -412,6 +426,23 @@ def _from_the_future(
     )
 
 
+def _default_ignored(member: MemberDecision, default: str) -> MemberDecision:
+    """The decision of a member whose `spec.gpu.default` is ignored because another
+    member of its group is the default (docs/election.md 1.5), saying so."""
+    note = (
+        f"spec.gpu.default ignored: {default} is the group's default (higher priority, then name)"
+    )
+    message = f"{member.message}; {note}"
+    return attrs.evolve(
+        member,
+        message=message,
+        conditions=tuple(
+            attrs.evolve(c, message=message) if c.message == member.message else c
+            for c in member.conditions
+        ),
+    )
+
+
 def _held_because(leader: MemberDecision, holding: Election) -> MemberDecision:
     """The leader's decision with its hold explained by `holding` (unless it waits: for
     the card to be free, or for its cache)."""
@@ -439,8 +470,10 @@ def _member_decisions(
     *,
     now: datetime,
     running: Collection[str],
+    default: str | None,
 ) -> tuple[MemberDecision, ...]:
-    """Per-member targets as `election` decides them."""
+    """Per-member targets as `election` decides them (`default`: the group's default
+    member, which stays warm while it leads)."""
     leader = election.leader
     lease = election.lease
     leader_name = leader.name if leader is not None else None
@@ -465,6 +498,7 @@ def _member_decisions(
                     services=",".join(model.service_labels),
                     has_pods=model.name in running,
                     announce=not evicting,
+                    warm=model.name == default,
                 )
             )
         else:
@@ -485,11 +519,12 @@ def _leader_decision(
     services: str,
     has_pods: bool,
     announce: bool = True,
+    warm: bool = False,
 ) -> MemberDecision:
-    want = desired_replicas(model, now=now)
+    want = desired_replicas(model, now=now, warm=warm)
     reason, message = election.reason, election.message
     if want > 0 and not model.cache_ready:
-        # Elected as the best of no runnable member (rule 10): it holds the card, but a
+        # Elected as the best of no runnable member (rule 12): it holds the card, but a
         # pod would mount a copy that is not complete. Nothing runs until it is.
         want = 0
         reason = reasons.CACHE_NOT_READY

@@ -18,6 +18,10 @@ SWAP_COOLDOWN: Final = "SwapCooldown"
 LOADING_HOLDER: Final = "LoadingHolder"
 DEMAND_PREEMPTION: Final = "DemandPreemption"
 READY_LEADER: Final = "ReadyLeader"
+# The group's default member (docs/election.md 1.5): it yields once it only stays warm,
+# and takes the card back once nobody else is demanded and the holder has idled out.
+DEFAULT_YIELDS: Final = "DefaultYields"
+RETURN_TO_DEFAULT: Final = "ReturnToDefault"
 RECENT_DEMAND: Final = "RecentDemand"
 FALLBACK: Final = "Fallback"
 
@@ -29,6 +33,8 @@ ELECTION_REASONS: Final = frozenset(
         SWAP_COOLDOWN,
         LOADING_HOLDER,
         DEMAND_PREEMPTION,
+        DEFAULT_YIELDS,
+        RETURN_TO_DEFAULT,
         READY_LEADER,
         RECENT_DEMAND,
         FALLBACK,

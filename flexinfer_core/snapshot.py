@@ -184,6 +184,8 @@ class Policy:
     COLD_START_TIMEOUT: ClassVar[timedelta] = timedelta(seconds=60)
     # Model `spec.gpu.forcePromotion`.
     FORCE_PROMOTION: ClassVar[bool] = False
+    # Model `spec.gpu.default` (docs/election.md 1.5).
+    DEFAULT_MEMBER: ClassVar[bool] = False
 
 
 DEFAULT_PRIORITY = Policy.PRIORITY
@@ -277,6 +279,8 @@ class ModelState:
     swap_cooldown: timedelta | None = attrs.field(default=None, validator=non_negative_duration)
     force_promotion: bool = Policy.FORCE_PROMOTION
     serverless: Serverless = Serverless()
+    # `spec.gpu.default`: the member the card returns to (docs/election.md 1.5).
+    default_member: bool = Policy.DEFAULT_MEMBER
     service_labels: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     cache_ready: bool = True
     # Observed status and workload; None means "not written yet".

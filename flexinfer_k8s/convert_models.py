@@ -98,6 +98,7 @@ def model_state_from_k8s(
                 else parse_duration(str(gpu["swapCooldown"]), field="spec.gpu.swapCooldown")
             ),
             force_promotion=bool(gpu.get("forcePromotion", Policy.FORCE_PROMOTION)),
+            default_member=gpu.get("default", Policy.DEFAULT_MEMBER) is True,
             serverless=Serverless(
                 enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
                 min_replicas=int_or(serverless.get("minReplicas"), Policy.MIN_REPLICAS),

@@ -44,6 +44,7 @@ def _seconds(value: timedelta) -> int:
 CORE_DEFAULTS: dict[tuple[str, str], Any] = {
     ("Model", "spec.gpu.priority"): Policy.PRIORITY,
     ("Model", "spec.gpu.forcePromotion"): Policy.FORCE_PROMOTION,
+    ("Model", "spec.gpu.default"): Policy.DEFAULT_MEMBER,
     ("Model", "spec.serverless.enabled"): Policy.SERVERLESS_ENABLED,
     ("Model", "spec.serverless.minReplicas"): Policy.MIN_REPLICAS,
     ("Model", "spec.serverless.idleTimeout"): Policy.IDLE_TIMEOUT,

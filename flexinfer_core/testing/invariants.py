@@ -84,7 +84,12 @@ def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
     if decision.leader is None:
         return
     leader = decision.member(decision.leader)
-    wanted = oracle.leader_replicas(sc.member(decision.leader), sc.now)
+    default = oracle.group_default(sc.models)
+    wanted = oracle.leader_replicas(
+        sc.member(decision.leader),
+        sc.now,
+        warm=default is not None and default.name == decision.leader,
+    )
     others = sorted(sc.running - {decision.leader})
     if others and decision.leader not in sc.running:
         assert leader.desired_replicas == 0, (
@@ -109,7 +114,10 @@ def check_lease_parks_the_group(sc: GroupScenario, decision: GroupDecision) -> N
 def check_priority(sc: GroupScenario, decision: GroupDecision) -> None:
     """A Ready, runnable member that is the only Active one (as the controller leaves a
     group) never loses the card to a member of strictly lower priority, unless that one
-    has forcePromotion."""
+    has forcePromotion, or the group's default is involved once the holder has idled
+    out (docs/election.md 1.5): the default takes the card back from a holder idle past
+    its own idle timeout, and a default idle past its own yields to any demanded member.
+    A demanded member is never displaced by the default's return."""
     active = oracle.active_members(sc.models)
     if len(active) != 1 or lease_parks(sc) or decision.leader is None:
         return
@@ -119,6 +127,28 @@ def check_priority(sc: GroupScenario, decision: GroupDecision) -> None:
     leader = sc.member(decision.leader)
     if leader.force_promotion:
         return
+    default = oracle.group_default(sc.models)
+    if default is not None and leader is default and holder is not default:
+        # The default takes the card from a demanded holder only by its own demand.
+        assert not oracle.demanded(holder, sc.now) or oracle.demanded(leader, sc.now), (
+            f"the default {leader.name} displaced the demanded {holder.name}: "
+            f"{decision.reason}: {decision.message}"
+        )
+    if leader.priority >= holder.priority:
+        return
+    if default is not None:
+        if leader is default:
+            assert oracle.idle_past_timeout(holder, sc.now), (
+                f"the default {leader.name} took the card from {holder.name}, which is not "
+                f"idle past its idle timeout: {decision.reason}: {decision.message}"
+            )
+            return
+        if (
+            holder is default
+            and not oracle.demanded(holder, sc.now)
+            and oracle.idle_past_timeout(holder, sc.now)
+        ):
+            return
     assert leader.priority >= holder.priority, (
         f"{holder.name} (priority {holder.priority}) lost the card to {leader.name} "
         f"(priority {leader.priority}): {decision.reason}: {decision.message}"

@@ -73,14 +73,29 @@ def active_members(models: Iterable[ModelState]) -> list[ModelState]:
     return [m for m in models if m.shared_state is SharedState.ACTIVE]
 
 
-def leader_replicas(model: ModelState, now: datetime) -> int:
+def group_default(models: Iterable[ModelState]) -> ModelState | None:
+    """The group's default (docs/election.md 1.5): of the members with spec.gpu.default,
+    the highest priority, then the alphabetically smaller name."""
+    marked = [m for m in models if m.default_member and m.group]
+    return min(marked, key=lambda m: (-m.priority, m.name), default=None)
+
+
+def idle_past_timeout(model: ModelState, now: datetime) -> bool:
+    """lastActiveTime absent or strictly older than the member's own idleTimeout."""
+    return model.last_active is None or now - model.last_active > model.serverless.idle_timeout
+
+
+def leader_replicas(model: ModelState, now: datetime, *, warm: bool = False) -> int:
     """The leader's desired replicas, before break-before-make; a leader whose
-    ModelCache is not ready (elected only because nobody is runnable) runs nothing."""
+    ModelCache is not ready (elected only because nobody is runnable) runs nothing.
+    `warm`: the leader is its group's default, which never goes below one replica."""
     if not model.cache_ready:
         return 0
     serverless = model.serverless
     if not serverless.enabled or model.phase is Phase.LOADING:
         return 1
+    if warm:
+        return max(1, serverless.min_replicas)
     if model.last_active is None or now - model.last_active > serverless.idle_timeout:
         return serverless.min_replicas
     return max(1, serverless.min_replicas)

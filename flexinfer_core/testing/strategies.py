@@ -132,14 +132,15 @@ _SETTINGS = st.sampled_from(
 _PRIORITY = st.sampled_from(PRIORITIES)
 _PHASE = st.sampled_from(tuple(Phase))
 _PREEMPTED_AGE = st.one_of(st.none(), st.none(), SHORT_AGES)
-# sharedGroup.state, forcePromotion and cache readiness in one draw (weighted by
-# repetition); it shrinks to (absent, False, ready).
+# sharedGroup.state, forcePromotion, cache readiness and spec.gpu.default in one draw
+# (weighted by repetition); it shrinks to (absent, False, ready, False).
 _FLAGS = st.sampled_from(
     [
-        (state, force, cache)
+        (state, force, cache, default)
         for state in (None, SharedState.QUEUED, SharedState.QUEUED, SharedState.ACTIVE)
         for force in (False, False, False, False, False, True)
         for cache in (True, True, True, True, False)
+        for default in (False, False, False, True)
     ]
 )
 _CACHE_READY = st.sampled_from((True, True, True, True, False))
@@ -149,7 +150,7 @@ _CACHE_READY = st.sampled_from((True, True, True, True, False))
 def model_states(draw: st.DrawFn, name: str, *, now: datetime) -> ModelState:
     """One member of the group as observed at `now` (status not yet written by us)."""
     swap_cooldown, serverless = draw(_SETTINGS)
-    shared_state, force_promotion, cache_ready = draw(_FLAGS)
+    shared_state, force_promotion, cache_ready, default_member = draw(_FLAGS)
     return ModelState(
         name=name,
         namespace=NAMESPACE,
@@ -162,6 +163,7 @@ def model_states(draw: st.DrawFn, name: str, *, now: datetime) -> ModelState:
         swap_cooldown=swap_cooldown,
         force_promotion=force_promotion,
         serverless=serverless,
+        default_member=default_member,
         service_labels=(f"svc-{name}",),
         cache_ready=cache_ready,
     )
@@ -348,7 +350,7 @@ def _group_scenarios_for(
     now = draw(INSTANTS)
     observed = []
     for spec in members:
-        shared_state, _, cache_ready = draw(_FLAGS)
+        shared_state, _, cache_ready, _ = draw(_FLAGS)
         observed.append(
             attrs.evolve(
                 spec,
@@ -423,10 +425,11 @@ def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenari
     """A group whose Ready holder L is the best Ready member, and one demanded challenger C.
 
     `relation` is C's priority relative to L: "lower", "equal" (L busy) or "higher".
-    Preconditions (docs/election.md, the rules in order): no forcePromotion, no active
-    lease, L the only Active member (so rule 5 cannot fire and rule 4 would keep L). For "higher" no
-    cooldown either; for the others, no member at or above L's priority (above
-    for "equal") is demanded, so C is the strongest demand there is.
+    Preconditions (docs/election.md, the rules in order): no forcePromotion, no default
+    (rules 8 and 9), no active lease, L the only Active member (so rule 5 cannot fire and
+    rule 4 would keep L). For "higher" no cooldown either; for the others, no member at
+    or above L's priority (above for "equal") is demanded, so C is the strongest demand
+    there is.
     """
     sc = draw(_scenarios(2))
     names = sorted(m.name for m in sc.models)
@@ -443,7 +446,7 @@ def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenari
 
     models: dict[str, ModelState] = {}
     for m in sc.models:
-        m = attrs.evolve(m, force_promotion=False)
+        m = attrs.evolve(m, force_promotion=False, default_member=False)
         if m.name == leader_name:
             last_active = now - draw(DEMANDED_AGES) if relation == "equal" else m.last_active
             m = attrs.evolve(
@@ -499,7 +502,7 @@ def ready_leader_scenarios(draw: st.DrawFn, relation: str) -> tuple[GroupScenari
 def loading_holder_scenarios(draw: st.DrawFn, *, challenged: bool) -> tuple[GroupScenario, str]:
     """L is the only Active member, Pending or Loading, demanded within its loading grace.
 
-    No forcePromotion, no active lease and no cooldown (rule 4 would keep L too).
+    No forcePromotion, no default, no active lease and no cooldown (rule 4 would keep L too).
     `challenged`: some runnable member of strictly higher priority is demanded;
     otherwise none is.
     """
@@ -510,7 +513,7 @@ def loading_holder_scenarios(draw: st.DrawFn, *, challenged: bool) -> tuple[Grou
     holder_priority = _pick(draw, (0, 50, 100, 500))
     models = []
     for m in sc.models:
-        m = attrs.evolve(m, force_promotion=False)
+        m = attrs.evolve(m, force_promotion=False, default_member=False)
         if m.name == holder_name:
             grace = max(oracle.RECENT_WINDOW, m.serverless.cold_start_timeout)
             age = draw(AGES)

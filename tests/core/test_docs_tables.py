@@ -186,6 +186,26 @@ PRIORITY: dict[str, tuple[list[ModelState], list[GpuLease], str | None, str]] = 
         "leader",
         reasons.LOADING_HOLDER,
     ),
+    "nobody else demanded, the holder idle past its idle timeout and scaled to zero, "
+    "the group has a default": (
+        [
+            member("leader", phase=Phase.IDLE, shared_state=ACTIVE, last_active=ago(301)),
+            member("chat", priority=50, default_member=True),
+        ],
+        [],
+        "chat",
+        reasons.RETURN_TO_DEFAULT,
+    ),
+    "lower-priority model demanded, the default holds the card idle past its own idle "
+    "timeout": (
+        [
+            member("chat", default_member=True, **LEADER_IDLE),
+            member("asker", priority=50, last_active=ago(1)),
+        ],
+        [],
+        "asker",
+        reasons.DEFAULT_YIELDS,
+    ),
 }
 
 
@@ -266,6 +286,30 @@ def trouble_waiting_for_gpu() -> None:
     assert decision.member("new").reason == reasons.WAITING_FOR_GPU
 
 
+def trouble_default_does_not_come_back() -> None:
+    chat = member("chat", default_member=True)
+    coder = {"shared_state": ACTIVE, "phase": READY}
+
+    def leader(*others: ModelState, **holder: object) -> str | None:
+        models = [chat, member("coder", **{**coder, **holder}), *others]
+        return elect_leader(models, now=T0).leader_name
+
+    # Waits while another member is demanded, while the holder is inside its idle
+    # timeout, and while it is still Ready (it scales itself to zero first) ...
+    assert leader(last_active=ago(10)) == "coder"
+    assert leader(last_active=ago(200)) == "coder"
+    assert leader(last_active=ago(301)) == "coder"
+    assert leader(member("asker", priority=0, last_active=ago(119)), phase=Phase.IDLE) == "asker"
+    # ... during a swap cooldown and under a lease ...
+    cooling = member("asker", phase=Phase.PREEMPTED, preempted_at=ago(60))
+    assert leader(cooling, phase=Phase.IDLE, last_active=ago(301)) == "coder"
+    lease = GpuLease(name="ft", group="homelab-gpu")
+    holder = member("coder", shared_state=ACTIVE, phase=Phase.IDLE, last_active=ago(301))
+    assert elect_leader([chat, holder], now=T0, leases=[lease]).leader_name is None
+    # ... and returns once none of them holds.
+    assert leader(member("asker", priority=0, last_active=ago(121)), phase=Phase.IDLE) == "chat"
+
+
 TROUBLE: dict[str, Callable[[], None]] = {
     "lower-priority model never preempts": trouble_lower_priority_never_preempts,
     "continuous swap loop prevented by cooldown": trouble_swap_loop_prevented_by_cooldown,
@@ -273,6 +317,7 @@ TROUBLE: dict[str, Callable[[], None]] = {
     "demand expiring after 2 minutes": trouble_demand_expiring_after_two_minutes,
     "model stays Queued while a training job runs": trouble_training_job_parks_everyone,
     "leader reports `WaitingForGPU`": trouble_waiting_for_gpu,
+    "the default model does not come back": trouble_default_does_not_come_back,
 }
 
 

@@ -93,7 +93,13 @@ class Written(NamedTuple):
 def test_every_threshold_is_listed_and_worded_by_one_rule() -> None:
     models = [
         member("chat", phase=Phase.LOADING, shared_state=ACTIVE, last_active=ago(30)),
-        member("coder", phase=Phase.PREEMPTED, preempted_at=ago(10), last_active=ago(20)),
+        member(
+            "coder",
+            phase=Phase.PREEMPTED,
+            preempted_at=ago(10),
+            last_active=ago(20),
+            default_member=True,
+        ),
     ]
     expired = GpuLease(name="ft", group="homelab-gpu", expires_at=ago(minutes=1))
     ballot = Ballot.of(models, now=T0)

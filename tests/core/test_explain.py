@@ -63,16 +63,34 @@ CASES = {
     "ready": (
         [member("a", phase=READY, last_active=ago(5)), member("b", last_active=ago(1))],
         (),
-        8,
+        10,
         reasons.READY_LEADER,
     ),
     "recent": (
         [member("a"), member("b", last_active=ago(minutes=3))],
         (),
-        9,
+        11,
         reasons.RECENT_DEMAND,
     ),
-    "fallback": ([member("a"), member("b")], (), 10, reasons.FALLBACK),
+    "default yields": (
+        [
+            member("a", phase=READY, shared_state=ACTIVE, default_member=True),
+            member("b", priority=0, last_active=ago(1)),
+        ],
+        (),
+        8,
+        reasons.DEFAULT_YIELDS,
+    ),
+    "default returns": (
+        [
+            member("a", phase=Phase.IDLE, shared_state=ACTIVE, last_active=ago(minutes=6)),
+            member("b", priority=0, default_member=True),
+        ],
+        (),
+        9,
+        reasons.RETURN_TO_DEFAULT,
+    ),
+    "fallback": ([member("a"), member("b")], (), 12, reasons.FALLBACK),
 }
 
 

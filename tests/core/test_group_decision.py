@@ -356,7 +356,7 @@ def test_ready_leader_with_stale_stamp_decides_the_same_after_apply() -> None:
 
 
 def test_a_leader_whose_cache_is_not_ready_runs_nothing() -> None:
-    """Elected only because no member is runnable (rule 10): it keeps the card, but a pod
+    """Elected only because no member is runnable (rule 12): it keeps the card, but a pod
     would mount a copy that is not complete, so it wants no replicas until it is."""
     waiting = member("a", last_active=ago(1), cache_ready=False)
     decision = decide_group([waiting], now=T0)

@@ -101,7 +101,11 @@ def model_body(
     service_labels: tuple[str, ...] = (),
     ready_delay: str = "1s",
     terminate_delay: str = "1s",
+    default: bool = False,
 ) -> JSON:
+    gpu: JSON = {"shared": group, "priority": priority, "swapCooldown": swap_cooldown}
+    if default:
+        gpu["default"] = True
     return {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
@@ -109,7 +113,7 @@ def model_body(
         "spec": {
             "backend": "vllm",
             "source": f"HF://test/{name}",
-            "gpu": {"shared": group, "priority": priority, "swapCooldown": swap_cooldown},
+            "gpu": gpu,
             "serverless": {
                 "idleTimeout": idle_timeout,
                 "minReplicas": min_replicas,

@@ -60,6 +60,7 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.gpu.vendor": "amd",
         "spec.gpu.count": 1,
         "spec.gpu.forcePromotion": False,
+        "spec.gpu.default": False,
         "spec.serverless.enabled": True,
         "spec.serverless.minReplicas": 0,
         "spec.serverless.idleTimeout": "5m",
@@ -452,6 +453,7 @@ def test_blocks_left_out_are_defaulted_whole(
         "count": 1,
         "priority": 100,
         "forcePromotion": False,
+        "default": False,
     }
     assert stored["spec"]["serverless"] == {
         "enabled": True,

@@ -805,10 +805,9 @@ def _default_yield_says(ballot: Ballot, crossing: Crossing) -> str | None:
         or default.shared_state is not _ACTIVE
     ):
         return None
-    idle = _fmt(default.serverless.idle_timeout)
-    return (
-        f"the default {default.name}'s {idle} idle timeout ends: it yields to any demanded member"
-    )
+    # The idle timeout's end itself is said by the leader's replicas rule at the same
+    # instant: this says what it means for the default.
+    return f"the default {default.name} yields to any demanded member"
 
 
 def _return_to_default(ballot: Ballot) -> Verdict:
@@ -888,11 +887,9 @@ def _default_return_says(ballot: Ballot, crossing: Crossing) -> str | None:
     # Worth saying only of the member that holds the card.
     if holder is None or holder.shared_state is not _ACTIVE:
         return None
-    idle = _fmt(holder.serverless.idle_timeout)
-    return (
-        f"{holder.name}'s {idle} idle timeout ends: the default {default.name} may take the "
-        "card back"
-    )
+    # The idle timeout's end itself is said by the leader's replicas rule at the same
+    # instant ("chat's 5m idle timeout ends"): this says what it means for the default.
+    return f"the default {default.name} may take the card back"
 
 
 def _ready_member(ballot: Ballot) -> Verdict:

@@ -89,7 +89,7 @@ def test_a_dump_replays_with_its_status(capsys: pytest.CaptureFixture[str], tmp_
         "chat",
         "SwapCooldown",
     )
-    assert [r["number"] for r in data["rules"]] == list(range(1, 11))
+    assert [r["number"] for r in data["rules"]] == list(range(1, 13))
     assert [r["number"] for r in data["rules"] if r["applied"]] == [4]
     assert all({"applied", "why"} <= set(r) for r in data["rules"])
     members = {m["name"]: m for m in data["members"]}

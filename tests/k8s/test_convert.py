@@ -153,6 +153,24 @@ def test_model_state_reads_spec_status_and_workload() -> None:
     assert [c.type for c in state.conditions] == ["Ready"]  # only the conditions we own
 
 
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ({"default": True}, True),
+        ({"default": False}, False),
+        ({}, False),
+        ({"default": "true"}, False),
+    ],
+)
+def test_the_default_member_flag_is_read(gpu: dict[str, Any], expected: bool) -> None:
+    """`spec.gpu.default` (docs/election.md 1.5); anything but a stored `true` (the CRD
+    refuses a non-boolean) is not a default."""
+    obj = model("a")
+    obj["spec"]["gpu"].update(gpu)
+    state = model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    assert state.default_member is expected
+
+
 def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> None:
     obj = model("a", status={"phase": "Preempted"})
     state = model_state_from_k8s(

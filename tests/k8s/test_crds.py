@@ -227,6 +227,7 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         "60",
     ),
     ("swap-cooldown-3x", lambda: model(gpu={"swapCooldown": "3x"}), "spec.gpu.swapCooldown", "3x"),
+    ("default-not-boolean", lambda: model(gpu={"default": "yes"}), "spec.gpu.default", "boolean"),
     (
         "max-num-sequence-0",
         lambda: model_deployment(mlcllm={"overrides": {"maxNumSequence": 0}}),

@@ -124,3 +124,29 @@ def test_dev_and_controller_are_handed_their_arguments(
         main(["dev", "cluster", "--help"])
     assert done.value.code == 0
     assert "{up,down,env}" in capsys.readouterr().out
+
+
+def test_the_card_returns_to_the_default_once_coder_is_idle(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """chat (`default: true`) takes the card with nobody asking, gives way to coder at
+    once, and takes it back when coder has scaled to zero 5m after its last request;
+    that return evicts nothing, so coder asked again at 15m takes the card at once.
+    Without the flag chat stays parked once coder has had the card."""
+    timeline = run_json(capsys, SCENARIOS / "return-to-default.yaml")
+    swaps = [(s["at"], s["leader"], s["reason"]) for s in timeline["steps"] if s["events"]]
+    assert swaps == [
+        ("0s", "chat", "ReturnToDefault"),
+        ("1m", "coder", "DemandPreemption"),
+        ("8m5s", "chat", "ReturnToDefault"),
+        ("15m", "coder", "DemandPreemption"),
+        ("20m5s", "chat", "ReturnToDefault"),
+    ]
+    data = yaml.safe_load((SCENARIOS / "return-to-default.yaml").read_text())
+    for model in data["models"]:
+        model.pop("default", None)
+    plain = tmp_path / "no-default.yaml"
+    plain.write_text(yaml.safe_dump(data))
+    timeline = run_json(capsys, plain)
+    leaders = [s["leader"] for s in timeline["steps"] if s["events"]]
+    assert "chat" not in leaders[1:], leaders

@@ -307,9 +307,10 @@ def group_default(members: Iterable[ModelState]) -> tuple[ModelState | None, tup
     """The group's default (docs/election.md 1.5): of the members with `spec.gpu.default`,
     the highest priority, then the smaller name; and the names of the other marked
     members, whose flag is ignored."""
-    marked = sorted([m for m in members if m.default_member], key=_default_rank)
-    if not marked:
+    marked = [m for m in members if m.default_member]
+    if not marked:  # the usual case, on the election's hot path
         return None, ()
+    marked.sort(key=_default_rank)
     return marked[0], tuple(sorted(m.name for m in marked[1:]))
 
 
@@ -777,7 +778,9 @@ def _default_yields(ballot: Ballot) -> Verdict:
     if ready is not default:
         return lambda: f"the default {default.name} is not the ready member"
     idle = _fmt(default.serverless.idle_timeout)
-    if ballot.is_demanded(default) or not idle_past_timeout(default, ballot.now):
+    if ballot.is_demanded(default):
+        return lambda: f"the default {default.name} is demanded itself"
+    if not idle_past_timeout(default, ballot.now):
         return lambda: f"the default {default.name} is in use (inside its {idle} idle timeout)"
     if demanded is None:
         return lambda: f"the default {default.name} stays warm: nobody else is demanded"

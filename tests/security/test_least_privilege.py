@@ -52,7 +52,9 @@ API = {"get": "get", "list": "list", "watch": "watch", "patch": "patch", "create
        "delete": "delete", "apply": "patch"}
 # Calls whose resource is a variable: (module, method) -> the resources it can be.
 DYNAMIC: dict[tuple[str, str], tuple[Resource, ...]] = {
-    ("outcome.py", "patch_status"): (MODELS, MODEL_DEPLOYMENTS, GPU_GROUPS, MODEL_CACHES),
+    # The one ordered apply: members' statuses (Models, ModelDeployments) and a
+    # GPUGroup's own.
+    ("write_plan.py", "patch_status"): (MODELS, MODEL_DEPLOYMENTS, GPU_GROUPS),
     ("reconcile_workload.py", "patch_status"): (MODELS, MODEL_DEPLOYMENTS),
 }
 
@@ -64,6 +66,7 @@ def grant(resource: Resource, verb: str, subresource: str = "") -> Grant:
 def code_requests() -> set[Grant]:
     needed: set[Grant] = set()
     unlisted: list[str] = []
+    used: set[tuple[str, str]] = set()
     for path in sorted((ROOT / "flexinfer_k8s").glob("*.py")):
         if path.name == "apply.py":  # the Writer itself: mapped by WRITER
             continue
@@ -97,6 +100,7 @@ def code_requests() -> set[Grant]:
                 targets: tuple[Resource, ...] = (RESOURCES[first.id],)
             elif (path.name, method) in DYNAMIC:
                 targets = DYNAMIC[(path.name, method)]
+                used.add((path.name, method))
             else:
                 unlisted.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:80]}")
                 continue
@@ -104,6 +108,8 @@ def code_requests() -> set[Grant]:
                 for subresource, verb in pairs:
                     needed.add(grant(target, verb, subresource))
     assert not unlisted, f"calls on a variable resource missing from DYNAMIC: {unlisted}"
+    # An entry no call uses any more would grant rights to nothing that asks for them.
+    assert set(DYNAMIC) <= used, f"DYNAMIC entries no call uses: {sorted(set(DYNAMIC) - used)}"
     return needed
 
 

@@ -45,6 +45,7 @@ from flexinfer_core.snapshot import (
     ModelState,
     Phase,
     Policy,
+    ServerFailure,
     SharedState,
 )
 from flexinfer_core.timestamps import far_ahead, future_note, not_after
@@ -334,6 +335,14 @@ def decide_group(
             else member
             for member in members
         )
+    failures = {m.name: m.failure for m in models if m.phase is Phase.FAILED and m.failure}
+    if failures:
+        members = tuple(
+            _with_failure(member, failures[member.name])
+            if member.name in failures and member.phase is Phase.FAILED
+            else member
+            for member in members
+        )
     if from_the_future:
         members = tuple(
             _from_the_future(member, from_the_future[member.name], now=now)
@@ -562,7 +571,7 @@ def _leader_decision(
             # A holder kept from starting says why in Ready too (kubectl's REASON column).
             _not_ready_because(reason, message)
             if reason in _HOLDER_WAITS and model.phase is not _READY
-            else _ready_condition(model.phase, model.name),
+            else _ready_condition(model.phase, model.name, model.failure),
         ),
         events=events,
     )
@@ -631,19 +640,19 @@ class _Parked:
             "",
             reason,
             message,
-            _parked_conditions((reason, message, name, phase, self.evict_reason)),
+            _parked_conditions((reason, message, name, phase, self.evict_reason, model.failure)),
             events,
         )
 
 
 @functools.lru_cache(maxsize=16384)
 def _parked_conditions(
-    facts: tuple[str, str, str, Phase, str],
+    facts: tuple[str, str, str, Phase, str, ServerFailure | None],
 ) -> tuple[Condition, Condition]:
     """A parked member's Active and Ready conditions, from its (reason, message, name,
-    phase, eviction reason); cached: the same members are parked the same way at every
-    reconcile, and conditions are immutable values."""
-    reason, message, name, phase, evict_reason = facts
+    phase, eviction reason, server failure); cached: the same members are parked the same
+    way at every reconcile, and conditions are immutable values."""
+    reason, message, name, phase, evict_reason, failure = facts
     return (
         Condition(CONDITION_ACTIVE, False, reason, message),
         # Not serving because parked: Ready says why (Queued behind whom, or the lease),
@@ -651,7 +660,7 @@ def _parked_conditions(
         # failure keep their own reason.
         _preempted_condition(name, evict_reason)
         if phase is _PREEMPTED
-        else _ready_condition(phase, name)
+        else _ready_condition(phase, name, failure)
         if phase is _FAILED
         else _not_ready_because(reason, message),
     )
@@ -666,13 +675,16 @@ def _not_ready_because(reason: str, message: str) -> Condition:
 
 
 @functools.lru_cache(maxsize=16384)
-def _ready_condition(phase: Phase, name: str) -> Condition:
+def _ready_condition(phase: Phase, name: str, failure: ServerFailure | None = None) -> Condition:
     # Cached: the same few (phase, member) pairs recur at every reconcile, and the
     # condition is an immutable value.
     if phase is _READY:
         return Condition(CONDITION_READY, True, "Ready", f"{name} is serving")
     if phase is _PREEMPTED:
         return _preempted_condition(name, reasons.PREEMPTED)
+    if phase is _FAILED and failure is not None:
+        reason = reasons.CRASH_LOOP_BACK_OFF if failure.restarts else phase.value
+        return Condition(CONDITION_READY, False, reason, f"{name} is failing: {failure.describe()}")
     return Condition(CONDITION_READY, False, phase.value, f"{name} is {phase.value.lower()}")
 
 
@@ -680,6 +692,20 @@ def _ready_condition(phase: Phase, name: str) -> Condition:
 def _preempted_condition(name: str, reason: str) -> Condition:
     why = "a GPU lease" if reason == reasons.GPU_LEASE_HELD else "another model"
     return Condition(CONDITION_READY, False, reason, f"{name} gave the GPU to {why}")
+
+
+def _with_failure(member: MemberDecision, failure: ServerFailure) -> MemberDecision:
+    """A Failed member's decision whose message (and Active condition) also says why its
+    server fails, as its Ready condition does."""
+    message = f"{member.message}; {member.name} is failing: {failure.describe()}"
+    return attrs.evolve(
+        member,
+        message=message,
+        conditions=tuple(
+            attrs.evolve(c, message=message) if c.type == CONDITION_ACTIVE else c
+            for c in member.conditions
+        ),
+    )
 
 
 def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:

@@ -78,6 +78,9 @@ GPU_GROUP_MEMBER: Final = "GPUGroupMember"
 GPU_GROUP_REF_NOT_LISTED: Final = "GPUGroupRefNotListed"
 LISTED_BY_MULTIPLE_GPU_GROUPS: Final = "ListedByMultipleGPUGroups"
 
+# A member whose server is failing (flexinfer_core.phases): the kubelet's word for it.
+CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+
 # Standalone ModelDeployments (docs/election.md section 4).
 IN_USE: Final = "InUse"
 COLD_START: Final = "ColdStart"

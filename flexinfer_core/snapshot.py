@@ -228,6 +228,47 @@ def policy_from_flags(values: Mapping[str, str]) -> Policy:
 # --- the Model snapshot -----------------------------------------------------------
 
 
+FAILURE_MESSAGE_CHARS = 1024
+"""How much of a termination message a failure keeps (its end: where a log says why)."""
+
+
+@attrs.frozen
+class ServerFailure:
+    """Why a workload's server is failing, as the kubelet recorded it.
+
+    `container` restarted `restarts` times, or its pod failed (`restarts` 0); its last
+    termination had `exit_code` (None: not known), `reason` (Error, OOMKilled,
+    Completed, ...) and `message` (the termination message: with the
+    `FallbackToLogsOnError` policy, the end of its log).
+    """
+
+    container: str
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+    def describe(self) -> str:
+        """One line for a condition: which container, how it ended, in its own words.
+
+        The restart count is left out on purpose: it grows with every restart, and a
+        status rewritten at each one would be news without news.
+        """
+        how = "failed" if self.restarts == 0 else "keeps restarting"
+        ended = []
+        if self.exit_code is not None:
+            ended.append(f"exit code {self.exit_code}")
+        if self.reason:
+            ended.append(self.reason)
+        text = f"container {self.container} {how}"
+        if ended:
+            text += f" (last termination: {', '.join(ended)})"
+        message = " ".join(self.message.split())
+        if len(message) > FAILURE_MESSAGE_CHARS:
+            message = "…" + message[-FAILURE_MESSAGE_CHARS:]
+        return f"{text}: {message}" if message else text
+
+
 @attrs.frozen
 class Condition:
     """A status condition without its transition time (the adapter stamps that)."""
@@ -283,6 +324,9 @@ class ModelState:
     default_member: bool = Policy.DEFAULT_MEMBER
     service_labels: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     cache_ready: bool = True
+    # Why its server is failing (None: it is not); what a Failed member's Ready
+    # condition and message say (flexinfer_core.phases).
+    failure: ServerFailure | None = None
     # Observed status and workload; None means "not written yet".
     queue_position: int | None = None
     preempted_by: str | None = None

@@ -2,11 +2,18 @@
 
 `LocalCluster` runs etcd, kube-apiserver (RBAC on), kube-controller-manager, kube-scheduler
 and kwok from `assets.ensure_assets()` in a private temporary directory on free ports,
-with freshly generated certificates. kwok plays the kubelet for nodes that advertise
-`amd.com/gpu`: a pod bound to one starts at once and becomes Ready after the delay in its
-`flexinfer.test/ready-delay` annotation (the simulated model load time); a deleted pod
-disappears after `flexinfer.test/terminate-delay`; a Job's pod succeeds after
+with freshly generated certificates. kwok plays the kubelet for its nodes: a pod bound to
+one starts at once and becomes Ready after the delay in its `flexinfer.test/ready-delay`
+annotation (the simulated model load time); a deleted pod disappears after
+`flexinfer.test/terminate-delay`; a Job's pod succeeds after
 `flexinfer.test/complete-delay`.
+
+It looks like the homelab clusters flexinfer runs on (k3s, kind): the GPU nodes advertise
+`amd.com/gpu` and are tainted `dedicated=gpu:NoSchedule` (`GPU_NODE_TAINT`), one untainted
+CPU node takes everything else, and the only StorageClass is the default `local-path`
+(ReadWriteOnce, WaitForFirstConsumer) whose static hostPath volumes the binder hands to
+claims. `populate_claim` pre-binds a volume holding given files to a claim, as a user's
+existing storage would be.
 
 Opt-in (`process_node=True` or `add_process_node()`): one process-backed node whose pods
 run as real local `llama-server` processes (`processnode`), with the hosts file that maps
@@ -59,6 +66,16 @@ FAIL_ANNOTATION = "flexinfer.test/fail"
 """Pod annotation (Job pods): fail instead of succeeding, with this termination message."""
 
 GPU_RESOURCE = "amd.com/gpu"
+GPU_NODE_TAINT: Mapping[str, str] = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+"""How homelab GPU nodes are tainted (`kubectl taint nodes gpu-1 dedicated=gpu:NoSchedule`),
+and so every GPU node here: a pod must tolerate it to land on one."""
+GPU_NODE_TOLERATION: Mapping[str, str] = {"operator": "Equal", **GPU_NODE_TAINT}
+"""The toleration of `GPU_NODE_TAINT` (what flexinfer renders for pods that need a GPU node)."""
+STORAGE_CLASS = "local-path"
+"""The only StorageClass, and the default one, as on k3s and kind."""
+STORAGE_PROVISIONER = "rancher.io/local-path"
+"""Named like k3s's; nothing runs it here, so a claim no static volume fits stays Pending
+"waiting for a volume to be created" as on a cluster whose provisioner cannot serve it."""
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
 KWOK_NODE_LABEL = "type"
@@ -67,7 +84,10 @@ KWOK_NODE_LABEL_VALUE = "kwok"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/16"
 """Room for a Service per Model at benchmark scale (1,000 Models need more than a /24)."""
 STATIC_VOLUMES = 32
-"""Static hostPath PersistentVolumes the binder hands to claims (ModelCache SharedPVC)."""
+"""Static hostPath PersistentVolumes (ReadWriteOnce, class `local-path`) the binder hands
+to claims (ModelCache SharedPVC)."""
+STATIC_VOLUME_LABEL = "flexinfer.dev/static"
+POPULATED_VOLUME_LABEL = "flexinfer.dev/populated"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = (
     "deployment-controller",
@@ -105,9 +125,17 @@ class LocalClusterError(RuntimeError):
     """The control plane failed to start or misbehaved; the message names the binary."""
 
 
+def _default_taints(node: KwokNode) -> tuple[Mapping[str, str], ...]:
+    return (GPU_NODE_TAINT,) if node.gpus > 0 else ()
+
+
 @attrs.frozen
 class KwokNode:
-    """A simulated node; `gpus` becomes `amd.com/gpu` capacity and allocatable."""
+    """A simulated node; `gpus` becomes `amd.com/gpu` capacity and allocatable.
+
+    A GPU node is tainted `GPU_NODE_TAINT` unless `taints` says otherwise (`taints=()`
+    for an untainted one); a node without GPUs is untainted.
+    """
 
     name: str
     gpus: int = 1
@@ -115,15 +143,15 @@ class KwokNode:
     memory: str = "256Gi"
     pods: int = 110
     labels: Mapping[str, str] = attrs.field(factory=dict)
+    taints: tuple[Mapping[str, str], ...] = attrs.field(
+        default=attrs.Factory(_default_taints, takes_self=True), converter=tuple
+    )
 
     def manifest(self) -> dict[str, Any]:
-        resources_ = {
-            "cpu": self.cpu,
-            "memory": self.memory,
-            "pods": str(self.pods),
-            GPU_RESOURCE: str(self.gpus),
-        }
-        return {
+        resources_ = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods)}
+        if self.gpus > 0:
+            resources_[GPU_RESOURCE] = str(self.gpus)
+        manifest: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
@@ -139,10 +167,18 @@ class KwokNode:
             },
             "status": {"capacity": resources_, "allocatable": dict(resources_)},
         }
+        if self.taints:
+            manifest["spec"] = {"taints": [dict(taint) for taint in self.taints]}
+        return manifest
 
 
-def default_nodes(count: int = 2, *, gpus: int = 1) -> tuple[KwokNode, ...]:
-    return tuple(KwokNode(name=f"kwok-gpu-{index}", gpus=gpus) for index in range(count))
+def default_nodes(count: int = 2, *, gpus: int = 1, cpu_nodes: int = 1) -> tuple[KwokNode, ...]:
+    """`count` tainted GPU nodes `kwok-gpu-N` and `cpu_nodes` untainted `kwok-cpu-N` (a
+    homelab's server node: where pods that need no GPU, such as a shared claim's
+    download, run)."""
+    return tuple(KwokNode(name=f"kwok-gpu-{index}", gpus=gpus) for index in range(count)) + tuple(
+        KwokNode(name=f"kwok-cpu-{index}", gpus=0) for index in range(cpu_nodes)
+    )
 
 
 @attrs.define
@@ -399,6 +435,8 @@ class LocalCluster:
             core: Any = k8s_client.CoreV1Api(self.api_client)
             for node in self._nodes:
                 core.create_node(node.manifest())
+            storage: Any = k8s_client.StorageV1Api(self.api_client)
+            storage.create_storage_class(STORAGE_CLASS_MANIFEST)
             for index in range(STATIC_VOLUMES):
                 core.create_persistent_volume(self._static_volume(index))
             self._wait(
@@ -597,23 +635,78 @@ class LocalCluster:
         )
 
     def _static_volume(self, index: int) -> dict[str, Any]:
-        """A PersistentVolume on loopback storage: kwok pods never write to it, but the
-        binder, the scheduler's volume checks and claim status all run for real."""
-        return {
+        """A PersistentVolume on loopback storage: kwok pods never write to it (the
+        process node does), but the binder, the scheduler's volume checks and claim
+        status all run for real. ReadWriteOnce only, as `local-path` offers."""
+        directory = self.workdir / "volumes" / f"{index:02d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        return _host_volume(
+            f"local-pv-{index:02d}", directory, size="100Gi", labels={STATIC_VOLUME_LABEL: "yes"}
+        )
+
+    def populate_claim(
+        self,
+        namespace: str,
+        claim: str,
+        *,
+        files: Mapping[str, bytes | str] | None = None,
+        directory: Path | None = None,
+        size: str = "10Gi",
+        create_claim: bool = True,
+    ) -> Path:
+        """Storage a user already has: a volume holding `files` (relative path → content)
+        and/or a copy of `directory`, pre-bound (`claimRef`) to the claim
+        `namespace/claim`, which is created too unless `create_claim` is False.
+
+        Returns the volume's host directory, so a test can check its bytes afterwards.
+        The volume is ReadWriteOnce in class `local-path`, `Retain`; the claim asks for
+        `size` in that class and binds to this volume only.
+        """
+        root = self.workdir / "volumes" / "claims" / namespace / claim
+        if root.exists():
+            raise LocalClusterError(f"{root} already holds the volume of {namespace}/{claim}")
+        root.mkdir(parents=True)
+        if directory is not None:
+            shutil.copytree(directory, root, dirs_exist_ok=True, symlinks=True)
+        for relative, content in (files or {}).items():
+            target = root / relative
+            if root not in target.resolve().parents:
+                raise LocalClusterError(f"files: {relative!r} is not a path inside the volume")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str):
+                target.write_text(content)
+            else:
+                target.write_bytes(content)
+        volume = _host_volume(
+            f"populated-{namespace}-{claim}"[:253],
+            root,
+            size=size,
+            labels={POPULATED_VOLUME_LABEL: "yes"},
+        )
+        volume["spec"]["claimRef"] = {
             "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {
-                "name": f"local-pv-{index:02d}",
-                "labels": {"flexinfer.dev/static": "yes"},
-            },
-            "spec": {
-                "capacity": {"storage": "100Gi"},
-                "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(self.workdir / "volumes" / f"{index:02d}")},
-            },
+            "kind": "PersistentVolumeClaim",
+            "namespace": namespace,
+            "name": claim,
         }
+        core: Any = k8s_client.CoreV1Api(self.api_client)
+        core.create_persistent_volume(volume)
+        if create_claim:
+            core.create_namespaced_persistent_volume_claim(
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": claim},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": STORAGE_CLASS,
+                        "volumeName": volume["metadata"]["name"],
+                        "resources": {"requests": {"storage": size}},
+                    },
+                },
+            )
+        return root
 
     def _qps_args(self) -> list[str]:
         if self.client_qps is None:
@@ -707,6 +800,36 @@ class LocalCluster:
         except OSError:
             lines = ["(no log)"]
         return f"--- last lines of {path} ---\n" + "\n".join(lines)
+
+
+STORAGE_CLASS_MANIFEST: Mapping[str, Any] = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {
+        "name": STORAGE_CLASS,
+        "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+    },
+    "provisioner": STORAGE_PROVISIONER,
+    "reclaimPolicy": "Delete",
+    "volumeBindingMode": "WaitForFirstConsumer",
+}
+
+
+def _host_volume(
+    name: str, directory: Path, *, size: str, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "hostPath": {"path": str(directory), "type": "Directory"},
+        },
+    }
 
 
 def _node_is_ready(core: Any, name: str) -> bool:

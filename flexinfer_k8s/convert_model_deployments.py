@@ -17,24 +17,37 @@ from flexinfer_core import (
     DeploymentPhase,
     Membership,
     Policy,
+    ServerFailure,
     SpecProblem,
     StandaloneDecision,
     StandaloneDeployment,
     member_ready_condition,
     model_deployment_phase,
+    reasons,
 )
 from flexinfer_core.durations import seconds_window
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
-from flexinfer_k8s.pods import deployment_replicas, serving_pod_count
+from flexinfer_k8s.pods import deployment_replicas, server_failure, serving_pod_count
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
 
-def _observed_status(md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]) -> JSON:
+def _failing_ready(failure: ServerFailure, name: str) -> Condition:
+    """A failing server's Ready condition: the kubelet's reason and its own words."""
+    reason = reasons.CRASH_LOOP_BACK_OFF if failure.restarts else DeploymentPhase.FAILED.value
+    return Condition("Ready", False, reason, f"{name} is failing: {failure.describe()}")
+
+
+def _observed(
+    md: Mapping[str, Any], *, replicas: int | None, pods: Sequence[JSON]
+) -> tuple[JSON, ServerFailure | None]:
     """A ModelDeployment's observed status, the phase as the core reads it from its pods
-    (its `lastAccessTime` is the proxy's)."""
-    observed = model_deployment_phase(replicas=replicas, ready_pods=serving_pod_count(pods))
+    (its `lastAccessTime` is the proxy's), and why its server fails when it is Failed."""
+    failure = server_failure(pods)
+    observed = model_deployment_phase(
+        replicas=replicas, ready_pods=serving_pod_count(pods), failure=failure
+    )
     status: JSON = {
         "phase": observed.phase.value,
         "message": observed.message,
@@ -43,7 +56,7 @@ def _observed_status(md: Mapping[str, Any], *, replicas: int | None, pods: Seque
     generation = generation_of(md)
     if generation is not None:
         status["observedGeneration"] = generation
-    return status
+    return status, (failure if observed.phase is DeploymentPhase.FAILED else None)
 
 
 # Where each `StandaloneDeployment` attribute is written on a ModelDeployment.
@@ -106,15 +119,20 @@ def standalone_status(
     pods: Sequence[JSON],
     now: datetime,
 ) -> JSON:
-    """The observed phase and readyReplicas, with the decision's message and Ready condition."""
-    status = _observed_status(md, replicas=replicas, pods=pods)
+    """The observed phase and readyReplicas, with the decision's message and Ready
+    condition (a failing server's own words when it is Failed)."""
+    status, failure = _observed(md, replicas=replicas, pods=pods)
     serving = status["phase"] == DeploymentPhase.RUNNING.value and decision.may_serve
     status["message"] = decision.message
+    ready = Condition("Ready", serving, decision.reason, decision.message)
+    if failure is not None:
+        ready = _failing_ready(failure, name_of(md))
+        status["message"] = f"{decision.message}; {ready.message}"
     if decision.rewrite_last_access_time is not None:
         status["lastAccessTime"] = format_rfc3339(decision.rewrite_last_access_time)
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
-        [Condition("Ready", serving, decision.reason, decision.message)],
+        [ready],
         now=now,
         generation=generation_of(md),
     )
@@ -134,13 +152,16 @@ def member_status(
     its group (which replaces one left by a standalone or conflicting past); with
     `rewrite_last_access_time`, `lastAccessTime` put back to `now` (it lay far in the
     future, and the group's decision read it as now)."""
-    status = _observed_status(md, replicas=replicas, pods=pods)
+    status, failure = _observed(md, replicas=replicas, pods=pods)
     if rewrite_last_access_time:
         status["lastAccessTime"] = format_rfc3339(now)
     serving = status["phase"] == DeploymentPhase.RUNNING.value
+    ready = member_ready_condition(membership, serving=serving)
+    if failure is not None and not membership.in_conflict:
+        ready = _failing_ready(failure, name_of(md))
     status["conditions"] = merge_conditions(
         get_path(md, "status", "conditions"),
-        [member_ready_condition(membership, serving=serving)],
+        [ready],
         now=now,
         generation=generation_of(md),
     )
@@ -157,7 +178,7 @@ def unreadable_status(
 ) -> JSON:
     """The status of a ModelDeployment whose spec cannot be read: `Failed`, its ready
     pods counted while they go, and `Ready=False` saying which field and why."""
-    status = _observed_status(md, replicas=replicas, pods=pods)
+    status, _ = _observed(md, replicas=replicas, pods=pods)
     status["phase"] = DeploymentPhase.FAILED.value
     status["message"] = problem.message
     status["conditions"] = merge_conditions(

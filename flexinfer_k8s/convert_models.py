@@ -1,7 +1,8 @@
 """Models (v1alpha2) from Kubernetes JSON, and the status the controller writes on them.
 
 `model_state_from_k8s` reads a Model with its Deployment, pods and Service into the
-core's `ModelState` (its phase observed from the workload); `model_status` turns a
+core's `ModelState` (its phase observed from the workload, and why its server fails when
+it does); `model_status` turns a
 `MemberDecision` into the status merge patch. Pure: no client, no clock (callers
 pass `now`). Unreadable optional values fall back to the spec's defaults; a value
 the core rejects raises the core's `InvalidFieldError` naming the Model's field
@@ -27,7 +28,7 @@ from flexinfer_core import (
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
-from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready
+from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready, server_failure
 from flexinfer_k8s.status_diff import generation_of, merge_conditions, recorded_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
@@ -70,12 +71,14 @@ def model_state_from_k8s(
     recorded = _phase_or_none(status.get("phase"))
     live = live_pods(pods)
     failed = bool(pods) and all(get_path(p, "status", "phase") == "Failed" for p in pods)
+    failure = server_failure(pods)
     phase = observed_phase(
         recorded or Phase.IDLE,
         replicas=deployment_replicas(deployment) or 0,
         pods=len(live),
         ready_pods=sum(1 for p in live if pod_is_ready(p)),
         failed=failed,
+        failure=failure,
     )
     state_value = shared.get("state")
     shared_state = state_value if state_value in ("Active", "Queued") else None
@@ -115,6 +118,7 @@ def model_state_from_k8s(
             ),
             service_labels=tuple(str(s) for s in spec.get("serviceLabels") or ()),
             cache_ready=cache_ready,
+            failure=failure if phase is Phase.FAILED else None,
             queue_position=queue_position if isinstance(queue_position, int) else None,
             preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
             conditions=recorded_conditions(model, MODEL_CONDITIONS),

@@ -552,3 +552,104 @@ def test_a_gpu_group_value_no_decision_can_use_names_its_field(
     with pytest.raises(InvalidFieldError) as caught:
         gpu_group_state_from_k8s(group, model_deployments={}, member_pods={})
     assert str(caught.value).startswith(message)
+
+
+# --- a failing server ----------------------------------------------------------------
+
+REJECTED = "error: invalid argument: --no-such-flag"
+
+
+def crash_looping(app: str, *, created: str = "2026-11-29T16:00:00Z", init: bool = False,
+                  ready: bool = False, restarts: int = 2,
+                  waiting: str = "CrashLoopBackOff") -> dict[str, Any]:
+    """A pod whose (init) container exited with a flag the server rejects and restarts."""
+    body = pod(app, ready=ready)
+    body["metadata"]["creationTimestamp"] = created
+    container = {
+        "name": "flash-loader" if init else "server",
+        "ready": ready,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": REJECTED}},
+    }
+    body["status"]["initContainerStatuses" if init else "containerStatuses"] = [container]
+    return body
+
+
+def test_a_crash_looping_server_is_failed_with_its_termination_message() -> None:
+    state = model_state_from_k8s(
+        model("a", status={"phase": "Loading"}),
+        deployment=deployment("a", 1),
+        pods=[crash_looping("a")],
+        service=None,
+    )
+    assert state.phase is Phase.FAILED
+    assert state.failure is not None
+    assert (state.failure.container, state.failure.exit_code) == ("server", 1)
+    decision = decide_group([state], now=NOW)
+    status = model_status(model("a"), decision.member("a"), group="g", now=NOW)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reasons.CRASH_LOOP_BACK_OFF)
+    assert REJECTED in ready["message"] and "exit code 1" in ready["message"]
+    assert REJECTED in status["message"]
+    assert status["phase"] == "Failed"
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase"),
+    [
+        # Restarted and loading again (running, not ready): still failing.
+        ([crash_looping("a", waiting="")], Phase.FAILED),
+        # A flash loader that keeps failing (Init:CrashLoopBackOff) fails the server too.
+        ([crash_looping("a", init=True)], Phase.FAILED),
+        # Restarted once, then ready: it serves.
+        ([crash_looping("a", waiting="", ready=True)], Phase.READY),
+        # A ready pod beside a crash-looping one: it serves.
+        ([crash_looping("a"), pod("a", ready=True)], Phase.READY),
+        # Never restarted, still loading: Loading.
+        ([pod("a", ready=False)], Phase.LOADING),
+    ],
+    ids=["restarted-loading", "init-crash-loop", "recovered", "one-ready", "loading"],
+)
+def test_which_pods_make_a_server_failing(pods: list[dict[str, Any]], phase: Phase) -> None:
+    state = model_state_from_k8s(
+        model("a"), deployment=deployment("a", 1), pods=pods, service=None
+    )
+    assert state.phase is phase
+    assert (state.failure is not None) == (phase is Phase.FAILED)
+
+
+def test_a_terminating_crash_looping_pod_says_nothing() -> None:
+    terminating = crash_looping("a")
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-29T17:00:00Z"
+    state = model_state_from_k8s(
+        model("a"), deployment=deployment("a", 1), pods=[terminating], service=None
+    )
+    assert state.phase is Phase.LOADING and state.failure is None
+
+
+def test_a_failing_model_deployment_says_why_and_writes_nothing_twice() -> None:
+    md: dict[str, Any] = {
+        "metadata": {"name": "solo", "namespace": "ns", "generation": 1},
+        "spec": {"replicas": 1, "minReplicas": 1},
+        "status": {},
+    }
+    deployment_ = {"metadata": {"name": "solo", "namespace": "ns"}, "spec": {"replicas": 1}}
+    pods = [crash_looping("solo")]
+    decision = decide_standalone(standalone_from_k8s(md, deployment=deployment_, pods=pods),
+                                 now=NOW)
+    status = standalone_status(md, decision, replicas=1, pods=pods, now=NOW)
+    assert status["phase"] == "Failed"
+    ready = status["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", reasons.CRASH_LOOP_BACK_OFF)
+    assert REJECTED in ready["message"] and REJECTED in status["message"]
+    md["status"].update(status)
+    # Another restart (the count grows) is no news: nothing to write.
+    pods = [crash_looping("solo", restarts=5)]
+    again = standalone_status(md, decision, replicas=1, pods=pods,
+                              now=NOW + timedelta(seconds=30))
+    assert not status_differs(md["status"], again)
+    membership = membership_of("solo", group_ref="", groups={"gg": ("solo",)})
+    member = member_status(md, membership, replicas=1, pods=pods, now=NOW)
+    assert member["phase"] == "Failed"
+    assert REJECTED in member["conditions"][0]["message"]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from flexinfer_core import DeploymentPhase, model_deployment_phase
+from flexinfer_core import (
+    DeploymentPhase,
+    Phase,
+    ServerFailure,
+    model_deployment_phase,
+    observed_phase,
+)
 
 
 @pytest.mark.parametrize(
@@ -26,3 +32,35 @@ def test_model_deployment_phase(
         message,
         ready_pods,
     )
+
+
+def test_a_failing_server_is_failed_with_its_own_words_until_a_pod_is_ready() -> None:
+    failure = ServerFailure(
+        "server", restarts=3, exit_code=1, reason="Error", message="error: bad\n  flag"
+    )
+    observed = model_deployment_phase(replicas=1, ready_pods=0, failure=failure)
+    assert observed.phase is DeploymentPhase.FAILED
+    assert observed.message == (
+        "container server keeps restarting (last termination: exit code 1, Error): "
+        "error: bad flag"
+    )
+    assert model_deployment_phase(replicas=1, ready_pods=1, failure=failure).phase is (
+        DeploymentPhase.RUNNING
+    )
+    assert model_deployment_phase(replicas=0, ready_pods=0, failure=failure).phase is (
+        DeploymentPhase.IDLE
+    )
+    for phase in (Phase.IDLE, Phase.LOADING, Phase.READY):
+        assert observed_phase(phase, replicas=1, pods=1, ready_pods=0, failure=failure) is (
+            Phase.FAILED
+        )
+    assert observed_phase(Phase.FAILED, replicas=1, pods=1, ready_pods=1, failure=failure) is (
+        Phase.READY
+    )
+
+
+def test_a_long_termination_message_keeps_its_end() -> None:
+    failure = ServerFailure("server", message="x" * 5000 + " the reason")
+    text = failure.describe()
+    assert text.endswith("the reason")
+    assert len(text) < 1200

@@ -305,7 +305,9 @@ class CacheReconciler:
         phase = job_phase(download)
         if phase is JobPhase.ABSENT:
             job = secure_job(
-                download_job(spec, self.images), policy=self.policy, writers=["download"]
+                download_job(spec, self.images, policy=self.policy),
+                policy=self.policy,
+                writers=["download"],
             )
             job["metadata"].setdefault("annotations", {})[SOURCE_ANNOTATION] = spec.source_text
             try:
@@ -411,7 +413,7 @@ class CacheReconciler:
         if job_phase(job) is not JobPhase.ACTIVE:
             return False
         template = get_path(job, "spec", "template", "spec") or {}
-        wanted = job_placement(spec)
+        wanted = job_placement(spec, self.settings.policy)
         if (template.get("nodeSelector") or {}) == (wanted.get("nodeSelector") or {}) and (
             template.get("tolerations") or []
         ) == (wanted.get("tolerations") or []):
@@ -526,7 +528,12 @@ class CacheReconciler:
         if CLEANUP_FINALIZER not in finalizers:
             return Outcome(None, self._release(obj, lease), reasons.DELETING)
         bound = self.timeouts.cleanup
-        body = cleanup_job(spec, self.images, deadline_seconds=max(1, int(bound.total_seconds())))
+        body = cleanup_job(
+            spec,
+            self.images,
+            deadline_seconds=max(1, int(bound.total_seconds())),
+            policy=self.policy,
+        )
         if body is not None:
             body = secure_job(body, policy=self.policy, writers=["cleanup"])
         if body is None:
@@ -760,6 +767,7 @@ class CacheReconciler:
                     default_image=self.finetune_image,
                     video_gid=self.settings.video_gid,
                     render_gid=self.settings.render_gid,
+                    policy=self.policy,
                 ),
                 policy=self.policy,
                 writers=["finetune"],

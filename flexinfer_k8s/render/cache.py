@@ -33,7 +33,9 @@ from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render import cache_dir
 from flexinfer_k8s.render.cache_dir import FLASH_LOADER_SCRIPT, REFUSED_EXIT_CODE, TERMINATION_LOG
 from flexinfer_k8s.render.hf_download import HF_DOWNLOAD
+from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.source import Scheme, Source, parse_source
+from flexinfer_k8s.render.tolerations import DEFAULT_ADMIN_POLICY, with_gpu_node_tolerations
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_CACHES
 
@@ -311,15 +313,22 @@ def cache_labels(cache: CacheSpec) -> dict[str, str]:
     }
 
 
-def job_placement(cache: CacheSpec) -> JSON:
+def job_placement(
+    cache: CacheSpec, policy: AdminPolicy = DEFAULT_ADMIN_POLICY, *, gpu: bool = False
+) -> JSON:
     """Where every pod of the cache (download, cleanup, finetune) may run: the cache's
-    node and the taints it tolerates; and no API token, which none of them needs."""
+    node and the taints it tolerates, then the GPU nodes' taints when the pod belongs on
+    one (pinned to the cache's node, or `gpu`: it requests a GPU; `render.tolerations`);
+    and no API token, which none of them needs."""
     # None of them talks to the API server: no token in the pod.
     placement: JSON = {"automountServiceAccountToken": False}
     if cache.node_selector:
         placement["nodeSelector"] = dict(cache.node_selector)
-    if cache.tolerations:
-        placement["tolerations"] = [dict(t) for t in cache.tolerations]
+    tolerations = [dict(t) for t in cache.tolerations]
+    if cache.node_selector or gpu:
+        tolerations = with_gpu_node_tolerations(tolerations, policy)
+    if tolerations:
+        placement["tolerations"] = tolerations
     return placement
 
 
@@ -418,9 +427,12 @@ fi
 download script checks the result again before its completion marker)."""
 
 
-def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
+def download_job(
+    cache: CacheSpec, images: CacheImages, *, policy: AdminPolicy = DEFAULT_ADMIN_POLICY
+) -> JSON:
     """The Job that fills the cache from its source, under `cache_dir`'s ownership rules;
-    without a source, the Job only looks at what is there (adopts it or says so)."""
+    without a source, the Job only looks at what is there (adopts it or says so). On a
+    node-bound cache's node it tolerates the GPU nodes' taints (`job_placement`)."""
     target_volume, target_mount = _target_volume(cache)
     volumes: list[JSON] = [target_volume]
     mounts: list[JSON] = [target_mount]
@@ -501,7 +513,7 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": volumes,
-        **job_placement(cache),
+        **job_placement(cache, policy),
     }
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "model-download"}
     return {
@@ -541,7 +553,13 @@ def download_job(cache: CacheSpec, images: CacheImages) -> JSON:
 # --- removing it ------------------------------------------------------------------------
 
 
-def cleanup_job(cache: CacheSpec, images: CacheImages, *, deadline_seconds: int) -> JSON | None:
+def cleanup_job(
+    cache: CacheSpec,
+    images: CacheImages,
+    *,
+    deadline_seconds: int,
+    policy: AdminPolicy = DEFAULT_ADMIN_POLICY,
+) -> JSON | None:
     """The Job that removes a node-bound cache's directories from its node once the
     cache is deleted (only what flexinfer wrote: `cache_dir.CLEANUP_SCRIPT`); None when
     the cache has no node directory or names no node. Not owned by the cache (it runs
@@ -587,7 +605,7 @@ def cleanup_job(cache: CacheSpec, images: CacheImages, *, deadline_seconds: int)
                     "restartPolicy": "Never",
                     "containers": [container],
                     "volumes": volumes,
-                    **job_placement(cache),
+                    **job_placement(cache, policy),
                 },
             },
         },

@@ -29,6 +29,8 @@ from flexinfer_k8s.render.cache import (
     owner_reference,
     resources_from,
 )
+from flexinfer_k8s.render.policy import AdminPolicy
+from flexinfer_k8s.render.tolerations import DEFAULT_ADMIN_POLICY
 from flexinfer_k8s.render.workload import Vendor
 from flexinfer_kube.objects import JSON, get_path
 
@@ -55,8 +57,10 @@ def finetune_job(
     default_image: str,
     video_gid: int = 44,
     render_gid: int = 109,
+    policy: AdminPolicy = DEFAULT_ADMIN_POLICY,
 ) -> JSON:
-    """The Job for `spec.finetune` of the ModelCache `obj` (parsed as `cache`)."""
+    """The Job for `spec.finetune` of the ModelCache `obj` (parsed as `cache`); it
+    tolerates the GPU nodes' taints (`render.tolerations`)."""
     finetune = get_path(obj, "spec", "finetune") or {}
     if cache.adopted:
         raise InvalidFieldError(
@@ -130,7 +134,7 @@ def finetune_job(
     pod: JSON = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
     if vendor is Vendor.AMD and gpus:
         pod["securityContext"] = {"supplementalGroups": [video_gid, render_gid]}
-    pod.update(job_placement(cache))
+    pod.update(job_placement(cache, policy, gpu=bool(resources)))
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "finetune"}
     return {
         "apiVersion": "batch/v1",

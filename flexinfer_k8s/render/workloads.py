@@ -34,6 +34,7 @@ from flexinfer_k8s.render.ollama import Ollama
 from flexinfer_k8s.render.pod_security import NON_ROOT_BACKENDS, secure_pod
 from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.tenant_policy import check_workload
+from flexinfer_k8s.render.tolerations import tolerate_gpu_nodes
 from flexinfer_k8s.render.vllm import Vllm
 from flexinfer_k8s.render.workload import Kind, Vendor, Workload
 from flexinfer_kube.objects import JSON
@@ -350,6 +351,7 @@ def render_workload(
     if workload.vendor is Vendor.AMD and workload.gpu_count > 0:
         # /dev/kfd and /dev/dri/renderD* belong to these groups on the host.
         pod["securityContext"] = {"supplementalGroups": [settings.video_gid, settings.render_gid]}
+    tolerate_gpu_nodes(pod, settings.policy)
     pod = secure_pod(
         pod,
         policy=settings.policy,

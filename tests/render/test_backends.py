@@ -427,7 +427,11 @@ def test_env_selectors_tolerations_and_pod_metadata_pass_through() -> None:
     p = pod(rendered)
     assert env(server(rendered))["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
     assert p["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
-    assert p["tolerations"] == [toleration]
+    # The tenant's own first, then the GPU nodes' (render.tolerations).
+    assert p["tolerations"] == [
+        toleration,
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+    ]
     template = rendered.deployment["spec"]["template"]["metadata"]
     assert template["annotations"] == {"flexinfer.test/ready-delay": "3s"}
     assert template["labels"]["team"] == "a"

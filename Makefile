@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck contracts unit venv demo clean assets image
+.PHONY: test lint typecheck contracts unit venv demo clean assets assets-ollama image
 
 venv: $(STAMP)
 
@@ -29,13 +29,18 @@ contracts: $(STAMP)
 assets: $(STAMP)
 	$(BIN)/python -m flexinfer_devcluster.assets
 
+# ollama (the second real server the process node runs) from its Go module, cgo, CPU
+# only: minutes once, for the tests that serve through it; `make demo` does not need it.
+assets-ollama: $(STAMP)
+	$(BIN)/python -m flexinfer_devcluster.assets --ollama
+
 # The controller image from deploy/Dockerfile without Docker: buildah (chroot isolation,
 # vfs storage) on a debootstrap base, both cached in ~/.cache/flexinfer/image; needs root.
 # Minutes once; seconds when nothing changed. deploy/README.md says how to push it.
 image: $(STAMP)
 	$(BIN)/python -m flexinfer_devcluster.image
 
-unit: $(STAMP) assets
+unit: $(STAMP) assets assets-ollama
 	$(BIN)/pytest -q tests property_tests
 
 test: lint typecheck contracts assets unit

@@ -1,8 +1,9 @@
 """The one place that pins the binaries flexinfer builds and tests against.
 
-The control-plane binaries come from Go modules; `llama-server` (the one real model
-server the local cluster runs) from the llama.cpp sources vendored in a pinned
-`llama-cpp-python` sdist.
+The control-plane binaries come from Go modules; `llama-server` (a real model server
+the local cluster runs) from the llama.cpp sources vendored in a pinned
+`llama-cpp-python` sdist; `ollama` (the second) from its Go module, with the C++ headers
+its module zip lacks taken from that same sdist.
 
 Changing a version here changes the cache key, so the next `ensure_assets()` builds
 the new set once and leaves the old one in place. Nothing here does I/O.
@@ -107,3 +108,28 @@ def llama_server_key(*, goos: str, goarch: str) -> str:
     """The cache directory name for `llama-server`: the sdist version, the flags, the platform."""
     flags = hashlib.sha256("\n".join(LLAMA_SERVER_CMAKE_FLAGS).encode()).hexdigest()[:8]
     return f"llama-server-{LLAMA_CPP_PYTHON_VERSION}-{flags}-{goos}-{goarch}"
+
+
+OLLAMA_VERSION: Final = "v0.17.4"
+"""`github.com/ollama/ollama`: the `ollama` binary the process node runs for Ollama pods."""
+
+OLLAMA_VENDOR_PREFIX: Final = "vendor/llama.cpp/vendor/"
+"""Where the sdist keeps llama.cpp's third-party headers (nlohmann/json, stb, miniaudio,
+cpp-httplib): Go module zips drop every `vendor/` directory, so the module's
+`llama/llama.cpp/vendor` is missing and is filled from here (never from the system's
+headers: a different nlohmann version breaks the build's ABI)."""
+
+OLLAMA_CGO_FLAGS: Final = ("-O1", "-g0")
+"""CFLAGS and CXXFLAGS of its cgo build (Go's default is `-O2 -g`). Debug info and the
+heavier optimisation cost build minutes on every cold CI machine and buy nothing for a
+random-weight tiny model; ggml's CPU kernels keep their own `-O3`."""
+
+OLLAMA_BINARY: Final = "ollama"
+
+
+def ollama_key(*, goos: str, goarch: str) -> str:
+    """The cache directory name for `ollama`: its version, the sdist, the flags, the platform."""
+    flags = hashlib.sha256(
+        "\n".join((*OLLAMA_CGO_FLAGS, LLAMA_CPP_PYTHON_SHA256)).encode()
+    ).hexdigest()[:8]
+    return f"ollama-{OLLAMA_VERSION}-{flags}-{goos}-{goarch}"

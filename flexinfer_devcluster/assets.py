@@ -14,6 +14,12 @@ way (once, locked, renamed into place) with cmake from the llama.cpp sources ven
 the pinned `llama-cpp-python` sdist. The sdist is the only download (`pip download`,
 hash-checked, kept under `~/.cache/flexinfer/downloads/`); the build itself is offline.
 
+`ollama` (`ensure_ollama`, only for the tests that serve through it: `make test` builds
+it, `make demo` does not): `$FLEXINFER_OLLAMA`, else the cache entry
+`~/.cache/flexinfer/assets/ollama-<version>-<flags>-<platform>/`, built the same way
+from the `github.com/ollama/ollama` Go module (cgo, CPU only) with the third-party
+headers its module zip lacks taken from that same sdist.
+
 This module never starts the binaries; `localcluster` and `processnode` do.
 """
 
@@ -30,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -41,6 +47,7 @@ ENV_ASSETS = "FLEXINFER_ASSETS"
 ENV_KUBEBUILDER_ASSETS = "KUBEBUILDER_ASSETS"
 ENV_CACHE = "FLEXINFER_CACHE_DIR"
 ENV_LLAMA_SERVER = "FLEXINFER_LLAMA_SERVER"
+ENV_OLLAMA = "FLEXINFER_OLLAMA"
 MANIFEST = "versions.json"
 LOG_TAIL_LINES = 40
 
@@ -138,8 +145,7 @@ def exclusive_lock(path: Path, *, log: bool) -> Iterator[None]:
         except BlockingIOError:
             if log:
                 print(
-                    f"flexinfer: waiting for another process building into "
-                    f"{path.with_suffix('')}",
+                    f"flexinfer: waiting for another process building into {path.with_suffix('')}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -587,20 +593,202 @@ def _build_llama_server_into(final: Path, *, log: bool) -> None:
         _say(f"built llama-server in {record['build_seconds']}s into {final}")
 
 
+def ollama_key() -> str:
+    goos, goarch = _go_platform()
+    return pins.ollama_key(goos=goos, goarch=goarch)
+
+
+def ensure_ollama(*, build: bool = True, log: bool = True) -> Path:
+    """Return the path of an `ollama` executable (see the module docstring).
+
+    With `build=False` a missing cache entry raises instead of building (minutes).
+    """
+    explicit = os.environ.get(ENV_OLLAMA)
+    if explicit:
+        binary = Path(explicit).expanduser()
+        if not _is_executable(binary):
+            raise AssetsError(
+                f"${ENV_OLLAMA}={binary} is not an executable file; point it at an ollama "
+                f"binary or unset it to build one into {cache_root() / 'assets'}"
+            )
+        return binary
+    final = cache_root() / "assets" / ollama_key()
+    binary = final / pins.OLLAMA_BINARY
+    if _ollama_complete(final):
+        return binary
+    if not build:
+        raise AssetsError(
+            f"no ollama at {binary}; run `python -m flexinfer_devcluster.assets --ollama`"
+        )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(final.parent / f"{final.name}.lock", log=log):
+        if _ollama_complete(final):
+            return binary
+        _build_ollama_into(final, log=log)
+    return binary
+
+
+def _ollama_complete(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file() and _is_executable(directory / pins.OLLAMA_BINARY)
+
+
+def _ollama_module_dir(go: Path, env: Mapping[str, str], work: Path, log_file: IO[str]) -> Path:
+    """The `github.com/ollama/ollama` module's sources, downloaded through the Go module
+    proxy into the module cache (read-only there)."""
+    module = work / "download"
+    module.mkdir(exist_ok=True)
+    (module / "go.mod").write_text("module flexinfer.local/build/ollama-download\n\ngo 1.26.0\n")
+    command = [
+        str(go), "mod", "download", "-json", f"github.com/ollama/ollama@{pins.OLLAMA_VERSION}"
+    ]  # fmt: skip
+    log_file.write(f"== {' '.join(command)}\n")
+    log_file.flush()
+    result = subprocess.run(
+        command, cwd=module, env=dict(env), capture_output=True, text=True, check=False
+    )
+    log_file.write(result.stdout + result.stderr)
+    log_file.flush()
+    try:
+        directory = Path(json.loads(result.stdout)["Dir"])
+    except (ValueError, KeyError, TypeError):
+        directory = Path()
+    if result.returncode != 0 or not (directory / "go.mod").is_file():
+        raise AssetsError(
+            f"go mod download of github.com/ollama/ollama@{pins.OLLAMA_VERSION} failed (exit "
+            f"{result.returncode}); last lines of {log_file.name}:\n{_tail(Path(log_file.name))}"
+        )
+    return directory
+
+
+def _extract_ollama_vendor(sdist: Path, destination: Path) -> None:
+    """The sdist's llama.cpp third-party headers into `destination` (the module's
+    `llama/llama.cpp/vendor`)."""
+    prefix = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}/{pins.OLLAMA_VENDOR_PREFIX}"
+    with tarfile.open(sdist) as archive:
+        members = []
+        for member in archive.getmembers():
+            if member.name.startswith(prefix) and member.name != prefix.rstrip("/"):
+                member.name = member.name[len(prefix) :]
+                members.append(member)
+        if not members:
+            raise AssetsError(f"{sdist} holds no {prefix}: not the sdist that was pinned")
+        archive.extractall(destination, members=members, filter="data")
+
+
+def _build_ollama_into(final: Path, *, log: bool) -> None:
+    go = find_go()
+    ensure_cxx_compiler()
+    work = cache_root() / "build" / final.name
+    if work.exists():
+        shutil.rmtree(work)  # the sources of an interrupted build
+    work.mkdir(parents=True)
+    log_path = work / "build.log"
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    flags = " ".join(pins.OLLAMA_CGO_FLAGS)
+    env = dict(os.environ)
+    env.update(
+        {
+            "GOFLAGS": "-mod=mod -buildvcs=false",
+            "GOTOOLCHAIN": "local",
+            "GOWORK": "off",
+            "CGO_ENABLED": "1",
+            "CGO_CFLAGS": flags,
+            "CGO_CXXFLAGS": flags,
+        }
+    )
+    env["PATH"] = f"{go.parent}{os.pathsep}{env.get('PATH', '')}"
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        with log_path.open("w") as log_file:
+            step_started = time.monotonic()
+            module = _ollama_module_dir(go, env, work, log_file)
+            source = work / "src"
+            shutil.copytree(module, source)
+            for directory, _dirs, _files in os.walk(source):
+                os.chmod(directory, 0o755)  # the module cache's copies are read-only
+            sdist = _fetch_sdist(log_file=log_file, log=log)
+            _extract_ollama_vendor(sdist, source / "llama" / "llama.cpp" / "vendor")
+            timings["fetch and unpack"] = round(time.monotonic() - step_started, 1)
+            if log:
+                _say(
+                    f"building ollama {pins.OLLAMA_VERSION} (cgo, CPU only, {flags}; log: "
+                    f"{log_path}); this takes minutes once"
+                )
+            step_started = time.monotonic()
+            version = pins.OLLAMA_VERSION.lstrip("v")
+            command = [
+                str(go), "build", "-trimpath",
+                "-ldflags", f"-s -w -X github.com/ollama/ollama/version.Version={version}",
+                "-o", str(staging / pins.OLLAMA_BINARY), ".",
+            ]  # fmt: skip
+            log_file.write(f"== {' '.join(command)} (CGO_CFLAGS={flags})\n")
+            log_file.flush()
+            result = subprocess.run(
+                command, cwd=source, env=env, stdout=log_file, stderr=subprocess.STDOUT, check=False
+            )
+            log_file.flush()
+            if result.returncode != 0:
+                raise AssetsError(
+                    f"building ollama failed (go build exit {result.returncode}); last lines "
+                    f"of {log_path}:\n{_tail(log_path)}"
+                )
+            timings["go build"] = round(time.monotonic() - step_started, 1)
+            answer = subprocess.run(
+                [str(staging / pins.OLLAMA_BINARY), "--version"],
+                capture_output=True, text=True, check=False, timeout=60,
+                env={**os.environ, "OLLAMA_HOST": "127.0.0.1:1"},
+            )  # fmt: skip
+            if answer.returncode != 0 or version not in answer.stdout + answer.stderr:
+                raise AssetsError(
+                    f"the built ollama does not run (--version exit {answer.returncode}):\n"
+                    f"{(answer.stdout + answer.stderr)[-2000:]}"
+                )
+        record = {
+            "ollama": pins.OLLAMA_VERSION,
+            "vendor_from": f"llama-cpp-python {pins.LLAMA_CPP_PYTHON_VERSION}",
+            "sdist_sha256": pins.LLAMA_CPP_PYTHON_SHA256,
+            "cgo_flags": list(pins.OLLAMA_CGO_FLAGS),
+            "go": subprocess.run(
+                [str(go), "version"], capture_output=True, text=True, check=False
+            ).stdout.strip(),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "step_seconds": timings,
+        }
+        (staging / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+        staging.chmod(0o755)
+        if final.exists():  # an incomplete leftover; the lock says nobody else uses it
+            shutil.rmtree(final)
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(work / "src", ignore_errors=True)
+    shutil.rmtree(work / "download", ignore_errors=True)
+    if log:
+        _say(f"built ollama in {record['build_seconds']}s into {final}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(
-            "usage: python -m flexinfer_devcluster.assets [--llama-server]\n\nBuild (once) "
-            f"{', '.join(pins.BINARIES)} and llama-server, then print the directory holding "
-            "the first six (with --llama-server: the path of llama-server)."
+            "usage: python -m flexinfer_devcluster.assets [--llama-server | --ollama]\n\n"
+            f"Build (once) {', '.join(pins.BINARIES)} and llama-server, then print the "
+            "directory holding the first six (with --llama-server: the path of "
+            "llama-server). --ollama builds only ollama (for the tests that serve through "
+            "it) and prints its path."
         )
         return 0
-    unknown = [arg for arg in args if arg != "--llama-server"]
-    if unknown:
-        print(f"flexinfer assets: unknown argument {unknown[0]!r} (see --help)", file=sys.stderr)
+    unknown = [arg for arg in args if arg not in ("--llama-server", "--ollama")]
+    if unknown or len(args) > 1:
+        what = unknown[0] if unknown else " ".join(args)
+        print(f"flexinfer assets: unknown argument {what!r} (see --help)", file=sys.stderr)
         return 2
     try:
+        if "--ollama" in args:
+            print(ensure_ollama())
+            return 0
         directory = ensure_assets()
         llama_server = ensure_llama_server()
     except AssetsError as error:

@@ -16,8 +16,8 @@ claims. `populate_claim` pre-binds a volume holding given files to a claim, as a
 existing storage would be.
 
 Opt-in (`process_node=True` or `add_process_node()`): one process-backed node whose pods
-run as real local `llama-server` processes (`processnode`), with the hosts file that maps
-Service names to their loopback addresses at `hosts_file`.
+run as real local `llama-server` and `ollama` processes (`processnode`), with the hosts
+file that maps Service names to their loopback addresses at `hosts_file`.
 
 Each process runs in its own process group with its log in the directory; `stop()` (also
 run at interpreter exit) ends the groups and removes the directory. This module owns
@@ -52,7 +52,12 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from flexinfer_devcluster import localpki
-from flexinfer_devcluster.assets import ensure_assets, ensure_llama_server
+from flexinfer_devcluster.assets import (
+    AssetsError,
+    ensure_assets,
+    ensure_llama_server,
+    ensure_ollama,
+)
 from flexinfer_devcluster.processes import die_with_thread_hook, terminate_group
 from flexinfer_devcluster.processnode import ProcessNode
 
@@ -220,11 +225,13 @@ class LocalCluster:
         client_qps: int | None = None,
         process_node: bool = False,
         llama_server: Path | None = None,
+        ollama: Path | None = None,
     ) -> None:
         self._nodes = tuple(default_nodes() if nodes is None else nodes)
         self._assets_dir = assets_dir
         self._want_process_node = process_node
         self._llama_server = llama_server
+        self._ollama = ollama
         self._process_node: ProcessNode | None = None
         self._startup_timeout = startup_timeout
         self.name = name
@@ -294,12 +301,18 @@ class LocalCluster:
         """The process-backed node (after `add_process_node()` or `process_node=True`)."""
         return self._require(self._process_node, "process node")
 
-    def add_process_node(self, *, name: str = "process-node", gpus: int = 1) -> ProcessNode:
-        """Register the node whose pods run as local `llama-server` processes, and run it.
+    def add_process_node(
+        self, *, name: str = "process-node", gpus: int = 1, ollama: Path | None = None
+    ) -> ProcessNode:
+        """Register the node whose pods run as local `llama-server` and `ollama`
+        processes, and run it.
 
         Pods reach it with `processnode.PROCESS_NODE_SELECTOR` as nodeSelector and
         `processnode.PROCESS_NODE_TOLERATION` (it is tainted so that nothing else lands
-        there). Builds llama-server first if the cache lacks it (minutes, once).
+        there) and, as a GPU node, with the toleration of `GPU_NODE_TAINT` (flexinfer
+        renders it). Builds llama-server first if the cache lacks it (minutes, once);
+        `ollama` is the given binary, else the cached one if it is built (never built
+        here: without it, Ollama pods are refused saying how to build it).
         """
         if self._process_node is not None:
             raise LocalClusterError(
@@ -307,13 +320,19 @@ class LocalCluster:
             )
         if self._llama_server is None:
             self._llama_server = ensure_llama_server()
+        binary = ollama or self._ollama
+        if binary is None:
+            with contextlib.suppress(AssetsError):
+                binary = ensure_ollama(build=False, log=False)
         node = ProcessNode(
             self.kubeconfig,
             self._llama_server,
             workdir=self.workdir / "process-node",
             hosts_file=self.hosts_file,
+            ollama=binary,
             name=name,
             gpus=gpus,
+            taints=(GPU_NODE_TAINT,),
         )
         node.start()
         self._process_node = node

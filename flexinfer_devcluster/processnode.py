@@ -1,27 +1,35 @@
-"""A node whose pods run as local processes: the dev control plane's kubelet for llama-server.
+"""A node whose pods run as local processes: the dev control plane's kubelet for real servers.
 
-`ProcessNode` registers a Node labelled and tainted `flexinfer.dev/process-node=true`
-(NoSchedule, so only pods that tolerate it land here; other backends stay on the kwok
-nodes) that advertises `amd.com/gpu`. It carries no kwok annotation, so kwok leaves it
-alone; the runner keeps its Ready condition fresh. Each pod the scheduler binds to it is
-run as a local `llama-server` (the container is mapped by `podcommand`) on a loopback
-address of its own, 127.0.0.N, reserved machine-wide with a lock file so concurrent
-clusters never share one. Its status is written as a kubelet would: Running with
-`podIP` = that address, Ready from the container's readiness probe against the real
-server, `containerStatuses`; a server that exits is restarted with the kubelet's back-off
-(`CrashLoopBackOff`, the log tail as the termination message) or ends the pod under its
-`restartPolicy`; a pod it cannot run is `Failed` with the reason. A deleted pod's server
-gets SIGTERM, then SIGKILL once the pod's grace period is over, and the pod is finally
-deleted as a kubelet does.
+`ProcessNode` registers a Node labelled `flexinfer.dev/process-node=true` and tainted
+with it (NoSchedule, so only pods that tolerate it land here; other backends stay on the
+kwok nodes) and with the cluster's GPU-node taints (`taints`), that advertises
+`amd.com/gpu`. It carries no kwok annotation, so kwok leaves it alone; the runner keeps
+its Ready condition fresh.
+
+Each pod the scheduler binds to it runs as local processes (`podcommand` maps the
+containers): its init containers one after the other as shell scripts, then its server,
+the cached `llama-server` or `ollama`, on a loopback address of its own, 127.0.0.N,
+reserved machine-wide with a lock file so concurrent clusters never share one. Volumes
+are host directories: a hostPath (the node's own directories, `/var/lib/flexinfer` and
+`/dev/shm/flexinfer`, live under `<workdir>/root/` so clusters never share them), a
+PersistentVolumeClaim's bound volume (its hostPath or local path), an emptyDir.
+
+The pod's status is written as a kubelet would: init container statuses, Running with
+`podIP` = that address, `containerStatuses`, and the probes run as the kubelet runs
+them, with their timings: the startup probe gates liveness and readiness, a liveness or
+startup probe that fails its threshold kills and restarts the server, readiness follows
+its period and thresholds. A container that exits is restarted with the kubelet's
+back-off (`CrashLoopBackOff`, the log tail as the termination message) or ends the pod
+under its `restartPolicy`; a pod it cannot run is `Failed` with the reason. A deleted
+pod's process gets SIGTERM, then SIGKILL once the pod's grace period is over, and the
+pod is finally deleted as a kubelet does.
 
 Service names do not resolve on this machine (no cluster DNS, no kube-proxy), so the
 runner also keeps a hosts file, one `<ip> <service>.<namespace>.svc` line per Service
 that selects a ready pod here (`--resolve-file` of the proxy reads it). The hosts file
 drops a pod before its server is told to stop, and gains it before its Ready is written.
 
-Probe timings in the pod spec are not honoured: the runner probes every 0.2 s until a
-server is ready, then every second, so swaps stay fast. Dev control plane only: this is
-never part of the controller image.
+Dev control plane only: this is never part of the controller image.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
+import posixpath
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,7 +49,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -47,20 +59,30 @@ import attrs
 
 from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster.podcommand import (
-    ReadinessCheck,
-    ServerCommand,
+    Binaries,
+    ContainerRun,
+    PodRun,
+    Probe,
     UnsupportedPod,
-    server_command,
+    pod_run,
+    volume_names,
 )
 from flexinfer_devcluster.processes import die_with_thread_hook, signal_group, terminate_group
 from flexinfer_kube.informers import Informer, Store, wait_all
 from flexinfer_kube.kubeapi import JSON, Conflict, KubeApi, KubeError, NotFound, new_api_client
 from flexinfer_kube.objects import get_path, name_of, namespace_of
-from flexinfer_kube.resources import PODS, SERVICES, Resource
+from flexinfer_kube.resources import (
+    EVENTS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PODS,
+    SERVICES,
+    Resource,
+)
 
 log = logging.getLogger("flexinfer.processnode")
 
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 
 PROCESS_NODE_LABEL = "flexinfer.dev/process-node"
 PROCESS_NODE_SELECTOR = {PROCESS_NODE_LABEL: "true"}
@@ -73,18 +95,20 @@ PROCESS_NODE_TOLERATION = {
     "effect": "NoSchedule",
 }
 """The toleration a pod needs to be scheduled onto a process node."""
+NODE_PRIVATE_PREFIXES = ("/var/lib/flexinfer", "/dev/shm/flexinfer")
+"""hostPaths under these are the node's own directories (NodeLocal and Memory caches):
+they live under `<workdir>/root/`, so a cluster never touches the machine's, nor another
+cluster's."""
 GPU_RESOURCE = "amd.com/gpu"
 HOST_IP = "127.0.0.1"
 LOOPBACK_HOSTS = range(2, 255)
 """127.0.0.2 … 127.0.0.254; 127.0.0.1 is the control plane's."""
 LOOPBACK_LOCK_DIR = Path(tempfile.gettempdir()) / "flexinfer-loopback"
-DEFAULT_SERVER_PORT = 8080
-"""llama-server's own default when the args name no `--port`."""
 DEFAULT_GRACE_SECONDS = 30.0
 STOP_GRACE_SECONDS = 5.0
-PROBE_STARTING_SECONDS = 0.2
-PROBE_READY_SECONDS = 1.0
-PROBE_TIMEOUT_SECONDS = 1.0
+TURN_BUSY_SECONDS = 0.2
+TURN_IDLE_SECONDS = 1.0
+PROBE_WORKERS = 4
 HEARTBEAT_SECONDS = 20.0
 BACK_OFF_FIRST_SECONDS = 10.0
 BACK_OFF_MAX_SECONDS = 300.0
@@ -94,6 +118,10 @@ TERMINATION_MESSAGE_BYTES = 2048
 
 class ProcessNodeError(RuntimeError):
     """The runner could not register its node or start; the message says why."""
+
+
+class _NotYet(Exception):
+    """A pod's volumes cannot be set up yet (the kubelet keeps it ContainerCreating)."""
 
 
 def _now() -> str:
@@ -154,36 +182,102 @@ def _port_free(address: str, port: int) -> bool:
     return True
 
 
-def _server_port(command: ServerCommand) -> int:
-    argv = list(command.argv)
-    for index, arg in enumerate(argv):
-        with contextlib.suppress(ValueError, IndexError):
-            if arg == "--port":
-                return int(argv[index + 1])
-            if arg.startswith("--port="):
-                return int(arg.partition("=")[2])
-    return DEFAULT_SERVER_PORT
+# -- probes ---------------------------------------------------------------------------
+
+
+def check(probe: Probe, address: str) -> tuple[bool, str]:
+    """Run one probe against the pod's address, as the kubelet probes the pod IP; the
+    result and, on failure, the kubelet-style reason."""
+    if probe.kind == "none":
+        return True, ""
+    if probe.kind == "tcp":
+        try:
+            with socket.create_connection((address, probe.port), timeout=probe.timeout):
+                return True, ""
+        except OSError as error:
+            return False, f"dial tcp {address}:{probe.port}: {error}"
+    url = f"http://{address}:{probe.port}{probe.path}"
+    try:
+        with urllib.request.urlopen(url, timeout=probe.timeout) as response:
+            if 200 <= response.status < 400:
+                return True, ""
+            return False, f"HTTP probe failed with statuscode: {response.status}"
+    except urllib.error.HTTPError as error:
+        return False, f"HTTP probe failed with statuscode: {error.code}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return False, f"Get {url!r}: {getattr(error, 'reason', error)}"
+
+
+@attrs.define
+class _ProbeState:
+    """One probe of a running container: when it runs next and its consecutive results."""
+
+    kind: str  # "startup", "liveness" or "readiness"
+    probe: Probe
+    started: float
+    next_at: float
+    successes: int = 0
+    failures: int = 0
+    pending: Future[tuple[bool, str]] | None = None
+
+    def next_tick(self, now: float) -> float:
+        """The worker's next tick after `now` (its ticker runs from the container start)."""
+        period = self.probe.period
+        return self.started + period * (math.floor((now - self.started) / period) + 1)
 
 
 # -- one pod --------------------------------------------------------------------------
 
 
-def _passes(check: ReadinessCheck, address: str) -> bool:
-    """Run one readiness check against the pod's address, as the kubelet probes the pod IP."""
-    if check.kind == "none":
-        return True
-    if check.kind == "tcp":
-        with contextlib.suppress(OSError), socket.create_connection(
-            (address, check.port), timeout=PROBE_TIMEOUT_SECONDS
-        ):
-            return True
-        return False
-    url = f"http://{address}:{check.port}{check.path}"
-    try:
-        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_SECONDS) as response:
-            return bool(200 <= response.status < 400)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+@attrs.define
+class _Container:
+    """One container of an admitted pod as the runner drives it (runner thread only)."""
+
+    run: ContainerRun
+    log_path: Path
+    init: bool
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    restarts: int = 0
+    waiting: dict[str, str] | None = None
+    last_terminated: JSON | None = None
+    terminated: JSON | None = None
+    back_off_until: float | None = None
+    started: bool = False
+    """The startup probe passed (or there is none) since the last start."""
+    ready: bool = False
+    probes: list[_ProbeState] = attrs.field(factory=list)
+    killed_for: str = ""
+    kill_at: float | None = None
+    term_sent: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        return self.terminated is not None and self.terminated.get("exitCode") == 0
+
+    def state(self) -> JSON:
+        if self.terminated is not None:
+            return {"terminated": self.terminated}
+        if self.popen is not None and self.started_at:
+            return {"running": {"startedAt": self.started_at}}
+        return {"waiting": self.waiting or {"reason": "ContainerCreating"}}
+
+    def status(self, *, ready: bool) -> JSON:
+        state = self.state()
+        status: JSON = {
+            "name": self.run.name,
+            "image": self.run.image,
+            "imageID": "",
+            "ready": ready,
+            "started": "running" in state and self.started,
+            "restartCount": self.restarts,
+            "state": state,
+        }
+        if self.popen is not None:
+            status["containerID"] = f"process://{self.popen.pid}"
+        if self.last_terminated is not None:
+            status["lastState"] = {"terminated": self.last_terminated}
+        return status
 
 
 @attrs.define
@@ -193,23 +287,20 @@ class _PodProcess:
     uid: str
     namespace: str
     name: str
-    command: ServerCommand
     reservation: AddressReservation
-    log_path: Path
     restart_policy: str
-    popen: subprocess.Popen[bytes] | None = None
-    started_at: str | None = None
-    pod_started_at: str = attrs.field(factory=_now)
-    restarts: int = 0
-    ready: bool = False
+    grace: float
+    home: Path
+    log_path: Path
+    port: int
+    run: PodRun | None = None
+    """Set once its volumes are set up (until then it is ContainerCreating)."""
     waiting: dict[str, str] | None = None
-    last_terminated: JSON | None = None
-    terminated: JSON | None = None
-    back_off_until: float | None = None
-    next_probe: float = 0.0
+    containers: list[_Container] = attrs.field(factory=list)
+    pod_started_at: str = attrs.field(factory=_now)
+    failed: JSON | None = None
+    """The pod ended without its server: an init container failed under `Never`."""
     terminating: bool = False
-    term_sent: bool = False
-    kill_at: float | None = None
     written: JSON | None = None
 
     @property
@@ -217,15 +308,52 @@ class _PodProcess:
         return self.reservation.address
 
     @property
+    def inits(self) -> list[_Container]:
+        return [c for c in self.containers if c.init]
+
+    @property
+    def server(self) -> _Container | None:
+        return next((c for c in self.containers if not c.init), None)
+
+    @property
+    def initialized(self) -> bool:
+        return self.run is not None and all(c.succeeded for c in self.inits)
+
+    def current(self) -> _Container | None:
+        """The container that runs (or is next to) now: the first unfinished init
+        container, else the server."""
+        for container in self.inits:
+            if not container.succeeded:
+                return container
+        return self.server
+
+    def running(self) -> list[_Container]:
+        return [c for c in self.containers if c.popen is not None]
+
+    @property
+    def ready(self) -> bool:
+        server = self.server
+        return bool(server and server.ready and server.popen is not None) and not self.terminating
+
+    @property
     def phase(self) -> str:
-        if self.terminated is not None:
-            return "Succeeded" if self.terminated.get("exitCode") == 0 else "Failed"
-        return "Running" if self.started_at else "Pending"
+        server = self.server
+        if self.failed is not None:
+            return "Failed"
+        if server is not None and server.terminated is not None:
+            return "Succeeded" if server.terminated.get("exitCode") == 0 else "Failed"
+        return "Running" if server is not None and server.started_at else "Pending"
 
     @property
     def done(self) -> bool:
-        """The server is gone for good: it ended under the restart policy, or was deleted."""
-        return self.terminated is not None
+        """The pod is over: its server ended under the restart policy, an init container
+        failed for good, or it was deleted and nothing runs any more."""
+        if self.failed is not None:
+            return not self.running()
+        server = self.server
+        if server is not None and server.terminated is not None:
+            return True
+        return self.terminating and not self.running()
 
 
 def _exit_code(returncode: int) -> int:
@@ -248,6 +376,13 @@ def _matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
     return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
 
 
+def _back_off(restarts: int) -> float:
+    """As the kubelet: the first restart at once, then 10 s, 20 s, … up to 5 min."""
+    if restarts == 0:
+        return 0.0
+    return float(min(BACK_OFF_FIRST_SECONDS * 2 ** (restarts - 1), BACK_OFF_MAX_SECONDS))
+
+
 # -- the runner -----------------------------------------------------------------------
 
 
@@ -261,19 +396,26 @@ class ProcessNode:
         *,
         workdir: Path,
         hosts_file: Path,
+        ollama: Path | None = None,
         name: str = "process-node",
         gpus: int = 1,
         labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
         lock_dir: Path = LOOPBACK_LOCK_DIR,
     ) -> None:
         self.name = name
         self.kubeconfig = kubeconfig
         self.llama_server = llama_server
+        self.ollama = ollama
+        """The `ollama` binary Ollama pods run (None: such pods are refused, saying how to
+        build it)."""
         self.workdir = workdir
         self.hosts_file = hosts_file
         """`<ip> <service>.<namespace>.svc` lines for the Services with a ready pod here."""
         self.gpus = gpus
         self.labels = dict(labels or {})
+        self.taints = [PROCESS_NODE_TAINT, *(dict(t) for t in taints)]
+        """The process node's own taint, then the cluster's GPU-node taints."""
         self._lock_dir = lock_dir
         self._api: KubeApi | None = None
         self._pods = Store(PODS)
@@ -286,18 +428,48 @@ class ProcessNode:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._prober: ThreadPoolExecutor | None = None
         self._next_heartbeat = 0.0
         self._registered_at = _now()
         self._hosts_text: str | None = None
 
     # -- public surface -----------------------------------------------------------
 
+    @property
+    def root(self) -> Path:
+        """Where the node's own directories (`NODE_PRIVATE_PREFIXES`) live on this machine."""
+        return self.workdir / "root"
+
+    @property
+    def bin_dir(self) -> Path:
+        """`llama-server` and `ollama` under their image names: first on an init script's
+        PATH."""
+        return self.workdir / "bin"
+
+    def host_path(self, node_path: str) -> Path:
+        """The machine's path for a path on this node: the node's own directories are
+        under `root`, anything else is the machine's own (as a hostPath volume sees it)."""
+        normal = posixpath.normpath(node_path)
+        if any(normal == p or normal.startswith(p + "/") for p in NODE_PRIVATE_PREFIXES):
+            return self.root / normal.lstrip("/")
+        return Path(normal)
+
     def start(self, *, timeout: float = 30.0) -> ProcessNode:
         if self._thread is not None:
             raise ProcessNodeError(f"process node {self.name} is already running")
-        if not (self.llama_server.is_file() and os.access(self.llama_server, os.X_OK)):
-            raise ProcessNodeError(f"llama-server {self.llama_server} is not an executable file")
-        (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
+        binaries = {"llama-server": self.llama_server}
+        if self.ollama is not None:
+            binaries["ollama"] = self.ollama
+        for image_name, binary in binaries.items():
+            if not (binary.is_file() and os.access(binary, os.X_OK)):
+                raise ProcessNodeError(f"{image_name} {binary} is not an executable file")
+        (self.workdir / "pods" / "init").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        for image_name, binary in binaries.items():
+            link = self.bin_dir / image_name
+            link.unlink(missing_ok=True)
+            link.symlink_to(binary.resolve())
         self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         self._write_hosts_text("")
         api_client = new_api_client(str(self.kubeconfig), user_agent="flexinfer-process-node")
@@ -317,6 +489,7 @@ class ProcessNode:
             self.stop()
             raise ProcessNodeError(f"process node {self.name}: pods and services did not list")
         self._stopping.clear()
+        self._prober = ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix=f"probe-{self.name}")
         self._thread = threading.Thread(
             target=self._run, name=f"process-node-{self.name}", daemon=True
         )
@@ -324,7 +497,7 @@ class ProcessNode:
         return self
 
     def stop(self) -> None:
-        """Stop every server this node started, then its thread, informers and Node."""
+        """Stop every process this node started, then its thread, informers and Node."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
@@ -334,9 +507,14 @@ class ProcessNode:
             processes = list(self._processes.values())
             self._processes.clear()
         for process in processes:  # the thread is gone: nothing else touches them
-            if process.popen is not None and process.popen.poll() is None:
-                terminate_group(process.popen, grace=STOP_GRACE_SECONDS)
+            for container in process.running():
+                assert container.popen is not None
+                if container.popen.poll() is None:
+                    terminate_group(container.popen, grace=STOP_GRACE_SECONDS)
             process.reservation.release()
+        if self._prober is not None:
+            self._prober.shutdown(wait=False, cancel_futures=True)
+            self._prober = None
         for informer in self._informers:
             informer.stop()
         self._informers = []
@@ -358,19 +536,22 @@ class ProcessNode:
     def pids(self) -> dict[str, int]:
         """`namespace/name` → pid of each server running now."""
         with self._state_lock:
-            return {
-                f"{p.namespace}/{p.name}": p.popen.pid
-                for p in self._processes.values()
-                if p.popen is not None and p.popen.poll() is None
-            }
+            pids = {}
+            for process in self._processes.values():
+                server = process.server
+                if server and server.popen is not None and server.popen.poll() is None:
+                    pids[f"{process.namespace}/{process.name}"] = server.popen.pid
+            return pids
 
     def log_path(self, namespace: str, name: str) -> Path | None:
         """The server log of the pod `namespace/name` (the latest pod of that name)."""
-        logs = sorted(
-            (self.workdir / "pods").glob(f"{namespace}_{name}_*.log"),
-            key=lambda path: path.stat().st_mtime,
+        return _latest((self.workdir / "pods").glob(f"{namespace}_{name}_*.log"))
+
+    def init_log_path(self, namespace: str, name: str, container: str) -> Path | None:
+        """The log of init container `container` of the pod `namespace/name`."""
+        return _latest(
+            (self.workdir / "pods" / "init").glob(f"{namespace}_{name}_*.{container}.log")
         )
-        return logs[-1] if logs else None
 
     # -- the node -----------------------------------------------------------------
 
@@ -391,9 +572,7 @@ class ProcessNode:
             condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "no pressure"),
             condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "no pressure"),
             condition("PIDPressure", "False", "KubeletHasSufficientPID", "no pressure"),
-            condition(
-                "Ready", "True", "KubeletReady", "flexinfer process node runner is running"
-            ),
+            condition("Ready", "True", "KubeletReady", "flexinfer process node runner is running"),
         ]
 
     def _register_node(self) -> None:
@@ -415,7 +594,7 @@ class ProcessNode:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": self.name, "labels": labels},
-            "spec": {"taints": [PROCESS_NODE_TAINT]},
+            "spec": {"taints": self.taints},
         }
         try:
             api.request("POST", NODES.path(), body=body)
@@ -474,8 +653,11 @@ class ProcessNode:
 
     def _pause(self) -> float:
         with self._state_lock:
-            busy = any(not p.ready or p.terminating for p in self._processes.values())
-        return PROBE_STARTING_SECONDS if busy else PROBE_READY_SECONDS
+            busy = any(
+                not p.ready or p.terminating or any(c.kill_at is not None for c in p.containers)
+                for p in self._processes.values()
+            )
+        return TURN_BUSY_SECONDS if busy else TURN_IDLE_SECONDS
 
     def _reconcile(self) -> None:
         pods = {
@@ -500,9 +682,13 @@ class ProcessNode:
             if get_path(pod, "metadata", "deletionTimestamp") and not process.terminating:
                 grace = get_path(pod, "metadata", "deletionGracePeriodSeconds")
                 process.terminating = True
-                process.ready = False
-                process.kill_at = now + float(DEFAULT_GRACE_SECONDS if grace is None else grace)
-            self._advance(process, now)
+                for container in process.running():
+                    container.ready = False
+                    container.kill_at = now + float(
+                        DEFAULT_GRACE_SECONDS if grace is None else grace
+                    )
+                    container.term_sent = False
+            self._advance(process, pod, now)
         # Names first: a pod leaves the hosts file before its server hears SIGTERM, and
         # joins it before its Ready is written.
         self._write_hosts(pods)
@@ -515,31 +701,46 @@ class ProcessNode:
             if get_path(pods[uid], "status", "phase") != "Failed":
                 self._patch_pod_status(pods[uid], status)
 
+    def _binaries(self) -> Binaries:
+        return Binaries(
+            llama_server=str(self.llama_server),
+            ollama=str(self.ollama) if self.ollama is not None else None,
+        )
+
     def _admit(self, uid: str, pod: JSON) -> None:
         namespace, name = namespace_of(pod), name_of(pod)
         try:
-            # Parsed once with a placeholder address: it tells the port to reserve for.
-            probe_command = server_command(pod, binary=self.llama_server, address=HOST_IP)
+            # Read once without volumes at a placeholder address: it refuses what cannot
+            # run here and tells the port to reserve for.
+            port = pod_run(pod, binaries=self._binaries(), volumes={}, address=HOST_IP).port
         except UnsupportedPod as refusal:
-            self._refused[uid] = self._refusal_status(pod, str(refusal))
-            log.info(
-                "pod refused",
-                extra={"fields": {"pod": f"{namespace}/{name}", "reason": str(refusal)}},
-            )
+            self._refuse(uid, pod, str(refusal))
             return
-        reservation = reserve_address(_server_port(probe_command), lock_dir=self._lock_dir)
-        command = server_command(pod, binary=self.llama_server, address=reservation.address)
+        reservation = reserve_address(port, lock_dir=self._lock_dir)
+        stem = f"{namespace}_{name}_{uid[:8]}"
+        home = self.workdir / "pods" / f"{stem}.home"
+        home.mkdir(parents=True, exist_ok=True)
+        grace = get_path(pod, "spec", "terminationGracePeriodSeconds")
         process = _PodProcess(
             uid=uid,
             namespace=namespace,
             name=name,
-            command=command,
             reservation=reservation,
-            log_path=self.workdir / "pods" / f"{namespace}_{name}_{uid[:8]}.log",
             restart_policy=str(get_path(pod, "spec", "restartPolicy") or "Always"),
+            grace=float(DEFAULT_GRACE_SECONDS if grace is None else grace),
+            home=home,
+            log_path=self.workdir / "pods" / f"{stem}.log",
+            port=port,
         )
         with self._state_lock:
             self._processes[uid] = process
+
+    def _refuse(self, uid: str, pod: JSON, message: str) -> None:
+        self._refused[uid] = self._refusal_status(pod, message)
+        log.info(
+            "pod refused",
+            extra={"fields": {"pod": f"{namespace_of(pod)}/{name_of(pod)}", "reason": message}},
+        )
 
     def _refusal_status(self, pod: JSON, message: str) -> JSON:
         containers = get_path(pod, "spec", "containers") or []
@@ -551,7 +752,7 @@ class ProcessNode:
             "hostIP": HOST_IP,
             "hostIPs": [{"ip": HOST_IP}],
             "startTime": now,
-            "conditions": _conditions(ready=False, now=now),
+            "conditions": _conditions(ready=False, initialized=False, now=now),
             "containerStatuses": [
                 {
                     "name": str(c.get("name")),
@@ -574,72 +775,149 @@ class ProcessNode:
             ],
         }
 
-    def _missing_host_paths(self, process: _PodProcess) -> list[str]:
-        missing = []
-        for mount in process.command.mounts:
-            path = Path(mount.host_path)
-            if (mount.host_path_type == "File" and not path.is_file()) or (
-                mount.host_path_type == "Directory" and not path.is_dir()
-            ):
-                missing.append(
-                    f"hostPath {mount.host_path} of volume {mount.volume!r} is not a "
-                    f"{mount.host_path_type.lower()}"
-                )
-        return missing
+    # -- volumes --------------------------------------------------------------------
 
-    def _advance(self, process: _PodProcess, now: float) -> None:
-        """Move one pod along: start, notice an exit, restart after back-off, probe."""
-        popen = process.popen
-        if popen is not None and popen.poll() is not None:
-            self._exited(process, popen, now)
-            popen = None
-        if process.terminating:
-            if popen is None:
-                if process.terminated is None:  # deleted while waiting to (re)start
-                    process.terminated = process.last_terminated or {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                    }
-                return
-            if process.kill_at is not None and now >= process.kill_at:
-                signal_group(popen.pid, signal.SIGKILL)
-                process.kill_at = None
-            return
-        if popen is None and process.terminated is None:
-            if process.back_off_until is not None and now < process.back_off_until:
-                return
-            self._launch(process)
-            return
-        if popen is not None and now >= process.next_probe:
-            process.ready = _passes(process.command.readiness, process.address)
-            process.next_probe = now + (
-                PROBE_READY_SECONDS if process.ready else PROBE_STARTING_SECONDS
-            )
+    def _volumes_dir(self, process: _PodProcess) -> Path:
+        return process.home.with_suffix(".volumes")
 
-    def _launch(self, process: _PodProcess) -> None:
-        missing = self._missing_host_paths(process)
+    def _volumes(self, process: _PodProcess, pod: JSON) -> dict[str, str]:
+        """Each mounted volume's host path, set up as the kubelet would; raises `_NotYet`
+        naming what is missing (a File or Directory hostPath, an unbound claim)."""
+        specs = {str(v.get("name")): v for v in get_path(pod, "spec", "volumes") or []}
+        resolved: dict[str, str] = {}
+        missing: list[str] = []
+        for name in volume_names(pod):
+            volume = specs.get(name) or {}
+            if "hostPath" in volume:
+                path = self.host_path(str(get_path(volume, "hostPath", "path") or "/"))
+                kind = str(get_path(volume, "hostPath", "type") or "")
+                problem = _set_up_host_path(path, kind)
+                if problem:
+                    missing.append(f"hostPath {path} of volume {name!r} {problem}")
+                resolved[name] = str(path)
+            elif "persistentVolumeClaim" in volume:
+                claim = str(get_path(volume, "persistentVolumeClaim", "claimName") or "")
+                try:
+                    resolved[name] = str(self._claim_path(namespace_of(pod), claim))
+                except _NotYet as wait:
+                    missing.append(f"volume {name!r}: {wait}")
+            elif "emptyDir" in volume:
+                directory = self._volumes_dir(process) / name
+                directory.mkdir(parents=True, exist_ok=True)
+                resolved[name] = str(directory)
+            # Secrets, ConfigMaps and projected tokens are not mapped: paths under them
+            # stay as written.
         if missing:
-            # The kubelet keeps such a pod ContainerCreating and retries the mount.
-            process.waiting = {"reason": "ContainerCreating", "message": "; ".join(missing)}
+            raise _NotYet("; ".join(missing))
+        return resolved
+
+    def _claim_path(self, namespace: str, claim: str) -> Path:
+        """The host directory behind a bound claim: its volume's hostPath or local path."""
+        api = self._require_api()
+        try:
+            pvc = api.get(PERSISTENT_VOLUME_CLAIMS, namespace, claim)
+        except NotFound:
+            raise _NotYet(f'persistentvolumeclaim "{claim}" not found') from None
+        volume_name = get_path(pvc, "spec", "volumeName")
+        if get_path(pvc, "status", "phase") != "Bound" or not volume_name:
+            raise _NotYet(f'persistentvolumeclaim "{claim}" is not bound')
+        try:
+            volume = api.request("GET", PERSISTENT_VOLUMES.path(name=str(volume_name)))
+        except NotFound:
+            raise _NotYet(f'persistentvolume "{volume_name}" not found') from None
+        path = get_path(volume, "spec", "hostPath", "path") or get_path(
+            volume, "spec", "local", "path"
+        )
+        if not path:
+            raise _NotYet(
+                f'persistentvolume "{volume_name}" of claim "{claim}" has neither a hostPath '
+                "nor a local path: the process node mounts only directories"
+            )
+        host = self.host_path(str(path))
+        if not host.is_dir():
+            raise _NotYet(f'persistentvolume "{volume_name}" path {host} is not a directory')
+        return host
+
+    def _set_up(self, process: _PodProcess, pod: JSON) -> None:
+        volumes = self._volumes(process, pod)
+        run = pod_run(pod, binaries=self._binaries(), volumes=volumes, address=process.address)
+        stem = process.log_path.stem
+        process.run = run
+        process.containers = [
+            _Container(
+                run=init,
+                log_path=self.workdir / "pods" / "init" / f"{stem}.{init.name}.log",
+                init=True,
+            )
+            for init in run.init_containers
+        ]
+        server = _Container(run=run.server, log_path=process.log_path, init=False)
+        if run.init_containers:
+            server.waiting = {"reason": "PodInitializing"}
+        process.containers.append(server)
+        process.waiting = None
+
+    # -- one pod's turn -------------------------------------------------------------
+
+    def _advance(self, process: _PodProcess, pod: JSON, now: float) -> None:
+        """Move one pod along: notice exits, set up, start, restart after back-off, probe."""
+        for container in process.running():
+            popen = container.popen
+            assert popen is not None
+            if popen.poll() is not None:
+                self._exited(process, container, popen, now)
+        for container in process.running():
+            if container.kill_at is not None and container.term_sent and now >= container.kill_at:
+                assert container.popen is not None
+                signal_group(container.popen.pid, signal.SIGKILL)
+                container.kill_at = None
+        if process.terminating:
+            server = process.server
+            if not process.running() and server is not None and server.terminated is None:
+                # Deleted while waiting to (re)start: it ends as it last ended.
+                server.terminated = server.last_terminated or {"exitCode": 0, "reason": "Completed"}
             return
+        if process.failed is not None:
+            return
+        if process.run is None:
+            try:
+                self._set_up(process, pod)
+            except _NotYet as wait:
+                # The kubelet keeps such a pod ContainerCreating and retries the mount.
+                process.waiting = {"reason": "ContainerCreating", "message": str(wait)}
+                return
+            except UnsupportedPod as refusal:
+                process.failed = {"reason": "UnsupportedOnProcessNode", "message": str(refusal)}
+                return
+        current = process.current()
+        if current is None or current.terminated is not None:
+            return
+        if current.popen is None:
+            if current.back_off_until is None or now >= current.back_off_until:
+                self._launch(process, current, now)
+            return
+        if not current.init and current.kill_at is None:
+            self._probe(process, pod, current, now)
+
+    def _launch(self, process: _PodProcess, container: _Container, now: float) -> None:
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.workdir / "pods"),
-            **process.command.env,
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(process.home),
+            **container.run.env,
         }
-        with process.log_path.open("ab") as log_file:
+        with container.log_path.open("ab") as log_file:
             log_file.write(
-                f"# flexinfer process node: start {process.restarts}: "
-                f"{' '.join(process.command.argv)}\n".encode()
+                f"# flexinfer process node: start {container.restarts}: "
+                f"{' '.join(container.run.argv)}\n".encode()
             )
             log_file.flush()
             try:
-                process.popen = subprocess.Popen(
-                    list(process.command.argv),
+                container.popen = subprocess.Popen(
+                    list(container.run.argv),
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    cwd=self.workdir / "pods",
+                    cwd=process.home,
                     env=env,
                     start_new_session=True,
                     # This thread outlives its servers (stop() ends them first), so the
@@ -647,98 +925,214 @@ class ProcessNode:
                     preexec_fn=die_with_thread_hook(),
                 )
             except OSError as error:
-                process.popen = None
-                process.waiting = {"reason": "RunContainerError", "message": str(error)}
-                process.back_off_until = time.monotonic() + BACK_OFF_FIRST_SECONDS
+                container.popen = None
+                container.waiting = {"reason": "RunContainerError", "message": str(error)}
+                container.back_off_until = now + BACK_OFF_FIRST_SECONDS
                 return
-        process.started_at = _now()
-        process.waiting = None
-        process.ready = False
-        process.next_probe = 0.0
+        container.started_at = _now()
+        container.waiting = None
+        container.ready = False
+        container.killed_for = ""
+        container.kill_at = None
+        container.term_sent = False
+        run = container.run
+        container.started = run.startup is None
+        container.probes = [
+            _ProbeState(kind, probe, started=now, next_at=probe.first_at(now))
+            for kind, probe in (
+                ("startup", run.startup),
+                ("liveness", run.liveness),
+                ("readiness", run.readiness),
+            )
+            if probe is not None and not container.init
+        ]
+        if container.started:
+            self._on_started(container, now)
         log.info(
-            "server started",
+            "container started",
             extra={
                 "fields": {
                     "pod": f"{process.namespace}/{process.name}",
+                    "container": run.name,
                     "address": process.address,
-                    "pid": process.popen.pid,
+                    "pid": container.popen.pid,
                 }
             },
         )
 
-    def _exited(self, process: _PodProcess, popen: subprocess.Popen[bytes], now: float) -> None:
+    def _on_started(self, container: _Container, now: float) -> None:
+        """Started (its startup probe passed, or it has none): the kubelet runs readiness
+        at once (past its initial delay), and a container without one is ready."""
+        readiness = next((s for s in container.probes if s.kind == "readiness"), None)
+        if readiness is None:
+            container.ready = True
+        elif now - readiness.started >= readiness.probe.initial_delay:
+            readiness.next_at = now
+
+    def _probe(self, process: _PodProcess, pod: JSON, container: _Container, now: float) -> None:
+        for state in container.probes:
+            if (state.kind == "startup") == container.started:
+                continue  # startup runs until it passes; the others only after
+            if state.pending is not None:
+                if not state.pending.done():
+                    continue
+                passed, why = state.pending.result()
+                state.pending = None
+                self._probed(process, pod, container, state, passed, why, now)
+                if container.kill_at is not None:
+                    return
+                continue
+            if now >= state.next_at and self._prober is not None:
+                state.pending = self._prober.submit(check, state.probe, process.address)
+                state.pending.add_done_callback(lambda _future: self._wake.set())
+                state.next_at = state.next_tick(now)
+
+    def _probed(
+        self,
+        process: _PodProcess,
+        pod: JSON,
+        container: _Container,
+        state: _ProbeState,
+        passed: bool,
+        why: str,
+        now: float,
+    ) -> None:
+        """A probe's result, with the kubelet's thresholds."""
+        if passed:
+            state.successes, state.failures = state.successes + 1, 0
+        else:
+            state.successes, state.failures = 0, state.failures + 1
+        threshold = state.probe.failure_threshold
+        if state.kind == "startup":
+            if passed:
+                container.started = True
+                self._on_started(container, now)
+            elif state.failures >= threshold:
+                self._kill(process, pod, container, state, why, now)
+        elif state.kind == "liveness":
+            if not passed and state.failures >= threshold:
+                self._kill(process, pod, container, state, why, now)
+        elif passed and state.successes >= state.probe.success_threshold:
+            container.ready = True
+        elif not passed and state.failures >= threshold:
+            container.ready = False
+
+    def _kill(
+        self,
+        process: _PodProcess,
+        pod: JSON,
+        container: _Container,
+        state: _ProbeState,
+        why: str,
+        now: float,
+    ) -> None:
+        """A liveness or startup probe failed its threshold: the kubelet kills the
+        container (SIGTERM, SIGKILL after the pod's grace period) and restarts it under
+        the restart policy."""
+        kind = state.kind
+        container.killed_for = kind
+        container.ready = False
+        container.kill_at = now + process.grace
+        container.term_sent = False
+        self._event(pod, "Warning", "Unhealthy", f"{kind.capitalize()} probe failed: {why}")
+        self._event(
+            pod,
+            "Normal",
+            "Killing",
+            f"Container {container.run.name} failed {kind} probe, will be restarted",
+        )
+
+    def _exited(
+        self,
+        process: _PodProcess,
+        container: _Container,
+        popen: subprocess.Popen[bytes],
+        now: float,
+    ) -> None:
         code = _exit_code(int(popen.returncode))
-        signal_group(popen.pid, signal.SIGKILL)  # anything the server left in its group
+        signal_group(popen.pid, signal.SIGKILL)  # anything it left in its group
         record: JSON = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
-            "startedAt": process.started_at,
+            "startedAt": container.started_at,
             "finishedAt": _now(),
             "containerID": f"process://{popen.pid}",
         }
         if code != 0 and not process.terminating:
-            record["message"] = _log_tail(process.log_path)
-        process.popen = None
-        process.ready = False
-        restart = not process.terminating and (
-            process.restart_policy == "Always"
-            or (process.restart_policy == "OnFailure" and code != 0)
-        )
-        if not restart:
-            process.terminated = record
+            record["message"] = _log_tail(container.log_path)
+        container.popen = None
+        container.ready = False
+        container.started = False
+        container.probes = []
+        container.kill_at = None
+        container.term_sent = False
+        if process.terminating or (container.init and code == 0):
+            container.terminated = record
             return
-        # As the kubelet: the first restart at once, then 10 s, 20 s, … up to 5 min.
-        delay = (
-            0.0
-            if process.restarts == 0
-            else min(BACK_OFF_FIRST_SECONDS * 2 ** (process.restarts - 1), BACK_OFF_MAX_SECONDS)
-        )
-        process.restarts += 1
-        process.last_terminated = record
-        process.back_off_until = now + delay
-        process.waiting = {
+        if container.init:
+            restart = process.restart_policy != "Never"
+        else:
+            restart = process.restart_policy == "Always" or (
+                process.restart_policy == "OnFailure" and code != 0
+            )
+        if not restart:
+            container.terminated = record
+            if container.init:
+                process.failed = {
+                    "reason": "Failed",
+                    "message": f"init container {container.run.name} failed (exit code {code})",
+                }
+            return
+        delay = _back_off(container.restarts)
+        container.restarts += 1
+        container.last_terminated = record
+        container.back_off_until = now + delay
+        container.waiting = {
             "reason": "CrashLoopBackOff",
             "message": f"back-off {delay:.0f}s restarting failed container="
-            f"{process.command.container} pod={process.name}_{process.namespace}"
-            f"({process.uid})",
+            f"{container.run.name} pod={process.name}_{process.namespace}({process.uid})",
         }
 
     def _signal(self, process: _PodProcess) -> None:
-        if process.terminating and not process.term_sent and process.popen is not None:
-            signal_group(process.popen.pid, signal.SIGTERM)
-            process.term_sent = True
+        for container in process.running():
+            if container.kill_at is not None and not container.term_sent:
+                assert container.popen is not None
+                signal_group(container.popen.pid, signal.SIGTERM)
+                container.term_sent = True
+
+    # -- status -----------------------------------------------------------------------
 
     def _status(self, process: _PodProcess, pod: JSON) -> JSON:
-        ready = process.ready and not process.terminating
-        if process.terminated is not None:
-            state: JSON = {"terminated": process.terminated}
-        elif process.popen is not None and process.started_at:
-            state = {"running": {"startedAt": process.started_at}}
+        ready = process.ready
+        if process.run is None:
+            waiting = process.waiting or {"reason": "ContainerCreating"}
+            init_statuses = [
+                _waiting_status(c, {"reason": "PodInitializing"})
+                for c in get_path(pod, "spec", "initContainers") or []
+            ]
+            statuses = [
+                _waiting_status(c, waiting) for c in get_path(pod, "spec", "containers") or []
+            ]
         else:
-            state = {"waiting": process.waiting or {"reason": "ContainerCreating"}}
-        container: JSON = {
-            "name": process.command.container,
-            "image": process.command.image,
-            "imageID": "",
-            "ready": ready,
-            "started": "running" in state,
-            "restartCount": process.restarts,
-            "state": state,
-        }
-        if process.popen is not None:
-            container["containerID"] = f"process://{process.popen.pid}"
-        if process.last_terminated is not None:
-            container["lastState"] = {"terminated": process.last_terminated}
-        return {
+            init_statuses = [c.status(ready=c.succeeded) for c in process.inits]
+            statuses = [c.status(ready=ready) for c in process.containers if not c.init]
+        status: JSON = {
             "phase": process.phase,
             "hostIP": HOST_IP,
             "hostIPs": [{"ip": HOST_IP}],
             "podIP": process.address,
             "podIPs": [{"ip": process.address}],
             "startTime": get_path(pod, "status", "startTime") or process.pod_started_at,
-            "conditions": _conditions(ready=ready, now=_now(), previous=pod),
-            "containerStatuses": [container],
+            "conditions": _conditions(
+                ready=ready, initialized=process.initialized, now=_now(), previous=pod
+            ),
+            "containerStatuses": statuses,
         }
+        if init_statuses:
+            status["initContainerStatuses"] = init_statuses
+        if process.failed is not None:
+            status.update(process.failed)
+        return status
 
     def _write_status(self, process: _PodProcess, pod: JSON) -> None:
         status = self._status(process, pod)
@@ -757,13 +1151,44 @@ class ProcessNode:
             return False
         return True
 
+    def _event(self, pod: JSON, kind: str, reason: str, message: str) -> None:
+        """A kubelet-style Event on the pod (best effort, as the kubelet's are)."""
+        now = datetime.now(UTC)
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name_of(pod)}.", "namespace": namespace_of(pod)},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name_of(pod),
+                "namespace": namespace_of(pod),
+                "uid": get_path(pod, "metadata", "uid"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message,
+            "source": {"component": "kubelet", "host": self.name},
+            "firstTimestamp": format_rfc3339(now.replace(microsecond=0)),
+            "lastTimestamp": format_rfc3339(now.replace(microsecond=0)),
+            "count": 1,
+        }
+        with contextlib.suppress(KubeError):
+            self._require_api().create(EVENTS, namespace_of(pod), body)
+
     def _end(self, uid: str, process: _PodProcess, pod: JSON) -> None:
         process.reservation.release()
         with self._state_lock:
             self._processes.pop(uid, None)
         self._finished.add(uid)
+        self._clean_up(process)
         if process.terminating:
             self._finalise(pod)
+
+    def _clean_up(self, process: _PodProcess) -> None:
+        # The container's own files and emptyDirs go with the pod; logs stay.
+        shutil.rmtree(process.home, ignore_errors=True)
+        shutil.rmtree(self._volumes_dir(process), ignore_errors=True)
 
     def _finalise(self, pod: JSON) -> None:
         """The kubelet's last word: delete at once, only the pod we ran (uid)."""
@@ -783,10 +1208,13 @@ class ProcessNode:
     def _forget(self, uid: str) -> None:
         with self._state_lock:
             process = self._processes.pop(uid)
-        if process.popen is not None and process.popen.poll() is None:
-            signal_group(process.popen.pid, signal.SIGKILL)
-            process.popen.wait()
+        for container in process.running():
+            assert container.popen is not None
+            if container.popen.poll() is None:
+                signal_group(container.popen.pid, signal.SIGKILL)
+                container.popen.wait()
         process.reservation.release()
+        self._clean_up(process)
 
     # -- names ----------------------------------------------------------------------
 
@@ -801,7 +1229,7 @@ class ProcessNode:
             selector = get_path(service, "spec", "selector") or {}
             candidates = sorted(
                 (
-                    (str(process.started_at), process.name, process.address)
+                    (str(_started_at(process)), process.name, process.address)
                     for process, pod in ready
                     if process.namespace == namespace_of(service)
                     and _matches(selector, get_path(pod, "metadata", "labels") or {})
@@ -825,14 +1253,51 @@ class ProcessNode:
         self._hosts_text = text
 
 
-def _conditions(*, ready: bool, now: str, previous: JSON | None = None) -> list[JSON]:
-    """The pod conditions a kubelet writes, keeping transition times that did not change."""
-    before = {
-        str(c.get("type")): c for c in (get_path(previous, "status", "conditions") or [])
+def _started_at(process: _PodProcess) -> str:
+    server = process.server
+    return str(server.started_at if server is not None else "")
+
+
+def _waiting_status(container: Mapping[str, Any], waiting: Mapping[str, str]) -> JSON:
+    return {
+        "name": str(container.get("name")),
+        "image": str(container.get("image")),
+        "imageID": "",
+        "ready": False,
+        "started": False,
+        "restartCount": 0,
+        "state": {"waiting": dict(waiting)},
     }
+
+
+def _set_up_host_path(path: Path, kind: str) -> str:
+    """Check or create a hostPath as the kubelet does for its `type`; what is wrong
+    ("" when it is fine)."""
+    if kind == "DirectoryOrCreate":
+        path.mkdir(parents=True, exist_ok=True)
+    elif kind == "FileOrCreate":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+    elif kind == "File" and not path.is_file():
+        return "is not a file"
+    elif kind == "Directory" and not path.is_dir():
+        return "is not a directory"
+    return ""
+
+
+def _latest(paths: Any) -> Path | None:
+    found = sorted(paths, key=lambda path: path.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _conditions(
+    *, ready: bool, initialized: bool = True, now: str, previous: JSON | None = None
+) -> list[JSON]:
+    """The pod conditions a kubelet writes, keeping transition times that did not change."""
+    before = {str(c.get("type")): c for c in (get_path(previous, "status", "conditions") or [])}
     wanted = {
         "PodReadyToStartContainers": True,
-        "Initialized": True,
+        "Initialized": initialized,
         "Ready": ready,
         "ContainersReady": ready,
         "PodScheduled": True,

@@ -1,5 +1,7 @@
-"""The local control plane behaves like a cluster: scheduling onto kwok GPU nodes,
-annotated readiness delays, Jobs, garbage collection, RBAC, isolation and clean stops.
+"""The local control plane behaves like a cluster, and like our users' homelab ones:
+scheduling onto tainted kwok GPU nodes and an untainted CPU node, the `local-path`
+StorageClass (ReadWriteOnce, WaitForFirstConsumer) and pre-populated claims, annotated
+readiness delays, Jobs, garbage collection, RBAC, isolation and clean stops.
 
 Every wait is a polling wait with a generous deadline; durations are checked only
 against the timestamps the cluster itself recorded.
@@ -20,8 +22,11 @@ from kubernetes import client
 from flexinfer_devcluster.assets import ensure_assets
 from flexinfer_devcluster.localcluster import (
     COMPLETE_DELAY_ANNOTATION,
+    GPU_NODE_TAINT,
+    GPU_NODE_TOLERATION,
     GPU_RESOURCE,
     READY_DELAY_ANNOTATION,
+    STORAGE_CLASS,
     TERMINATE_DELAY_ANNOTATION,
     KwokNode,
     LocalCluster,
@@ -58,22 +63,27 @@ def _found(read: Any) -> bool:
 
 
 def _pod_template(
-    app: str, *, annotations: dict[str, str], gpus: int = 1, restart: str = "Always"
+    app: str,
+    *,
+    annotations: dict[str, str],
+    gpus: int = 1,
+    restart: str = "Always",
+    tolerate_gpu_nodes: bool = True,
 ) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"app": app}, "annotations": annotations},
-        "spec": {
-            "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "example.invalid/model-server:1",
-                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
-                }
-            ],
-        },
+    spec: dict[str, Any] = {
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "server",
+                "image": "example.invalid/model-server:1",
+                "resources": {"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {},
+            }
+        ],
     }
+    if tolerate_gpu_nodes:
+        spec["tolerations"] = [dict(GPU_NODE_TOLERATION)]
+    return {"metadata": {"labels": {"app": app}, "annotations": annotations}, "spec": spec}
 
 
 def _pods(core: Any, namespace: str, app: str) -> list[Any]:
@@ -91,14 +101,152 @@ def _seconds_between(earlier: datetime, later: datetime) -> float:
     return (later - earlier).total_seconds()
 
 
-def test_nodes_advertise_gpus_and_hostnames(local_cluster: LocalCluster) -> None:
-    nodes = client.CoreV1Api(local_cluster.api_client).list_node().items
-    assert nodes, "the cluster registers kwok nodes at start"
-    for node in nodes:
-        assert node.metadata.labels["kubernetes.io/hostname"] == node.metadata.name
-        assert node.status.capacity[GPU_RESOURCE] == "1"
-        assert node.status.allocatable[GPU_RESOURCE] == "1"
+def test_gpu_nodes_advertise_gpus_and_are_tainted_and_a_cpu_node_is_not(
+    local_cluster: LocalCluster,
+) -> None:
+    nodes = {
+        n.metadata.name: n
+        for n in client.CoreV1Api(local_cluster.api_client).list_node().items
+        if n.metadata.name.startswith("kwok-")
+    }
+    assert set(nodes) == {"kwok-gpu-0", "kwok-gpu-1", "kwok-cpu-0"}
+    for name, node in nodes.items():
+        assert node.metadata.labels["kubernetes.io/hostname"] == name
         assert _condition(node, "Ready").status == "True"
+        taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []]
+        if name.startswith("kwok-gpu-"):
+            assert node.status.capacity[GPU_RESOURCE] == "1"
+            assert node.status.allocatable[GPU_RESOURCE] == "1"
+            assert taints == [("dedicated", "gpu", "NoSchedule")]
+        else:
+            assert GPU_RESOURCE not in node.status.capacity
+            assert taints == []
+
+
+def test_a_gpu_pod_without_the_toleration_stays_pending_naming_the_taint(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    template = _pod_template("untolerated", annotations={}, tolerate_gpu_nodes=False)
+    core.create_namespaced_pod(
+        namespace,
+        {"metadata": {"name": "untolerated", **template["metadata"]}, "spec": template["spec"]},
+    )
+    unschedulable = wait_until(
+        lambda: (
+            (c := _condition(core.read_namespaced_pod("untolerated", namespace), "PodScheduled"))
+            and c.status == "False"
+            and c
+        ),
+        what="the scheduler to report the untolerated pod unschedulable",
+    )
+    # The two GPU nodes refuse it for their taint, the CPU node for its missing GPU.
+    assert "2 node(s) had untolerated taint(s)" in unschedulable.message
+    assert f"1 Insufficient {GPU_RESOURCE}" in unschedulable.message
+
+
+def test_a_pod_without_a_gpu_or_toleration_runs_on_the_cpu_node(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    template = _pod_template("plain", annotations={}, gpus=0, tolerate_gpu_nodes=False)
+    core.create_namespaced_pod(
+        namespace,
+        {"metadata": {"name": "plain", **template["metadata"]}, "spec": template["spec"]},
+    )
+    pod = wait_until(
+        lambda: (p := core.read_namespaced_pod("plain", namespace)).spec.node_name and p,
+        what="the plain pod to be scheduled",
+    )
+    assert pod.spec.node_name == "kwok-cpu-0"
+
+
+def test_the_only_storage_class_is_the_default_rwo_local_path(
+    local_cluster: LocalCluster,
+) -> None:
+    storage = client.StorageV1Api(local_cluster.api_client)
+    classes = storage.list_storage_class().items
+    assert [c.metadata.name for c in classes] == [STORAGE_CLASS]
+    [local_path] = classes
+    assert local_path.metadata.annotations["storageclass.kubernetes.io/is-default-class"] == (
+        "true"
+    )
+    assert local_path.provisioner == "rancher.io/local-path"
+    assert local_path.volume_binding_mode == "WaitForFirstConsumer"
+    volumes = client.CoreV1Api(local_cluster.api_client).list_persistent_volume(
+        label_selector="flexinfer.dev/static=yes"
+    ).items
+    assert volumes
+    for volume in volumes:
+        assert volume.spec.access_modes == ["ReadWriteOnce"]
+        assert volume.spec.storage_class_name == STORAGE_CLASS
+
+
+def _claim(name: str, mode: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+def _claim_pod(name: str, claim: str) -> dict[str, Any]:
+    template = _pod_template(name, annotations={}, gpus=0, tolerate_gpu_nodes=False)
+    template["spec"]["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": "/v"}]
+    return {"metadata": {"name": name, **template["metadata"]}, "spec": template["spec"]}
+
+
+def test_a_rwo_claim_binds_for_its_first_pod_and_a_rwx_claim_never_binds(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    core.create_namespaced_persistent_volume_claim(namespace, _claim("rwo", "ReadWriteOnce"))
+    core.create_namespaced_persistent_volume_claim(namespace, _claim("rwx", "ReadWriteMany"))
+    # WaitForFirstConsumer: no pod, no binding, even for a claim a volume fits.
+    claim = core.read_namespaced_persistent_volume_claim("rwo", namespace)
+    assert claim.spec.storage_class_name == STORAGE_CLASS  # the default class, filled in
+    assert claim.status.phase == "Pending"
+    core.create_namespaced_pod(namespace, _claim_pod("uses-rwo", "rwo"))
+    core.create_namespaced_pod(namespace, _claim_pod("uses-rwx", "rwx"))
+    wait_until(
+        lambda: core.read_namespaced_persistent_volume_claim("rwo", namespace).status.phase
+        == "Bound",
+        what="the ReadWriteOnce claim to bind once its pod is scheduled",
+    )
+    events = wait_until(
+        lambda: [
+            e
+            for e in core.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=rwx"
+            ).items
+            if "rancher.io/local-path" in (e.message or "")
+        ],
+        what="the ReadWriteMany claim to wait for a provisioner",
+    )
+    assert events
+    assert core.read_namespaced_persistent_volume_claim("rwx", namespace).status.phase == (
+        "Pending"
+    )
+
+
+def test_a_populated_claim_binds_to_its_own_files(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    core = client.CoreV1Api(local_cluster.api_client)
+    directory = local_cluster.populate_claim(
+        namespace, "mine", files={"m/lib.so": b"\x7fELF", "m/config.json": "{}"}
+    )
+    assert (directory / "m" / "lib.so").read_bytes() == b"\x7fELF"
+    claim = wait_until(
+        lambda: (c := core.read_namespaced_persistent_volume_claim("mine", namespace)).status.phase
+        == "Bound"
+        and c,
+        what="the populated claim to bind without a pod",
+    )
+    volume = core.read_persistent_volume(claim.spec.volume_name)
+    assert volume.spec.host_path.path == str(directory)
+    assert volume.spec.claim_ref.name == "mine"
+    assert volume.spec.access_modes == ["ReadWriteOnce"]
 
 
 def test_deployment_pod_becomes_ready_after_its_delay_and_leaves_at_zero(
@@ -302,6 +450,8 @@ def test_two_clusters_run_side_by_side_and_stop_leaves_nothing(
     local_cluster: LocalCluster,
 ) -> None:
     other = LocalCluster(nodes=[KwokNode(name="other-gpu-0", gpus=2)], name="flexinfer-other")
+    assert KwokNode(name="n").taints == (GPU_NODE_TAINT,)
+    assert KwokNode(name="n", gpus=0).taints == ()
     other.start()
     try:
         assert other.server != local_cluster.server

@@ -1016,6 +1016,8 @@ class ProcessNode:
             container.ready = True
         elif not passed and state.failures >= threshold:
             container.ready = False
+            if state.failures == threshold:  # once per streak (the kubelet's are aggregated)
+                self._event(pod, "Warning", "Unhealthy", f"Readiness probe failed: {why}")
 
     def _kill(
         self,

@@ -5,7 +5,8 @@ scheduler, kwok) for the whole session; see `flexinfer_devcluster.localcluster`.
 must already be built (`make test` runs `python -m flexinfer_devcluster.assets` first): a
 missing build fails the test with the command to run instead of compiling for minutes
 inside a test timeout. The same holds for `llama_server` (the cached `llama-server` that
-the process node runs); `tiny_model` is a freshly generated random-weight GGUF.
+the process node runs) and `ollama` (the cached `ollama`, `make test` builds it);
+`tiny_model` is a freshly generated random-weight GGUF.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from flexinfer_devcluster.assets import AssetsError, ensure_assets, ensure_llama_server
+from flexinfer_devcluster.assets import (
+    AssetsError,
+    ensure_assets,
+    ensure_llama_server,
+    ensure_ollama,
+)
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.tinymodel import write_tiny_model
 
@@ -40,6 +46,14 @@ def llama_server() -> Path:
         return ensure_llama_server(build=False)
     except AssetsError as error:
         pytest.fail(f"llama-server is missing: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ollama() -> Path:
+    try:
+        return ensure_ollama(build=False)
+    except AssetsError as error:
+        pytest.fail(f"ollama is missing: {error}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,8 @@ import pytest
 
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_devcluster.localcluster import (
+    GPU_NODE_TAINT,
+    GPU_NODE_TOLERATION,
     KWOK_NODE_ANNOTATION,
     LocalCluster,
     processes_mentioning,
@@ -36,7 +38,7 @@ from flexinfer_devcluster.processnode import (
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
 from flexinfer_kube.objects import get_path
-from flexinfer_kube.resources import DEPLOYMENTS, PODS, SERVICES, Resource
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, PODS, SERVICES, Resource
 from tests.devcluster.chat import chat
 from tests.k8s.kubectl import create_namespace, delete_namespace, kubectl_for
 from tests.polling import wait_until
@@ -46,6 +48,9 @@ pytestmark = pytest.mark.k8s
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 RENDERED_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-rocm"
 MODEL_MOUNT = "/models/model.gguf"
+
+
+HEALTH = {"httpGet": {"path": "/health", "port": "http"}}
 
 
 def rendered_args(name: str, *extra: str) -> list[str]:
@@ -65,7 +70,8 @@ def pod_spec(
     """The llama.cpp pod as the renderer writes it, sent to the process node."""
     return {
         "nodeSelector": PROCESS_NODE_SELECTOR,
-        "tolerations": [PROCESS_NODE_TOLERATION],
+        # The node's own taint, and the GPU nodes' that flexinfer renders a toleration for.
+        "tolerations": [PROCESS_NODE_TOLERATION, dict(GPU_NODE_TOLERATION)],
         "terminationGracePeriodSeconds": 30,
         "volumes": [{"name": "model-source", "hostPath": {"path": str(model), "type": "File"}}],
         "containers": [
@@ -74,7 +80,10 @@ def pod_spec(
                 "image": image,
                 "args": rendered_args(name, *extra),
                 "ports": [{"name": "http", "containerPort": 8000}],
-                "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+                # The renderer's probes with one-second periods: the kubelet's timings
+                # are honoured, and these tests are not about them.
+                "startupProbe": {**HEALTH, "periodSeconds": 1, "failureThreshold": 120},
+                "readinessProbe": {**HEALTH, "periodSeconds": 1},
                 "volumeMounts": [
                     {"name": "model-source", "mountPath": MODEL_MOUNT, "readOnly": True}
                 ],
@@ -217,8 +226,15 @@ def test_the_node_is_ours_not_kwoks_and_takes_only_pods_that_tolerate_it(
         "flexinfer process node runner is running",
     )
 
+    taints = [(t["key"], t.get("value"), t["effect"]) for t in get_path(node, "spec", "taints")]
+    assert taints == [
+        (PROCESS_NODE_LABEL, "true", "NoSchedule"),
+        (GPU_NODE_TAINT["key"], GPU_NODE_TAINT["value"], GPU_NODE_TAINT["effect"]),
+    ]
+
+    # Tolerating the process node's own taint is not enough: it is a GPU node too.
     spec = pod_spec("intolerant", tiny_model)
-    del spec["tolerations"]
+    spec["tolerations"] = [PROCESS_NODE_TOLERATION]
     api.create(PODS, namespace, bare_pod("intolerant", spec))
 
     def unschedulable() -> str | None:
@@ -323,8 +339,124 @@ def test_an_image_that_is_not_llama_cpps_server_fails_the_pod_saying_so(
 
     pod = wait_until(failed, what="pod other to fail")
     message = get_path(pod, "status", "message")
-    assert "'vllm/vllm-openai:v0.9.0', which is not a llama.cpp server image" in message
+    assert "'vllm/vllm-openai:v0.9.0', which is neither a llama.cpp server image" in message
     assert not [key for key in process_node.pids() if key.startswith(f"{namespace}/")]
+
+
+# -- probes, as the kubelet runs them ---------------------------------------------------
+
+NO_SUCH_PATH = {"httpGet": {"path": "/no-such-path", "port": "http"}}  # llama-server: 404
+
+
+def probed_pod(name: str, model: Path, **probes: JSON) -> JSON:
+    spec = pod_spec(name, model)
+    container = spec["containers"][0]
+    for field in ("startupProbe", "livenessProbe", "readinessProbe"):
+        container.pop(field, None)
+    container.update(probes)
+    return bare_pod(name, spec)
+
+
+def pod_events(api: KubeApi, namespace: str, name: str) -> list[JSON]:
+    items = api.list(EVENTS, namespace).get("items") or []
+    return sorted(
+        (e for e in items if get_path(e, "involvedObject", "name") == name),
+        key=lambda e: (str(e.get("firstTimestamp")), str(get_path(e, "metadata", "name"))),
+    )
+
+
+def killings(api: KubeApi, namespace: str, name: str) -> list[str]:
+    return [str(e["message"]) for e in pod_events(api, namespace, name) if e["reason"] == "Killing"]
+
+
+def test_the_startup_probe_holds_liveness_back_and_kills_when_it_never_passes(
+    api: KubeApi, namespace: str, history: PodHistory, process_node: ProcessNode, tiny_model: Path
+) -> None:
+    # A liveness probe that fails at once would kill the server within two seconds,
+    # were it run before the startup probe passed; the startup probe fails its six
+    # tries first, and it is the one that kills.
+    pod = probed_pod(
+        "never-started",
+        tiny_model,
+        startupProbe={**NO_SUCH_PATH, "periodSeconds": 1, "failureThreshold": 6},
+        livenessProbe={**NO_SUCH_PATH, "periodSeconds": 1, "failureThreshold": 1},
+        readinessProbe={**HEALTH, "periodSeconds": 1},
+    )
+    api.create(PODS, namespace, pod)
+    first = wait_until(
+        lambda: killings(api, namespace, "never-started")[:1],
+        what="the kubelet's Killing event",
+    )
+    assert first == ["Container server failed startup probe, will be restarted"]
+    unhealthy = [
+        e["message"] for e in pod_events(api, namespace, "never-started")
+        if e["reason"] == "Unhealthy"
+    ]
+    assert unhealthy[0] == "Startup probe failed: HTTP probe failed with statuscode: 404"
+    restarted = wait_until(
+        lambda: (p := api.get(PODS, namespace, "never-started"))
+        and container_status(p).get("restartCount", 0) >= 1
+        and p,
+        what="the server to be restarted",
+    )
+    assert "terminated" in container_status(restarted)["lastState"]
+    versions = history.of("never-started")
+    assert not any(is_ready(v) for v in versions)  # readiness waits for startup too
+    assert not any(container_status(v).get("started") for v in versions)
+
+
+def test_a_failing_liveness_probe_restarts_a_started_server(
+    api: KubeApi, namespace: str, history: PodHistory, process_node: ProcessNode, tiny_model: Path
+) -> None:
+    pod = probed_pod(
+        "unlively",
+        tiny_model,
+        startupProbe={**HEALTH, "periodSeconds": 1, "failureThreshold": 120},
+        livenessProbe={**NO_SUCH_PATH, "periodSeconds": 1, "failureThreshold": 3},
+        readinessProbe={**HEALTH, "periodSeconds": 1},
+    )
+    api.create(PODS, namespace, pod)
+    first = wait_until(
+        lambda: killings(api, namespace, "unlively")[:1], what="the kubelet's Killing event"
+    )
+    assert first == ["Container server failed liveness probe, will be restarted"]
+    restarted = wait_until(
+        lambda: (p := api.get(PODS, namespace, "unlively"))
+        and container_status(p).get("restartCount", 0) >= 1
+        and p,
+        what="the server to be restarted",
+    )
+    terminated = container_status(restarted)["lastState"]["terminated"]
+    assert terminated["exitCode"] in (0, 143), terminated  # it stopped on SIGTERM
+    # It had started (the startup probe passed) before liveness could fail it.
+    assert any(container_status(v).get("started") for v in history.of("unlively"))
+
+
+def test_readiness_follows_its_probe_and_a_started_server_may_stay_unready(
+    api: KubeApi, namespace: str, history: PodHistory, process_node: ProcessNode, tiny_model: Path
+) -> None:
+    pod = probed_pod(
+        "unready",
+        tiny_model,
+        startupProbe={**HEALTH, "periodSeconds": 1, "failureThreshold": 120},
+        readinessProbe={**NO_SUCH_PATH, "periodSeconds": 1},
+    )
+    api.create(PODS, namespace, pod)
+    wait_until(
+        lambda: container_status(api.get(PODS, namespace, "unready")).get("started"),
+        what="the server to start",
+    )
+    unhealthy = wait_until(
+        lambda: [e for e in pod_events(api, namespace, "unready") if e["reason"] == "Unhealthy"],
+        what="the readiness probe to fail its threshold",
+    )
+    assert unhealthy[0]["message"] == (
+        "Readiness probe failed: HTTP probe failed with statuscode: 404"
+    )
+    current = api.get(PODS, namespace, "unready")
+    assert not is_ready(current)
+    assert container_status(current)["restartCount"] == 0  # readiness never kills
+    assert not any(is_ready(v) for v in history.of("unready"))
 
 
 # -- the grace period's end and stop(), with a stub server on a cluster of its own -----

@@ -9,9 +9,12 @@ containers one after the other, then its one server container. What each runs:
   pod's loopback address (added when absent: the server would otherwise bind 127.0.0.1,
   shared by every pod); the port is `--port` (llama-server's default 8080);
 - an **Ollama** image (its name contains `ollama`): the image's entrypoint is
-  `ollama`, so the cached binary runs with the container's args (`serve`), and
-  `OLLAMA_HOST` becomes the pod's address with the port it named (Ollama's default
-  11434 when it names none);
+  `ollama`, so the cached binary runs with the container's args (`serve`). The pod's
+  port is the one `OLLAMA_HOST` names (Ollama's default 11434 when it names none), but
+  `OLLAMA_HOST` becomes `0.0.0.0:<relay port>`: listening on a loopback address, Ollama
+  would refuse every request whose Host header is a name (its DNS-rebinding guard),
+  which it never does in a real pod, where it listens on all addresses; the node relays
+  the pod's address and port to it (`PodRun.relayed`);
 - an **init container** whose command is a shell script (`sh -c SCRIPT [ARG...]`, as
   the flash loader and Ollama's pull are rendered): the machine's `/bin/sh` runs the
   script, with every container path under a mount (in the script text and in its
@@ -118,12 +121,15 @@ class ContainerRun:
 
 @attrs.frozen
 class PodRun:
-    """A pod as processes: init containers in order, then the server; `port` is the one
-    the server listens on at the pod's address (reserved by the node)."""
+    """A pod as processes: init containers in order, then the server; `port` is the pod's
+    (reserved by the node at the pod's address). `relayed`: the server listens on all
+    addresses at the `relay_port` it was given, and the node relays the pod's address
+    and port to it."""
 
     init_containers: tuple[ContainerRun, ...]
     server: ContainerRun
     port: int
+    relayed: bool = False
 
 
 def is_llama_server_image(image: str) -> bool:
@@ -346,8 +352,10 @@ def server_run(
     binaries: Binaries,
     volumes: Mapping[str, str],
     address: str,
-) -> tuple[ContainerRun, int]:
-    """The server container as a process listening on `address`, and its port."""
+    relay_port: int = 0,
+) -> tuple[ContainerRun, int, bool]:
+    """The server container as a process listening on `address`, its port, and whether
+    it listens on all addresses at `relay_port` instead (to be relayed)."""
     name = f"{get_path(pod, 'metadata', 'namespace')}/{get_path(pod, 'metadata', 'name')}"
     image = str(container.get("image") or "")
     mounts = container_mounts(container, volumes)
@@ -355,7 +363,7 @@ def server_run(
     if is_llama_server_image(image):
         args = _entrypoint_args(container, LLAMA_SERVER_ENTRYPOINT)
         argv = (binaries.llama_server, *with_host([map_path(a, mounts) for a in args], address))
-        port = _port_of_args(args)
+        port, relayed = _port_of_args(args), False
     elif is_ollama_image(image):
         if binaries.ollama is None:
             raise UnsupportedPod(
@@ -368,8 +376,8 @@ def server_run(
                 f"pod {name}: container {container.get('name')!r} args {args!r}: the process "
                 "node runs `ollama serve` only"
             )
-        port = _ollama_port(env.get("OLLAMA_HOST", ""))
-        env["OLLAMA_HOST"] = f"{address}:{port}"
+        port, relayed = _ollama_port(env.get("OLLAMA_HOST", "")), True
+        env["OLLAMA_HOST"] = f"0.0.0.0:{relay_port}"
         argv = (binaries.ollama, *(map_path(a, mounts) for a in args))
     else:
         raise UnsupportedPod(
@@ -386,7 +394,7 @@ def server_run(
         mounts=tuple(mounts),
         **_probes(container),
     )
-    return run, port
+    return run, port, relayed
 
 
 def init_run(
@@ -420,11 +428,17 @@ def init_run(
 
 
 def pod_run(
-    pod: Mapping[str, Any], *, binaries: Binaries, volumes: Mapping[str, str], address: str
+    pod: Mapping[str, Any],
+    *,
+    binaries: Binaries,
+    volumes: Mapping[str, str],
+    address: str,
+    relay_port: int = 0,
 ) -> PodRun:
     """The processes that run `pod` at `address`; raises `UnsupportedPod` naming the field.
 
-    `volumes`: volume name → the host path the node resolved it to.
+    `volumes`: volume name → the host path the node resolved it to; `relay_port`: where a
+    relayed server listens (`PodRun.relayed`).
     """
     name = f"{get_path(pod, 'metadata', 'namespace')}/{get_path(pod, 'metadata', 'name')}"
     containers = get_path(pod, "spec", "containers") or []
@@ -437,7 +451,12 @@ def pod_run(
         init_run(pod, index, container, volumes=volumes)
         for index, container in enumerate(get_path(pod, "spec", "initContainers") or [])
     )
-    server, port = server_run(
-        pod, containers[0], binaries=binaries, volumes=volumes, address=address
+    server, port, relayed = server_run(
+        pod,
+        containers[0],
+        binaries=binaries,
+        volumes=volumes,
+        address=address,
+        relay_port=relay_port,
     )
-    return PodRun(init_containers=inits, server=server, port=port)
+    return PodRun(init_containers=inits, server=server, port=port, relayed=relayed)

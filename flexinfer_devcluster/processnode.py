@@ -9,7 +9,8 @@ its Ready condition fresh.
 Each pod the scheduler binds to it runs as local processes (`podcommand` maps the
 containers): its init containers one after the other as shell scripts, then its server,
 the cached `llama-server` or `ollama`, on a loopback address of its own, 127.0.0.N,
-reserved machine-wide with a lock file so concurrent clusters never share one. Volumes
+reserved machine-wide with a lock file so concurrent clusters never share one (ollama
+listens on all addresses at a port of its own, relayed from the pod's: `relay`). Volumes
 are host directories: a hostPath (the node's own directories, `/var/lib/flexinfer` and
 `/dev/shm/flexinfer`, live under `<workdir>/root/` so clusters never share them), a
 PersistentVolumeClaim's bound volume (its hostPath or local path), an emptyDir.
@@ -68,6 +69,7 @@ from flexinfer_devcluster.podcommand import (
     volume_names,
 )
 from flexinfer_devcluster.processes import die_with_thread_hook, signal_group, terminate_group
+from flexinfer_devcluster.relay import Relay, free_port
 from flexinfer_kube.informers import Informer, Store, wait_all
 from flexinfer_kube.kubeapi import JSON, Conflict, KubeApi, KubeError, NotFound, new_api_client
 from flexinfer_kube.objects import get_path, name_of, namespace_of
@@ -302,6 +304,8 @@ class _PodProcess:
     """The pod ended without its server: an init container failed under `Never`."""
     terminating: bool = False
     written: JSON | None = None
+    relay: Relay | None = None
+    """Carries the pod's address and port to a server listening on all addresses."""
 
     @property
     def address(self) -> str:
@@ -512,6 +516,8 @@ class ProcessNode:
                 if container.popen.poll() is None:
                     terminate_group(container.popen, grace=STOP_GRACE_SECONDS)
             process.reservation.release()
+            if process.relay is not None:
+                process.relay.close()
         if self._prober is not None:
             self._prober.shutdown(wait=False, cancel_futures=True)
             self._prober = None
@@ -840,7 +846,17 @@ class ProcessNode:
 
     def _set_up(self, process: _PodProcess, pod: JSON) -> None:
         volumes = self._volumes(process, pod)
-        run = pod_run(pod, binaries=self._binaries(), volumes=volumes, address=process.address)
+        relay_port = free_port()
+        run = pod_run(
+            pod,
+            binaries=self._binaries(),
+            volumes=volumes,
+            address=process.address,
+            relay_port=relay_port,
+        )
+        if run.relayed:
+            # The reservation checked the pod's address and port free; the relay takes them.
+            process.relay = Relay(process.address, run.port, relay_port)
         stem = process.log_path.stem
         process.run = run
         process.containers = [
@@ -1188,6 +1204,9 @@ class ProcessNode:
             self._finalise(pod)
 
     def _clean_up(self, process: _PodProcess) -> None:
+        if process.relay is not None:
+            process.relay.close()
+            process.relay = None
         # The container's own files and emptyDirs go with the pod; logs stay.
         shutil.rmtree(process.home, ignore_errors=True)
         shutil.rmtree(self._volumes_dir(process), ignore_errors=True)

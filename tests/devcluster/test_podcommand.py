@@ -232,11 +232,15 @@ def test_the_renderers_cached_ollama_pod_runs_ollama_serve_at_the_pods_address()
          "existingClaimName": "ollama-models", "modelPath": "store"},
     )
     volumes = {"model-cache": "/volumes/claims/ns/ollama-models", "dshm": "/node/dshm"}
-    run = pod_run(pod, binaries=BINARIES, volumes=volumes, address="127.0.0.5")
+    run = pod_run(pod, binaries=BINARIES, volumes=volumes, address="127.0.0.5",
+                  relay_port=40123)
     assert run.init_containers == ()
     assert run.server.argv == ("/cache/ollama", "serve")
-    assert run.port == 8000  # the rendered OLLAMA_HOST's
-    assert run.server.env["OLLAMA_HOST"] == "127.0.0.5:8000"
+    assert run.port == 8000  # the rendered OLLAMA_HOST's: the pod's port
+    # On all addresses, as in a real pod (on loopback Ollama would refuse a Host header
+    # naming the Service); the node relays 127.0.0.5:8000 to it.
+    assert run.relayed
+    assert run.server.env["OLLAMA_HOST"] == "0.0.0.0:40123"
     # The claim is mounted at /models/c with the cache's modelPath as subPath.
     assert run.server.env["OLLAMA_MODELS"] == "/volumes/claims/ns/ollama-models/store"
     assert run.server.env["OLLAMA_KEEP_ALIVE"] == "-1"

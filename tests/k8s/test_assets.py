@@ -1,6 +1,6 @@
 """Where the binaries come from: overrides, the cache, one build at a time, and failures
 that name the binary. A fake `go` stands in for the Go toolchain and a fake `cmake` (with
-a stand-in sdist) for the llama-server build."""
+a stand-in sdist) for the llama-server build; another fake `go` for ollama's."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import stat
 import tarfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ from flexinfer_devcluster.assets import (
     ENV_CACHE,
     ENV_KUBEBUILDER_ASSETS,
     ENV_LLAMA_SERVER,
+    ENV_OLLAMA,
     AssetsError,
     current_key,
     ensure_assets,
     ensure_llama_server,
+    ensure_ollama,
     llama_server_key,
+    ollama_key,
     sdist_path,
 )
 from flexinfer_devcluster.assets import main as assets_main
@@ -258,3 +262,118 @@ def test_the_assets_step_builds_both_and_prints_one_path(
     assert assets_main(["--llama-server"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"{llama_server_key()}/llama-server")
     assert assets_main(["--bogus"]) == 2
+
+
+# -- ollama: built from its Go module with the sdist's vendor headers (a fake go) -------
+
+FAKE_OLLAMA_GO = """#!/bin/sh
+if [ "$1" = version ]; then echo "go version fake"; exit 0; fi
+echo "$* CGO_ENABLED=$CGO_ENABLED CGO_CFLAGS=$CGO_CFLAGS CGO_CXXFLAGS=$CGO_CXXFLAGS" \\
+  >> "$FAKE_GO_CALLS"
+if [ "$1" = mod ]; then
+  printf '{"Path": "github.com/ollama/ollama", "Dir": "%s"}\\n' "$FAKE_OLLAMA_MODULE"; exit 0
+fi
+test -f llama/llama.cpp/vendor/nlohmann/json.hpp \\
+  || { echo "nlohmann/json.hpp: no such file" >&2; exit 1; }
+while [ $# -gt 0 ]; do
+  if [ "$1" = -o ]; then out="$2"; break; fi
+  shift
+done
+printf '#!/bin/sh\\necho "Warning: client version is %s"\\n' "$FAKE_OLLAMA_VERSION" > "$out"
+chmod +x "$out"
+"""
+
+
+@pytest.fixture
+def fake_ollama_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty cache, a read-only stand-in module without `vendor/` (as module zips
+    are), a stand-in sdist holding the vendor headers, and a fake `go`."""
+    tools = tmp_path / "ollama-tools"
+    tools.mkdir()
+    _executable(tools / "go", FAKE_OLLAMA_GO)
+    calls = tmp_path / "go-calls"
+    calls.touch()
+    module = tmp_path / "gomodcache" / "ollama"
+    (module / "llama" / "llama.cpp" / "src").mkdir(parents=True)
+    (module / "go.mod").write_text("module github.com/ollama/ollama\n")
+    for directory in (module / "llama" / "llama.cpp", module / "llama", module):
+        directory.chmod(0o555)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_GO_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_OLLAMA_MODULE", str(module))
+    monkeypatch.setenv("FAKE_OLLAMA_VERSION", pins.OLLAMA_VERSION.lstrip("v"))
+    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.delenv(ENV_OLLAMA, raising=False)
+    root = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}"
+    sdist = sdist_path()
+    sdist.parent.mkdir(parents=True)
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in (
+            (f"{root}/vendor/llama.cpp/vendor/nlohmann/json.hpp", "// the sdist's\n"),
+            (f"{root}/vendor/llama.cpp/CMakeLists.txt", "project(llama.cpp)\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setattr(pins, "LLAMA_CPP_PYTHON_SHA256", digest)
+    yield calls
+    for directory in (module, module / "llama", module / "llama" / "llama.cpp"):
+        directory.chmod(0o755)  # so pytest can remove it
+
+
+def test_ollama_is_built_once_from_its_module_with_the_sdists_headers_then_reused(
+    tmp_path: Path, fake_ollama_go: Path
+) -> None:
+    binary = ensure_ollama(log=False)
+    assert binary == tmp_path / "cache" / "assets" / ollama_key() / "ollama"
+    assert pins.OLLAMA_VERSION in ollama_key()
+    download, build = fake_ollama_go.read_text().splitlines()
+    assert download.startswith(f"mod download -json github.com/ollama/ollama@{pins.OLLAMA_VERSION}")
+    assert build.startswith("build -trimpath")
+    assert f"version.Version={pins.OLLAMA_VERSION.lstrip('v')}" in build
+    # cgo on, without debug info and with the lighter optimisation.
+    assert "CGO_ENABLED=1 CGO_CFLAGS=-O1 -g0 CGO_CXXFLAGS=-O1 -g0" in build
+    record = json.loads((binary.parent / "versions.json").read_text())
+    assert record["ollama"] == pins.OLLAMA_VERSION
+    assert record["cgo_flags"] == ["-O1", "-g0"]
+    build_dir = tmp_path / "cache" / "build" / ollama_key()
+    assert sorted(p.name for p in build_dir.iterdir()) == ["build.log"], "sources are removed"
+    assert ensure_ollama(log=False) == binary
+    assert len(fake_ollama_go.read_text().splitlines()) == 2, "a warm cache must not rebuild"
+
+
+def test_a_failed_ollama_build_shows_the_log_and_leaves_no_cache(
+    tmp_path: Path, fake_ollama_go: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Headers looked for where the sdist has none: refused naming the sdist.
+    monkeypatch.setattr(pins, "OLLAMA_VENDOR_PREFIX", "vendor/llama.cpp/no-such/")
+    with pytest.raises(AssetsError, match=r"holds no .*/no-such/: not the sdist"):
+        ensure_ollama(log=False)
+    monkeypatch.setattr(pins, "OLLAMA_VENDOR_PREFIX", "vendor/llama.cpp/")
+    with pytest.raises(AssetsError, match=r"building ollama failed[\s\S]*json\.hpp"):
+        ensure_ollama(log=False)  # the headers land one level too high
+    assets_root = tmp_path / "cache" / "assets"
+    assert [p.name for p in assets_root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_without_a_build_a_missing_ollama_names_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.delenv(ENV_OLLAMA, raising=False)
+    with pytest.raises(AssetsError, match=r"assets --ollama"):
+        ensure_ollama(build=False)
+    mine = tmp_path / "ollama"
+    _executable(mine)
+    monkeypatch.setenv(ENV_OLLAMA, str(mine))
+    assert ensure_ollama(build=False) == mine
+
+
+def test_the_assets_step_builds_only_ollama_when_asked(
+    tmp_path: Path, fake_ollama_go: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert assets_main(["--ollama"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{ollama_key()}/ollama")
+    assert assets_main(["--ollama", "--llama-server"]) == 2

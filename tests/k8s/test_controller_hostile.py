@@ -350,6 +350,9 @@ def test_a_finetune_lease_ttl_near_two_to_the_62_takes_no_lease(
         "metadata": {"name": "tuned", "annotations": {COMPLETE_DELAY_ANNOTATION: "1s"}},
         "spec": {
             "source": "HF://test/base",
+            # A node's directory: local-path cannot hold the default ReadWriteMany claim.
+            "storageStrategy": "NodeLocal",
+            "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"},
             "finetune": {"gpuLease": {"group": "g", "ttlSeconds": 2**62 - 1},
                          "timeoutSeconds": 600, "image": "trainer.local/qlora:test"},
         },

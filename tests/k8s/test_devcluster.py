@@ -41,14 +41,21 @@ def test_up_env_down(tmp_path: Path) -> None:
 
         kubectl = Path(env[ENV_ASSETS]) / "kubectl"
         nodes = subprocess.run(
-            [str(kubectl), "get", "nodes", "-o", "jsonpath={.items[*].status.allocatable}"],
+            [str(kubectl), "get", "nodes", "-o", "json"],
             capture_output=True,
             text=True,
             env={**env, "KUBECONFIG": state["kubeconfig"]},
             timeout=60,
             check=True,
         )
-        assert json.loads(nodes.stdout)["amd.com/gpu"] == "2"
+        allocatable = {
+            node["metadata"]["name"]: node["status"]["allocatable"]
+            for node in json.loads(nodes.stdout)["items"]
+        }
+        # One GPU node of two GPUs, and the untainted CPU node beside it.
+        assert sorted(allocatable) == ["kwok-cpu-0", "kwok-gpu-0"]
+        assert allocatable["kwok-gpu-0"]["amd.com/gpu"] == "2"
+        assert "amd.com/gpu" not in allocatable["kwok-cpu-0"]
 
         again = _devcluster("up", "--detach", env=env)
         assert again.returncode == 0 and again.stdout == started.stdout, "one dev cluster at a time"

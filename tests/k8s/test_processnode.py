@@ -8,9 +8,9 @@ that address returns tokens. Scaling to zero stops the server within its grace p
 a flag the server rejects leaves the pod crash-looping, never Ready; an image that is
 not llama.cpp's server fails the pod. The probes run as the kubelet runs them: the
 startup probe holds liveness back and kills a server it never passes, a failing
-liveness probe restarts a started server, readiness alone never kills. A stub server that ignores SIGTERM (on a cluster
-of its own) shows the SIGKILL at the end of the grace period, and `LocalCluster.stop()`
-ending every server it started.
+liveness probe restarts a started server, readiness alone never kills. A stub server
+that ignores SIGTERM (on a cluster of its own) shows the SIGKILL at the end of the
+grace period, and `LocalCluster.stop()` ending every server it started.
 """
 
 from __future__ import annotations

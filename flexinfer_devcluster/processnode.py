@@ -306,6 +306,8 @@ class _PodProcess:
     written: JSON | None = None
     relay: Relay | None = None
     """Carries the pod's address and port to a server listening on all addresses."""
+    empty_dirs: set[str] = attrs.field(factory=set)
+    """Names of its emptyDir volumes: directories of the pod's own."""
 
     @property
     def address(self) -> str:
@@ -788,7 +790,8 @@ class ProcessNode:
 
     def _volumes(self, process: _PodProcess, pod: JSON) -> dict[str, str]:
         """Each mounted volume's host path, set up as the kubelet would; raises `_NotYet`
-        naming what is missing (a File or Directory hostPath, an unbound claim)."""
+        naming what is missing (a File or Directory hostPath, an unbound claim). The
+        emptyDirs are recorded in `process.empty_dirs`."""
         specs = {str(v.get("name")): v for v in get_path(pod, "spec", "volumes") or []}
         resolved: dict[str, str] = {}
         missing: list[str] = []
@@ -811,6 +814,7 @@ class ProcessNode:
                 directory = self._volumes_dir(process) / name
                 directory.mkdir(parents=True, exist_ok=True)
                 resolved[name] = str(directory)
+                process.empty_dirs.add(name)
             # Secrets, ConfigMaps and projected tokens are not mapped: paths under them
             # stay as written.
         if missing:
@@ -854,6 +858,8 @@ class ProcessNode:
             address=process.address,
             relay_port=relay_port,
         )
+        for container in (*run.init_containers, run.server):
+            _nest_mounts(container, process.empty_dirs)
         if run.relayed:
             # The reservation checked the pod's address and port free; the relay takes them.
             process.relay = Relay(process.address, run.port, relay_port)
@@ -1304,6 +1310,31 @@ def _set_up_host_path(path: Path, kind: str) -> str:
     elif kind == "Directory" and not path.is_dir():
         return "is not a directory"
     return ""
+
+
+def _nest_mounts(container: ContainerRun, empty_dirs: set[str]) -> None:
+    """A mount inside another mount of the container is a path inside that one's host
+    directory, as the runtime makes a mount point: `/models/<dir>` inside the `/models`
+    emptyDir becomes a symlink `<emptyDir>/<dir>` → the inner mount's host path, so a
+    script that `cd /models` sees `<dir>` there. Only in the pod's own emptyDirs: the
+    node never writes into a hostPath or a claim it mounts."""
+    mounts = sorted(container.mounts, key=lambda m: len(m.mount_path))
+    for inner in mounts:
+        outer = next(
+            (
+                m
+                for m in reversed(mounts)
+                if m is not inner and inner.mount_path.startswith(m.mount_path.rstrip("/") + "/")
+            ),
+            None,
+        )
+        if outer is None or outer.volume not in empty_dirs:
+            continue
+        point = Path(outer.host_path) / inner.mount_path[len(outer.mount_path) :].lstrip("/")
+        if point.exists() or point.is_symlink():
+            continue
+        point.parent.mkdir(parents=True, exist_ok=True)
+        point.symlink_to(inner.host_path)
 
 
 def _latest(paths: Any) -> Path | None:

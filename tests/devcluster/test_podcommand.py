@@ -201,7 +201,7 @@ def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed(
     )  # fmt: skip
     assert (command.readiness.kind, command.readiness.port) == ("http", 8000)
     assert command.readiness.path == "/health"
-    assert command.startup.failure_threshold == 12  # coldStartTimeout 60s / 5s
+    assert command.startup.failure_threshold == 6  # coldStartTimeout 60s / 10s
     assert template["spec"]["nodeSelector"] == PROCESS_NODE_SELECTOR
     assert template["spec"]["tolerations"][0] == PROCESS_NODE_TOLERATION
 
@@ -231,10 +231,15 @@ def test_the_renderers_cached_ollama_pod_runs_ollama_serve_at_the_pods_address()
         {"source": "ollama://tiny", "storageStrategy": "SharedPVC",
          "existingClaimName": "ollama-models", "modelPath": "store"},
     )
-    volumes = {"model-cache": "/volumes/claims/ns/ollama-models", "dshm": "/node/dshm"}
+    volumes = {"model-cache": "/volumes/claims/ns/ollama-models", "dshm": "/node/dshm",
+               "models-root": "/node/pods/x/models-root"}
     run = pod_run(pod, binaries=BINARIES, volumes=volumes, address="127.0.0.5",
                   relay_port=40123)
-    assert run.init_containers == ()
+    # The /models layout's links are made by its script, in the pod's own /models.
+    [layout] = run.init_containers
+    assert layout.name == "models-layout"
+    assert layout.argv[0:2] == ("/bin/sh", "-c")
+    assert "cd /node/pods/x/models-root\n" in layout.argv[2]
     assert run.server.argv == ("/cache/ollama", "serve")
     assert run.port == 8000  # the rendered OLLAMA_HOST's: the pod's port
     # On all addresses, as in a real pod (on loopback Ollama would refuse a Host header

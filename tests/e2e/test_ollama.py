@@ -14,6 +14,7 @@ completion for the Model's name to it (rewriting the model to Ollama's tag).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import urllib.error
@@ -116,6 +117,9 @@ async def test_an_ollama_model_on_a_users_store_answers_through_the_proxy(
             "tolerations": [dict(PROCESS_NODE_TOLERATION)],
         },
     })
+    # Once the proxy has listed the models (before, it asks to retry: proxy_starting).
+    await asyncio.to_thread(wait_until, lambda: answers(f"{proxy}/readyz"),
+                            what="the proxy ready")
     with controller(local_cluster, c.namespace, policy=POLICY):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=200)) as session:
             status, text, _ = await complete(session, proxy, "tiny-ollama", stream=False)

@@ -21,7 +21,7 @@ import pytest
 
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
-from flexinfer_k8s.render.cache import COMPLETE_MARKER
+from flexinfer_k8s.render.cache_dir import COMPLETE_MARKER
 from flexinfer_kube.resources import MODEL_CACHES, MODELS
 from tests.devcluster.chat import chat
 from tests.e2e.test_real_tokens import cluster  # noqa: F401  (fixture)

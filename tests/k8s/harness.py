@@ -33,6 +33,7 @@ from flexinfer_devcluster.localcluster import (
     KWOK_NODE_LABEL_VALUE,
     READY_DELAY_ANNOTATION,
     TERMINATE_DELAY_ANNOTATION,
+    KwokNode,
     LocalCluster,
 )
 from flexinfer_devcluster.policy import dev_policy, dev_policy_yaml
@@ -45,7 +46,15 @@ from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
-from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODEL_CACHES, MODELS, PODS, SERVICES
+from flexinfer_kube.resources import (
+    DEPLOYMENTS,
+    EVENTS,
+    MODEL_CACHES,
+    MODELS,
+    NODES,
+    PODS,
+    SERVICES,
+)
 from tests.k8s.kubectl import (
     Kubectl,
     create_namespace,
@@ -579,6 +588,38 @@ def cluster(local_cluster: LocalCluster, kubectl: Kubectl, crds: None) -> Iterat
     finally:
         release_finalizers(local_cluster, namespace)
         delete_namespace(kubectl, namespace)
+
+
+@contextlib.contextmanager
+def kwok_nodes(local: LocalCluster, nodes: tuple[KwokNode, ...]) -> Iterator[None]:
+    """kwok nodes exactly as `nodes` says for the duration, removed afterwards.
+
+    The local cluster lives for the whole session: a node of the same name left by an
+    earlier module (other capacity, other labels) is replaced, not reused, or a test
+    would depend on which modules ran before it (one GPU where it needs four leaves its
+    last pod Pending on a full node)."""
+    api = KubeApi(new_api_client(str(local.kubeconfig)))
+    for node in nodes:
+        with contextlib.suppress(NotFound):
+            api.delete(NODES, "", node.name)
+            name = node.name
+            wait_until(lambda: _node_gone(api, name), what=f"the earlier node {name} gone",
+                       timeout=60)
+        local.add_node(node)
+    try:
+        yield
+    finally:
+        for node in nodes:
+            with contextlib.suppress(NotFound):
+                api.delete(NODES, "", node.name)
+
+
+def _node_gone(api: KubeApi, name: str) -> bool:
+    try:
+        api.get(NODES, "", name)
+    except NotFound:
+        return True
+    return False
 
 
 def release_finalizers(local: LocalCluster, namespace: str) -> None:

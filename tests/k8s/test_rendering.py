@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from .harness import (  # noqa: F401  (fixtures)
     controller,
     crds,
     kubectl,
+    kwok_nodes,
     model_body,
     now_text,
     on_kwok,
@@ -114,14 +116,10 @@ def template(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def example_nodes(local_cluster: Any) -> None:
-    """kwok GPU nodes named like the examples' nodeSelectors."""
-    for name in EXAMPLE_NODES:
-        try:
-            local_cluster.add_node(KwokNode(name=name, gpus=1))
-        except Exception as error:  # already there from an earlier module
-            if "AlreadyExists" not in str(error) and "already exists" not in str(error):
-                raise
+def example_nodes(local_cluster: Any) -> Iterator[None]:
+    """kwok GPU nodes named like the examples' nodeSelectors, for this module only."""
+    with kwok_nodes(local_cluster, tuple(KwokNode(name=name, gpus=1) for name in EXAMPLE_NODES)):
+        yield
 
 
 # --- every example ------------------------------------------------------------------

@@ -38,7 +38,7 @@ from flexinfer_kube.resources import (
 )
 from tests.polling import wait_until
 
-from .harness import controller, crds, kubectl, now_text  # noqa: F401  (fixtures)
+from .harness import controller, crds, kubectl, kwok_nodes, now_text  # noqa: F401  (fixtures)
 from .kubectl import Kubectl
 
 pytestmark = pytest.mark.k8s
@@ -170,21 +170,21 @@ STEPS = (
 
 @pytest.fixture(scope="module")
 def seed_cluster(local_cluster: LocalCluster, kubectl: Kubectl, crds: None) -> Iterator[KubeApi]:
-    for name in SEED_NODES:
-        try:
-            # Room for every example at once (the documents' nodes have a card each).
-            local_cluster.add_node(KwokNode(name=name, gpus=4, labels={VENDOR_LABEL: "AMD"}))
-        except Exception as error:  # already there from an earlier module
-            if "already exists" not in str(error).lower():
-                raise
-    if kubectl.run("get", "namespace", NAMESPACE).returncode != 0:
-        kubectl.ok("create", "namespace", NAMESPACE)
-    api = KubeApi(new_api_client(str(local_cluster.kubeconfig)))
-    yield api
-    for path in sorted(SEEDS.glob("*.yaml")):
-        kubectl.run("delete", "-n", NAMESPACE, "-f", str(path), "--ignore-not-found",
+    # Room for every example at once (the documents' nodes have a card each); an earlier
+    # module's node of the same name (test_rendering's gpu-node-1 has one card) is
+    # replaced, or the last step's pod stays Pending on a full node.
+    nodes = tuple(KwokNode(name=name, gpus=4, labels={VENDOR_LABEL: "AMD"})
+                  for name in SEED_NODES)
+    with kwok_nodes(local_cluster, nodes):
+        if kubectl.run("get", "namespace", NAMESPACE).returncode != 0:
+            kubectl.ok("create", "namespace", NAMESPACE)
+        api = KubeApi(new_api_client(str(local_cluster.kubeconfig)))
+        yield api
+        for path in sorted(SEEDS.glob("*.yaml")):
+            kubectl.run("delete", "-n", NAMESPACE, "-f", str(path), "--ignore-not-found",
+                        "--wait=false")
+        kubectl.run("delete", "-n", NAMESPACE, "pvc", CLAIM, "--ignore-not-found",
                     "--wait=false")
-    kubectl.run("delete", "-n", NAMESPACE, "pvc", CLAIM, "--ignore-not-found", "--wait=false")
 
 
 def populate_claim(local_cluster: LocalCluster, api: KubeApi, kubectl: Kubectl) -> Path:

@@ -22,11 +22,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 
 from flexinfer_devcluster.localcluster import COMPLETE_DELAY_ANNOTATION, KwokNode
+from flexinfer_devcluster.policy import dev_policy
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
+from flexinfer_k8s.render.policy import Taint
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import NotFound
 from flexinfer_kube.resources import (
     GPU_LEASES,
@@ -327,7 +331,9 @@ def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
         c.api.create(MODEL_CACHES, c.namespace, {
             "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
             "metadata": {"name": "ft"},
-            "spec": {"source": "HF://test/base", "storageSize": "1Gi"},
+            # ReadWriteOnce: what the local-path class can bind (as on k3s and kind).
+            "spec": {"source": "HF://test/base", "storageSize": "1Gi",
+                     "accessModes": ["ReadWriteOnce"]},
         })
         c.add_model("server", group="g")
         with controller(local_cluster, c.namespace,
@@ -467,7 +473,7 @@ def test_a_pending_claim_says_the_binders_words_and_a_fixed_spec_rebinds(
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
         "metadata": {"name": "w"},
         "spec": {"source": "HF://test/w", "storageSize": "1Gi",
-                 "storageClassName": "no-such-class"},
+                 "accessModes": ["ReadWriteOnce"], "storageClassName": "no-such-class"},
     })
     with controller(local_cluster, c.namespace):
         pending = wait_until(
@@ -480,7 +486,7 @@ def test_a_pending_claim_says_the_binders_words_and_a_fixed_spec_rebinds(
                               what="a Warning Event", timeout=30)
         assert warnings[0]["reason"] == "ClaimPending"
         # The fix the message names: the Pending claim (empty) is made again with it.
-        c.api.patch(MODEL_CACHES, c.namespace, "w", {"spec": {"storageClassName": ""}})
+        c.api.patch(MODEL_CACHES, c.namespace, "w", {"spec": {"storageClassName": "local-path"}})
         wait_until(lambda: (get_or_none(c, PERSISTENT_VOLUME_CLAIMS, "w-models") or {})
                    .get("metadata", {}).get("deletionTimestamp"),
                    what="the Pending claim deleted", timeout=30)
@@ -495,7 +501,7 @@ def test_a_pending_claim_says_the_binders_words_and_a_fixed_spec_rebinds(
                            what="the cache Ready on a bound claim", timeout=90)
         assert ready["phase"] == "Ready"
         claim = c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, "w-models")
-        assert claim["spec"]["storageClassName"] == ""
+        assert claim["spec"]["storageClassName"] == "local-path"
         assert ready["path"] == "pvc://w-models/w"
 
 
@@ -527,8 +533,12 @@ def test_a_download_on_a_tainted_node_says_so_and_runs_once_tolerated(
     c.allow_host_paths()
     node = f"gpu-{c.namespace}"
     local_cluster.add_node(KwokNode(name=node, gpus=1))
+    # A taint of the lab's own, which the controller's policy does not list yet (the GPU
+    # nodes' dedicated=gpu is tolerated without asking, and a tenant may tolerate only
+    # what the policy lists).
+    lab = Taint("lab", "reserved", "NoSchedule")
     c.api.patch(NODES, "", node, {"spec": {"taints": [
-        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
+        {"key": lab.key, "value": lab.value, "effect": lab.effect}]}})
     try:
         c.api.create(MODEL_CACHES, c.namespace, {
             "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
@@ -543,13 +553,17 @@ def test_a_download_on_a_tainted_node_says_so_and_runs_once_tolerated(
                 what="the scheduler's words on the cache", timeout=60)
             assert stuck["phase"] == "Downloading"
             first = c.api.get(JOBS, c.namespace, "local-download")["metadata"]["uid"]
-            c.api.patch(MODEL_CACHES, c.namespace, "local", {"spec": {"tolerations": [
-                {"key": "dedicated", "operator": "Equal", "value": "gpu",
-                 "effect": "NoSchedule"}]}})
+        # The administrator lists the lab's taint among the GPU nodes' (gpuNodeTaints):
+        # the stuck Job is made again with its toleration, and runs.
+        policy = dev_policy()
+        listed = attrs.evolve(policy, gpu_node_taints=(*policy.gpu_node_taints, lab))
+        with controller(local_cluster, c.namespace, settings=RenderSettings(policy=listed)):
             wait_until(lambda: cache_status(c, "local").get("ready"),
                        what="the download run on the tainted node", timeout=90)
             job = c.api.get(JOBS, c.namespace, "local-download")
             assert job["metadata"]["uid"] != first  # made again with the toleration
-            assert job["spec"]["template"]["spec"]["tolerations"][0]["key"] == "dedicated"
+            tolerations = job["spec"]["template"]["spec"]["tolerations"]
+            assert lab.toleration() in tolerations
+            assert tolerations[0]["key"] == "dedicated"  # the GPU nodes' own, in order
     finally:
         c.api.delete(NODES, "", node)

@@ -74,8 +74,11 @@ def test_the_backend_cache_claim_lives_while_the_pod_mounts_it(
     c.api.create(MODEL_CACHES, c.namespace, {
         "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
         "metadata": {"name": "weights"},
-        "spec": {"source": "HF://test/dl", "storageStrategy": "SharedPVC", "storageSize": "1Gi"},
+        "spec": {"source": "HF://test/dl", "storageStrategy": "SharedPVC", "storageSize": "1Gi",
+                 "accessModes": ["ReadWriteOnce"]},
     })
+    # local-path binds a claim for its first pod (WaitForFirstConsumer): the Model runs.
+    c.demand("dl")
     with controller(local_cluster, c.namespace):
         claim = wait_until(lambda: claim_or_none(c, "dl-backend-cache"), what="the claim")
         assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]

@@ -193,7 +193,8 @@ def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed(
     rendered = render_workload(workload_from_model(model), cache=None, settings=settings)
     template = rendered.deployment["spec"]["template"]
     pod = {"metadata": {"namespace": "ns", "name": "tiny-x", **template["metadata"]}, **template}
-    volumes = {"model-source": "/var/models/tiny.gguf", "dshm": "/node/dshm"}
+    # The process node serves a hostPath volume from the host's own path.
+    volumes = {"model-source": MODEL_FILE, "dshm": "/node/dshm"}
     command = server_command(pod, address="127.0.0.4", volumes=volumes)
     assert command.argv == (
         str(BINARY), "-m", MODEL_FILE, "--host", "127.0.0.4", "--port", "8000",
@@ -220,7 +221,8 @@ def rendered_pod(model_spec: dict[str, Any], cache_spec: dict[str, Any] | None =
             "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
             "metadata": {"name": "c", "namespace": "ns", "uid": "uid-2"}, "spec": cache_spec,
         })
-    rendered = render_workload(workload_from_model(model), cache=cache, settings=RenderSettings())
+    settings = RenderSettings(policy=dev_policy())  # the local cluster's administrator
+    rendered = render_workload(workload_from_model(model), cache=cache, settings=settings)
     template = rendered.deployment["spec"]["template"]
     return {"metadata": {"namespace": "ns", "name": "tiny-x", **template["metadata"]}, **template}
 
@@ -262,9 +264,9 @@ def test_ollama_without_its_binary_or_with_another_command_is_refused() -> None:
 
 def test_the_flash_loader_runs_as_its_script_with_container_paths_mapped() -> None:
     pod = rendered_pod(
-        {"backend": "llama-cpp", "source": "file:///srv/tiny.gguf",
+        {"backend": "llama-cpp", "source": f"file://{MODEL_FILE}",
          "cache": {"modelCacheRef": "c"}},
-        {"source": "file:///srv/tiny.gguf", "storageStrategy": "Memory",
+        {"source": f"file://{MODEL_FILE}", "storageStrategy": "Memory",
          "nodeSelector": {"kubernetes.io/hostname": "process-node"}},
     )
     volumes = {"cache-source": "/root/var/lib/flexinfer/models/ns/c",

@@ -427,11 +427,9 @@ def test_env_selectors_tolerations_and_pod_metadata_pass_through() -> None:
     p = pod(rendered)
     assert env(server(rendered))["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0"
     assert p["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
-    # The tenant's own first, then the GPU nodes' (render.tolerations).
-    assert p["tolerations"] == [
-        toleration,
-        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
-    ]
+    # The tenant's own, which is the policy's GPU-node taint already: not added twice
+    # (render.tolerations).
+    assert p["tolerations"] == [toleration]
     template = rendered.deployment["spec"]["template"]["metadata"]
     assert template["annotations"] == {"flexinfer.test/ready-delay": "3s"}
     assert template["labels"]["team"] == "a"

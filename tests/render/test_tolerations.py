@@ -15,6 +15,9 @@ from flexinfer_k8s.render.workloads import RenderSettings
 from tests.render.test_backends import SETTINGS, cache, md, model, pod, render
 
 DEDICATED_GPU = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+"""The built-in policy's GPU-node taint, tolerated (the Jobs below render under it)."""
+GPU = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+"""The GPU-node taint of test_backends' policy (`gpu:NoSchedule`, no value), tolerated."""
 NODE = {"kubernetes.io/hostname": "gpu-1"}
 TWO_TAINTS = admin_policy_from_yaml(
     "gpuNodeTaints:\n"
@@ -35,8 +38,8 @@ def job_pod(job: dict[str, Any]) -> dict[str, Any]:
         (model(gpu={"vendor": "nvidia"}), True),
         (model(gpu={"count": 0}), False),  # a CPU server may run anywhere
         (model(gpu={"count": 0}, nodeSelector=NODE), True),  # pinned: where the GPUs are
-        (md(image="cpu/vllm:1", resources={"limits": {"amd.com/gpu": "0"}}), False),
-        (md(image="cpu/vllm:1", resources={"limits": {"amd.com/gpu": "0"}}, nodeSelector=NODE),
+        (md(image="my/vllm:1", resources={"limits": {"amd.com/gpu": "0"}}), False),
+        (md(image="my/vllm:1", resources={"limits": {"amd.com/gpu": "0"}}, nodeSelector=NODE),
          True),
     ],
     ids=["model", "model-deployment", "nvidia", "cpu", "cpu-pinned", "md-cpu", "md-pinned"],
@@ -44,14 +47,14 @@ def job_pod(job: dict[str, Any]) -> dict[str, Any]:
 def test_serving_pods_that_need_a_gpu_node_tolerate_its_taint(
     resource: dict[str, Any], tolerated: bool
 ) -> None:
-    assert pod(render(resource)).get("tolerations") == ([DEDICATED_GPU] if tolerated else None)
+    assert pod(render(resource)).get("tolerations") == ([GPU] if tolerated else None)
 
 
 def test_a_pod_pinned_to_a_node_bound_cache_tolerates_too() -> None:
     memory = cache("ram", storageStrategy="Memory", nodeSelector=NODE)
     p = pod(render(model(gpu={"count": 0}, cache={"modelCacheRef": "ram"}), memory))
     assert p["nodeSelector"] == NODE  # inherited from the cache
-    assert p["tolerations"] == [DEDICATED_GPU]
+    assert p["tolerations"] == [GPU]
 
 
 def test_exactly_the_policys_taints_never_a_wildcard_and_no_repeats() -> None:

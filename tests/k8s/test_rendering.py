@@ -390,6 +390,7 @@ def test_a_failing_download_fails_the_cache_and_says_why_on_the_model(
     local_cluster: Any, cluster: Cluster
 ) -> None:
     c = cluster
+    c.allow_host_paths()  # the NodeLocal cache's Job mounts its node directory
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "broken", podAnnotations={FAIL_ANNOTATION: "401 Unauthorized: the repo is gated"}))
     body = model_body("a")
@@ -421,6 +422,7 @@ def test_a_model_deployment_waits_for_its_cache_too(
     """Standalone ModelDeployments (and GPUGroup members) follow the Models' rule: no
     pod while the cache is incomplete, even when asked for."""
     c = cluster
+    c.allow_host_paths()  # the NodeLocal cache's Job mounts its node directory
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "slow", podAnnotations={COMPLETE_DELAY_ANNOTATION: "8s"}))
     c.api.create(MODEL_DEPLOYMENTS, c.namespace, {

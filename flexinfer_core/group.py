@@ -419,14 +419,8 @@ def _from_the_future(
     read as now, with a Warning Event; its `lastActiveTime` is rewritten (its
     `preemptedAt` is already the decision's to write)."""
     note = "; ".join(instants.notes())
-    message = f"{member.message}; {note}"
     return attrs.evolve(
-        member,
-        message=message,
-        conditions=tuple(
-            attrs.evolve(c, message=message) if c.type == CONDITION_ACTIVE else c
-            for c in member.conditions
-        ),
+        _with_note(member, note),
         events=(
             *member.events,
             Event(member.name, reasons.TIMESTAMP_IN_FUTURE, f"{member.name}: {note}", "Warning"),
@@ -697,7 +691,12 @@ def _preempted_condition(name: str, reason: str) -> Condition:
 def _with_failure(member: MemberDecision, failure: ServerFailure) -> MemberDecision:
     """A Failed member's decision whose message (and Active condition) also says why its
     server fails, as its Ready condition does."""
-    message = f"{member.message}; {member.name} is failing: {failure.describe()}"
+    return _with_note(member, f"{member.name} is failing: {failure.describe()}")
+
+
+def _with_note(member: MemberDecision, note: str) -> MemberDecision:
+    """The member's decision with `note` added to its message and its Active condition."""
+    message = f"{member.message}; {note}"
     return attrs.evolve(
         member,
         message=message,

@@ -36,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -380,33 +380,53 @@ def ensure_llama_server(*, build: bool = True, log: bool = True) -> Path:
 
     With `build=False` a missing cache entry raises instead of building (minutes).
     """
-    explicit = os.environ.get(ENV_LLAMA_SERVER)
+    return _ensure_server(
+        env=ENV_LLAMA_SERVER,
+        what="a llama-server",
+        final=cache_root() / "assets" / llama_server_key(),
+        binary_name=pins.LLAMA_SERVER_BINARY,
+        command="python -m flexinfer_devcluster.assets",
+        build_into=_build_llama_server_into if build else None,
+        log=log,
+    )
+
+
+def _ensure_server(
+    *,
+    env: str,
+    what: str,
+    final: Path,
+    binary_name: str,
+    command: str,
+    build_into: Callable[..., None] | None,
+    log: bool,
+) -> Path:
+    """The executable `$env` names, else the cached `final/binary_name`, built under the
+    cache's lock by `build_into(final, log=...)` when missing (None: raise instead)."""
+    explicit = os.environ.get(env)
     if explicit:
         binary = Path(explicit).expanduser()
         if not _is_executable(binary):
             raise AssetsError(
-                f"${ENV_LLAMA_SERVER}={binary} is not an executable file; point it at a "
-                f"llama-server binary or unset it to build one into {cache_root() / 'assets'}"
+                f"${env}={binary} is not an executable file; point it at {what} "
+                f"binary or unset it to build one into {cache_root() / 'assets'}"
             )
         return binary
-    final = cache_root() / "assets" / llama_server_key()
-    binary = final / pins.LLAMA_SERVER_BINARY
-    if _llama_server_complete(final):
+    binary = final / binary_name
+
+    def complete() -> bool:
+        return (final / MANIFEST).is_file() and _is_executable(binary)
+
+    if complete():
         return binary
-    if not build:
-        raise AssetsError(
-            f"no llama-server at {binary}; run `python -m flexinfer_devcluster.assets`"
-        )
+    if build_into is None:
+        raise AssetsError(f"no {what.split(' ', 1)[1]} at {binary}; run `{command}`")
     final.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(final.parent / f"{final.name}.lock", log=log):
-        if _llama_server_complete(final):
+        if complete():
             return binary
-        _build_llama_server_into(final, log=log)
+        build_into(final, log=log)
     return binary
-
-
-def _llama_server_complete(directory: Path) -> bool:
-    return (directory / MANIFEST).is_file() and _is_executable(directory / pins.LLAMA_SERVER_BINARY)
 
 
 def sdist_path() -> Path:
@@ -575,14 +595,8 @@ def _build_llama_server_into(final: Path, *, log: bool) -> None:
             "cmake": subprocess.run(
                 [str(cmake), "--version"], capture_output=True, text=True, check=False
             ).stdout.splitlines()[:1],
-            "build_seconds": round(time.monotonic() - started, 1),
-            "step_seconds": timings,
         }
-        (staging / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        staging.chmod(0o755)
-        if final.exists():  # an incomplete leftover; the lock says nobody else uses it
-            shutil.rmtree(final)
-        staging.rename(final)
+        installed = _install(staging, final, record, started=started, timings=timings)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -590,7 +604,30 @@ def _build_llama_server_into(final: Path, *, log: bool) -> None:
     shutil.rmtree(work / "src", ignore_errors=True)
     shutil.rmtree(work / "build", ignore_errors=True)
     if log:
-        _say(f"built llama-server in {record['build_seconds']}s into {final}")
+        _say(f"built llama-server in {installed['build_seconds']}s into {final}")
+
+
+def _install(
+    staging: Path,
+    final: Path,
+    record: Mapping[str, object],
+    *,
+    started: float,
+    timings: Mapping[str, float],
+) -> dict[str, object]:
+    """Move a finished build from `staging` to `final` with its manifest (what makes it
+    complete: `record` and the build's times, returned), under the cache's lock."""
+    record = {
+        **record,
+        "build_seconds": round(time.monotonic() - started, 1),
+        "step_seconds": dict(timings),
+    }
+    (staging / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+    staging.chmod(0o755)
+    if final.exists():  # an incomplete leftover; the lock says nobody else uses it
+        shutil.rmtree(final)
+    staging.rename(final)
+    return record
 
 
 def ollama_key() -> str:
@@ -603,33 +640,15 @@ def ensure_ollama(*, build: bool = True, log: bool = True) -> Path:
 
     With `build=False` a missing cache entry raises instead of building (minutes).
     """
-    explicit = os.environ.get(ENV_OLLAMA)
-    if explicit:
-        binary = Path(explicit).expanduser()
-        if not _is_executable(binary):
-            raise AssetsError(
-                f"${ENV_OLLAMA}={binary} is not an executable file; point it at an ollama "
-                f"binary or unset it to build one into {cache_root() / 'assets'}"
-            )
-        return binary
-    final = cache_root() / "assets" / ollama_key()
-    binary = final / pins.OLLAMA_BINARY
-    if _ollama_complete(final):
-        return binary
-    if not build:
-        raise AssetsError(
-            f"no ollama at {binary}; run `python -m flexinfer_devcluster.assets --ollama`"
-        )
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(final.parent / f"{final.name}.lock", log=log):
-        if _ollama_complete(final):
-            return binary
-        _build_ollama_into(final, log=log)
-    return binary
-
-
-def _ollama_complete(directory: Path) -> bool:
-    return (directory / MANIFEST).is_file() and _is_executable(directory / pins.OLLAMA_BINARY)
+    return _ensure_server(
+        env=ENV_OLLAMA,
+        what="an ollama",
+        final=cache_root() / "assets" / ollama_key(),
+        binary_name=pins.OLLAMA_BINARY,
+        command="python -m flexinfer_devcluster.assets --ollama",
+        build_into=_build_ollama_into if build else None,
+        log=log,
+    )
 
 
 def _ollama_module_dir(go: Path, env: Mapping[str, str], work: Path, log_file: IO[str]) -> Path:
@@ -752,21 +771,15 @@ def _build_ollama_into(final: Path, *, log: bool) -> None:
             "go": subprocess.run(
                 [str(go), "version"], capture_output=True, text=True, check=False
             ).stdout.strip(),
-            "build_seconds": round(time.monotonic() - started, 1),
-            "step_seconds": timings,
         }
-        (staging / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        staging.chmod(0o755)
-        if final.exists():  # an incomplete leftover; the lock says nobody else uses it
-            shutil.rmtree(final)
-        staging.rename(final)
+        installed = _install(staging, final, record, started=started, timings=timings)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     shutil.rmtree(work / "src", ignore_errors=True)
     shutil.rmtree(work / "download", ignore_errors=True)
     if log:
-        _say(f"built ollama in {record['build_seconds']}s into {final}")
+        _say(f"built ollama in {installed['build_seconds']}s into {final}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -762,14 +762,9 @@ class ProcessNode:
             "startTime": now,
             "conditions": _conditions(ready=False, initialized=False, now=now),
             "containerStatuses": [
-                {
-                    "name": str(c.get("name")),
-                    "image": str(c.get("image")),
-                    "imageID": "",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "state": {
+                _container_status(
+                    c,
+                    {
                         "terminated": {
                             "exitCode": 1,
                             "reason": "UnsupportedOnProcessNode",
@@ -778,7 +773,7 @@ class ProcessNode:
                             "finishedAt": now,
                         }
                     },
-                }
+                )
                 for c in containers
             ],
         }
@@ -1286,6 +1281,11 @@ def _started_at(process: _PodProcess) -> str:
 
 
 def _waiting_status(container: Mapping[str, Any], waiting: Mapping[str, str]) -> JSON:
+    return _container_status(container, {"waiting": dict(waiting)})
+
+
+def _container_status(container: Mapping[str, Any], state: JSON) -> JSON:
+    """The status of a container that never started, in `state`."""
     return {
         "name": str(container.get("name")),
         "image": str(container.get("image")),
@@ -1293,7 +1293,7 @@ def _waiting_status(container: Mapping[str, Any], waiting: Mapping[str, str]) ->
         "ready": False,
         "started": False,
         "restartCount": 0,
-        "state": {"waiting": dict(waiting)},
+        "state": state,
     }
 
 

@@ -11,7 +11,7 @@ the process node runs) and `ollama` (the cached `ollama`, `make test` builds it)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,20 +40,21 @@ def local_cluster() -> Iterator[LocalCluster]:
         cluster.stop()
 
 
+def _cached(ensure: Callable[..., Path], what: str) -> Path:
+    try:
+        return ensure(build=False)
+    except AssetsError as error:
+        pytest.fail(f"{what} is missing: {error}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
-    try:
-        return ensure_llama_server(build=False)
-    except AssetsError as error:
-        pytest.fail(f"llama-server is missing: {error}", pytrace=False)
+    return _cached(ensure_llama_server, "llama-server")
 
 
 @pytest.fixture(scope="session")
 def ollama() -> Path:
-    try:
-        return ensure_ollama(build=False)
-    except AssetsError as error:
-        pytest.fail(f"ollama is missing: {error}", pytrace=False)
+    return _cached(ensure_ollama, "ollama")
 
 
 @pytest.fixture(scope="session")

@@ -602,9 +602,7 @@ def kwok_nodes(local: LocalCluster, nodes: tuple[KwokNode, ...]) -> Iterator[Non
     for node in nodes:
         with contextlib.suppress(NotFound):
             api.delete(NODES, "", node.name)
-            name = node.name
-            wait_until(lambda: _node_gone(api, name), what=f"the earlier node {name} gone",
-                       timeout=60)
+            _wait_node_gone(api, node.name)
         local.add_node(node)
     try:
         yield
@@ -614,12 +612,15 @@ def kwok_nodes(local: LocalCluster, nodes: tuple[KwokNode, ...]) -> Iterator[Non
                 api.delete(NODES, "", node.name)
 
 
-def _node_gone(api: KubeApi, name: str) -> bool:
-    try:
-        api.get(NODES, "", name)
-    except NotFound:
-        return True
-    return False
+def _wait_node_gone(api: KubeApi, name: str) -> None:
+    def gone() -> bool:
+        try:
+            api.get(NODES, "", name)
+        except NotFound:
+            return True
+        return False
+
+    wait_until(gone, what=f"the earlier node {name} gone", timeout=60)
 
 
 def release_finalizers(local: LocalCluster, namespace: str) -> None:

@@ -52,6 +52,22 @@ esac
 """
 
 
+def _fake_sdist(monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    """The llama-cpp-python sdist at its cached path holding `files` (under its root
+    directory), with its pinned digest made to match."""
+    root = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}"
+    sdist = sdist_path()
+    sdist.parent.mkdir(parents=True)
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setattr(pins, "LLAMA_CPP_PYTHON_SHA256", digest)
+
+
 def _executable(path: Path, text: str = "#!/bin/sh\n") -> None:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -185,20 +201,10 @@ def fake_cmake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FAKE_CMAKE_CALLS", str(calls))
     monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
     monkeypatch.delenv(ENV_LLAMA_SERVER, raising=False)
-    root = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}"
-    sdist = sdist_path()
-    sdist.parent.mkdir(parents=True)
-    with tarfile.open(sdist, "w:gz") as archive:
-        for name, text in (
-            (f"{root}/vendor/llama.cpp/CMakeLists.txt", "project(llama.cpp)\n"),
-            (f"{root}/llama_cpp/__init__.py", "# the bindings, not unpacked\n"),
-        ):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    monkeypatch.setattr(pins, "LLAMA_CPP_PYTHON_SHA256", digest)
+    _fake_sdist(monkeypatch, {
+        "vendor/llama.cpp/CMakeLists.txt": "project(llama.cpp)\n",
+        "llama_cpp/__init__.py": "# the bindings, not unpacked\n",
+    })
     return calls
 
 
@@ -304,20 +310,10 @@ def fake_ollama_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     monkeypatch.setenv("FAKE_OLLAMA_VERSION", pins.OLLAMA_VERSION.lstrip("v"))
     monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
     monkeypatch.delenv(ENV_OLLAMA, raising=False)
-    root = f"llama_cpp_python-{pins.LLAMA_CPP_PYTHON_VERSION}"
-    sdist = sdist_path()
-    sdist.parent.mkdir(parents=True)
-    with tarfile.open(sdist, "w:gz") as archive:
-        for name, text in (
-            (f"{root}/vendor/llama.cpp/vendor/nlohmann/json.hpp", "// the sdist's\n"),
-            (f"{root}/vendor/llama.cpp/CMakeLists.txt", "project(llama.cpp)\n"),
-        ):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    monkeypatch.setattr(pins, "LLAMA_CPP_PYTHON_SHA256", digest)
+    _fake_sdist(monkeypatch, {
+        "vendor/llama.cpp/vendor/nlohmann/json.hpp": "// the sdist's\n",
+        "vendor/llama.cpp/CMakeLists.txt": "project(llama.cpp)\n",
+    })
     yield calls
     for directory in (module, module / "llama", module / "llama" / "llama.cpp"):
         directory.chmod(0o755)  # so pytest can remove it

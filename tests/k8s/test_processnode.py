@@ -374,6 +374,22 @@ def killings(api: KubeApi, namespace: str, name: str) -> list[str]:
     return [str(e["message"]) for e in pod_events(api, namespace, name) if e["reason"] == "Killing"]
 
 
+def killed_and_restarted(api: KubeApi, namespace: str, pod: JSON) -> tuple[str, JSON]:
+    """Create `pod`; the message of the kubelet's first Killing event, and the pod once
+    its server has restarted."""
+    name = pod["metadata"]["name"]
+    api.create(PODS, namespace, pod)
+    [first] = wait_until(lambda: killings(api, namespace, name)[:1],
+                         what="the kubelet's Killing event")
+    restarted = wait_until(
+        lambda: (p := api.get(PODS, namespace, name))
+        and container_status(p).get("restartCount", 0) >= 1
+        and p,
+        what="the server to be restarted",
+    )
+    return first, restarted
+
+
 def test_the_startup_probe_holds_liveness_back_and_kills_when_it_never_passes(
     api: KubeApi, namespace: str, history: PodHistory, process_node: ProcessNode, tiny_model: Path
 ) -> None:
@@ -387,23 +403,13 @@ def test_the_startup_probe_holds_liveness_back_and_kills_when_it_never_passes(
         livenessProbe={**NO_SUCH_PATH, "periodSeconds": 1, "failureThreshold": 1},
         readinessProbe={**HEALTH, "periodSeconds": 1},
     )
-    api.create(PODS, namespace, pod)
-    first = wait_until(
-        lambda: killings(api, namespace, "never-started")[:1],
-        what="the kubelet's Killing event",
-    )
-    assert first == ["Container server failed startup probe, will be restarted"]
+    first, restarted = killed_and_restarted(api, namespace, pod)
+    assert first == "Container server failed startup probe, will be restarted"
     unhealthy = [
         e["message"] for e in pod_events(api, namespace, "never-started")
         if e["reason"] == "Unhealthy"
     ]
     assert unhealthy[0] == "Startup probe failed: HTTP probe failed with statuscode: 404"
-    restarted = wait_until(
-        lambda: (p := api.get(PODS, namespace, "never-started"))
-        and container_status(p).get("restartCount", 0) >= 1
-        and p,
-        what="the server to be restarted",
-    )
     assert "terminated" in container_status(restarted)["lastState"]
     versions = history.of("never-started")
     assert not any(is_ready(v) for v in versions)  # readiness waits for startup too
@@ -420,17 +426,8 @@ def test_a_failing_liveness_probe_restarts_a_started_server(
         livenessProbe={**NO_SUCH_PATH, "periodSeconds": 1, "failureThreshold": 3},
         readinessProbe={**HEALTH, "periodSeconds": 1},
     )
-    api.create(PODS, namespace, pod)
-    first = wait_until(
-        lambda: killings(api, namespace, "unlively")[:1], what="the kubelet's Killing event"
-    )
-    assert first == ["Container server failed liveness probe, will be restarted"]
-    restarted = wait_until(
-        lambda: (p := api.get(PODS, namespace, "unlively"))
-        and container_status(p).get("restartCount", 0) >= 1
-        and p,
-        what="the server to be restarted",
-    )
+    first, restarted = killed_and_restarted(api, namespace, pod)
+    assert first == "Container server failed liveness probe, will be restarted"
     terminated = container_status(restarted)["lastState"]["terminated"]
     assert terminated["exitCode"] in (0, 143), terminated  # it stopped on SIGTERM
     # It had started (the startup probe passed) before liveness could fail it.

@@ -102,8 +102,9 @@ def model(name: str, **spec: Any) -> JSON:
 
 
 def model_cache(name: str, **spec: Any) -> JSON:
+    # ReadWriteOnce: the local cluster's only class (local-path, as on k3s) binds no other.
     body = {"source": "HF://org/repo", "storageStrategy": "SharedPVC", "storageSize": "1Gi",
-            **spec}
+            "accessModes": ["ReadWriteOnce"], **spec}
     return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
             "metadata": {"name": name}, "spec": body}
 

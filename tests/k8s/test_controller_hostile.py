@@ -350,9 +350,8 @@ def test_a_finetune_lease_ttl_near_two_to_the_62_takes_no_lease(
         "metadata": {"name": "tuned", "annotations": {COMPLETE_DELAY_ANNOTATION: "1s"}},
         "spec": {
             "source": "HF://test/base",
-            # A node's directory: local-path cannot hold the default ReadWriteMany claim.
-            "storageStrategy": "NodeLocal",
-            "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"},
+            # ReadWriteOnce: what the local-path class can bind (as on k3s and kind).
+            "accessModes": ["ReadWriteOnce"],
             "finetune": {"gpuLease": {"group": "g", "ttlSeconds": 2**62 - 1},
                          "timeoutSeconds": 600, "image": "trainer.local/qlora:test"},
         },

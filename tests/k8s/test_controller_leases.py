@@ -182,9 +182,8 @@ def test_finetune_lease_is_taken_before_the_job_and_released_after(
                          "annotations": {"flexinfer.test/complete-delay": "6s"}},
             "spec": {
                 "source": "HF://test/base",
-                # A node's directory: local-path cannot hold the default ReadWriteMany claim.
-                "storageStrategy": "NodeLocal",
-                "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"},
+                # ReadWriteOnce: what the local-path class can bind (as on k3s and kind).
+                "accessModes": ["ReadWriteOnce"],
                 "finetune": {"gpuLease": {"group": "g", "ttlSeconds": 120},
                              "timeoutSeconds": 600, "image": "trainer.local/qlora:test"},
             },

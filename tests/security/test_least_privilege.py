@@ -24,7 +24,6 @@ from flexinfer_kube import resources
 from flexinfer_kube.resources import (
     EVENTS,
     GPU_GROUPS,
-    MODEL_CACHES,
     MODEL_DEPLOYMENTS,
     MODELS,
     Resource,

@@ -37,6 +37,7 @@ from flexinfer_proxy import openai_errors
 from flexinfer_proxy.backend_slots import BackendSlots
 from flexinfer_proxy.http_server import Request
 from flexinfer_proxy.upstream import (
+    EVENT_STREAM,
     AnswerFailed,
     ConnectFailed,
     HeadersTimeout,
@@ -44,6 +45,8 @@ from flexinfer_proxy.upstream import (
     UpstreamConnection,
     UpstreamError,
     UpstreamPool,
+    header_value,
+    media_type,
 )
 
 log = logging.getLogger("flexinfer.proxy.forward")
@@ -216,18 +219,6 @@ def answer_header_lines(upstream: UpstreamConnection) -> bytes:
 _RELAYED: dict[bytes, bool] = {}
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
-    value = _header(headers, b"content-type") or b""
-    return value.split(b";", 1)[0].strip().lower()
-
-
 async def relay_in_slot(
     pool: UpstreamPool,
     request: Request,
@@ -302,8 +293,8 @@ def _rewritable(upstream: UpstreamConnection) -> bool:
     return (
         length is not None
         and length <= REWRITE_LIMIT_BYTES
-        and _media_type(upstream.headers) == b"application/json"
-        and _header(upstream.headers, b"content-encoding") is None
+        and media_type(upstream.headers) == b"application/json"
+        and header_value(upstream.headers, b"content-encoding") is None
     )
 
 
@@ -353,7 +344,7 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
         # (for an event stream) and a cut.
         silent = isinstance(error, AnswerFailed) and error.silent
         what = "fell silent" if silent else "failed"
-        if length is None and _media_type(upstream.headers) == b"text/event-stream":
+        if length is None and media_type(upstream.headers) == EVENT_STREAM:
             message = f"The backend {what} in the middle of its answer."
             request.write(openai_errors.stream_error_event(message, code="stream_cut"))
         raise StreamCut(f"backend {what} mid-answer: {error}") from error

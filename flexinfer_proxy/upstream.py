@@ -76,6 +76,7 @@ DEFAULT_IDLE_SECONDS = 4.0
 KEEP_ALIVE_MARGIN_SECONDS = 1.0
 SWEEP_SECONDS = 2.5
 DNS_CACHE_SECONDS = 10.0
+EVENT_STREAM = b"text/event-stream"
 
 _IDLE, _WAITING, _READING = 0, 1, 2
 
@@ -411,11 +412,18 @@ class _Switching(Exception):
     pass
 
 
-def _event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"text/event-stream"
-    return False
+def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case) in an answer's headers, or None."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def media_type(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An answer's media type, lower case, without parameters (b"" when it names none)."""
+    value = header_value(headers, b"content-type") or b""
+    return value.split(b";", 1)[0].strip().lower()
 
 
 class UpstreamPool:
@@ -479,7 +487,9 @@ class UpstreamPool:
             keep <= 0
             or not (connection.body.complete and connection.keep_alive and connection.alive)
             or connection.body.error is not None
-            or (connection.content_length is None and _event_stream(connection.headers))
+            or (
+                connection.content_length is None and media_type(connection.headers) == EVENT_STREAM
+            )
         ):
             connection.close()
             return

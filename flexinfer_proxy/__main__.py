@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TextIO
 
 from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
@@ -292,6 +292,16 @@ def fit_connections(wanted: int) -> int:
     return fitted
 
 
+def announce(line: str, stream: TextIO | None = None) -> None:
+    """Write `line` to stdout in one write, newline included, and flush: the port lines
+    that wrappers wait for. `print` writes the text and its newline separately, and with
+    unbuffered output (the image sets PYTHONUNBUFFERED) a log line on stderr, relayed into
+    the same file, can land between them and split the line a wrapper matches."""
+    out = sys.stdout if stream is None else stream
+    out.write(line + "\n")
+    out.flush()
+
+
 async def run(args: argparse.Namespace) -> None:
     client = new_api_client(args.kubeconfig, user_agent="flexinfer-proxy")
     api = KubeApi(client)
@@ -314,9 +324,9 @@ async def run(args: argparse.Namespace) -> None:
     )
     freeze_startup_objects()
     log.info("flexinfer proxy listening on %s:%d", args.host, port)
-    print(f"listening on {args.host}:{port}", flush=True)
+    announce(f"listening on {args.host}:{port}")
     if proxy.metrics_port is not None:
-        print(f"metrics on {args.host}:{proxy.metrics_port}", flush=True)
+        announce(f"metrics on {args.host}:{proxy.metrics_port}")
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -113,3 +113,25 @@ def test_the_connection_cap_is_lowered_to_fit_the_open_files_limit(
     # Two descriptors per client (its own and its backend's) plus spares must fit 1024.
     assert fit_connections(4096) == (1024 - SPARE_DESCRIPTORS) // 2
     assert fit_connections(100) == 100
+
+
+def test_the_port_line_is_one_write_so_interleaved_logs_cannot_split_it() -> None:
+    """Wrappers (the image test, the demo) match `listening on HOST:PORT` as a whole
+    line of a file that also gets stderr's logs; `print` writes the newline separately,
+    and with PYTHONUNBUFFERED a log line landed between the two."""
+    import io
+
+    from flexinfer_proxy.__main__ import announce
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.calls.append(text)
+            return super().write(text)
+
+    out = Writes()
+    announce("listening on 127.0.0.1:8000", out)
+    assert out.calls == ["listening on 127.0.0.1:8000\n"]

@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 from aiohttp.abc import AbstractResolver
 
+from flexinfer_core import DeploymentPhase, Phase
 from flexinfer_kube.clock import Clock, SystemClock
 from flexinfer_proxy import openai_errors
 from flexinfer_proxy.api_keys import ApiKey, ApiKeys
@@ -184,6 +185,10 @@ class _Refusal(Exception):
         self.outcome = outcome
 
 
+# The phases of a model scaled to zero (Model, ModelDeployment): its pods are going.
+SCALED_TO_ZERO = frozenset({Phase.PREEMPTED, Phase.IDLE, DeploymentPhase.IDLE})
+
+
 class Proxy:
     """One proxy: its directory, demand sink, queues, metrics and upstream pool."""
 
@@ -245,7 +250,23 @@ class Proxy:
             resolver=self._resolver,
             idle_timeout=self.config.backend_idle_timeout,
         )
+        self.directory.subscribe(self._model_changed)
         await self.directory.start()
+
+    def _model_changed(self, key: str) -> None:
+        """A model the controller scaled to zero has its answers in progress ended at
+        once (docs/proxy.md, "Preemption"): its server was told to stop, and llama.cpp's
+        holds an unfinished answer's connection open until the client closes it, which
+        kept the pod, and the next model waiting for the card, for its whole grace
+        period."""
+        entry = self.directory.lookup(key)
+        pool = self.pool
+        if entry is None or pool is None or entry.phase not in SCALED_TO_ZERO:
+            return
+        origin, _ = self._origin(entry)
+        ended = pool.end_answers(origin, f"{entry.name} was scaled to zero: {entry.phase}")
+        if ended:
+            log.info("%s is %s: ended %d answer(s) in progress", key, entry.phase, ended)
 
     async def shutdown(self) -> None:
         # Before in-flight requests are waited for: queued ones get a 503 now.

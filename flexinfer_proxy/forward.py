@@ -39,6 +39,7 @@ from flexinfer_proxy.http_server import Request
 from flexinfer_proxy.upstream import (
     EVENT_STREAM,
     AnswerFailed,
+    AnswerStopped,
     ConnectFailed,
     HeadersTimeout,
     Origin,
@@ -344,6 +345,8 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
         # (for an event stream) and a cut.
         silent = isinstance(error, AnswerFailed) and error.silent
         what = "fell silent" if silent else "failed"
+        if isinstance(error, AnswerStopped):
+            what = f"was stopped ({error})"
         if length is None and media_type(upstream.headers) == EVENT_STREAM:
             message = f"The backend {what} in the middle of its answer."
             request.write(openai_errors.stream_error_event(message, code="stream_cut"))

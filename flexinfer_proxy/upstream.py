@@ -33,7 +33,9 @@ owns:
   lasts seconds of generation: a new connection is noise beside it). A
   request is sent once: the backend closing a reused connection as the request
   crosses it is avoided by those limits, and answered 502 when it happens anyway
-  (the backend may have started it: sending it again could run it twice).
+  (the backend may have started it: sending it again could run it twice);
+- ending an origin's answers on request (`end_answers`), for a backend whose pods are
+  going away.
 
 It knows nothing of clients, models or queues.
 """
@@ -106,6 +108,10 @@ class AnswerFailed(UpstreamError):
     def __init__(self, message: str, *, silent: bool = False) -> None:
         super().__init__(message)
         self.silent = silent  # ended by the read timeout
+
+
+class AnswerStopped(AnswerFailed):
+    """The proxy ended the answer: the pods of the model it came from are going away."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -357,6 +363,16 @@ class UpstreamConnection(WriteFlow, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    @property
+    def answering(self) -> bool:
+        """A request was sent and its answer is not all in yet."""
+        return self._phase != _IDLE
+
+    def stop_answer(self, reason: str) -> None:
+        """End the answer in progress with `AnswerStopped(reason)` and close."""
+        self._fail(AnswerStopped(reason))
+        self.close()
+
     # -- inside ----------------------------------------------------------------------------
 
     def _resume_reading(self) -> None:
@@ -447,6 +463,26 @@ class UpstreamPool:
         self._sweeper: asyncio.TimerHandle | None = None
         self._tls: ssl.SSLContext | None = None
         self.connects = 0  # connections opened so far (tests read it)
+
+    def end_answers(self, origin: Origin, reason: str) -> int:
+        """End every answer in progress from `origin` and close all its connections;
+        returns how many answers were ended.
+
+        For a backend whose pods are going away (scaled to zero). A server told to stop
+        may stop generating yet hold the answer's connection open until its client
+        closes it (llama-server does), so its pod would take its whole termination
+        grace period to go and the next model's pod would wait for it."""
+        ended = 0
+        for connection in list(self._open):
+            if connection.origin != origin:
+                continue
+            if connection.answering:
+                connection.stop_answer(reason)
+                ended += 1
+            else:
+                connection.close()
+        self._idle.pop(origin, None)
+        return ended
 
     @property
     def idle_connections(self) -> int:

@@ -7,7 +7,9 @@ ModelDeployment (and Model sharing no card): replicas and when it scales to zero
 Everything is decided by the controller's own functions on the controller's own
 snapshot (`flexinfer_k8s.observe`, `flexinfer_core`), from one listing, or, with
 `-w`, from informers that follow the cluster; a new block is printed whenever what
-it shows changes (ages aside) or a timer it shows passes.
+it shows changes (ages aside) or a timer it shows passes. `-o json|yaml` also
+carries `recorded`: the groups as the controller wrote them in status
+(`flexinfer_kube.recorded_status`, the shaping the proxy's live page shares).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from flexinfer_k8s.convert_models import model_state_group
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.informers import Informer, wait_all
 from flexinfer_kube.objects import name_of, namespace_of
+from flexinfer_kube.recorded_status import recorded_groups
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS
 
 # How often -w looks again with no event (ages and timers are recomputed; a block is
@@ -116,6 +119,14 @@ def status_data(view: ClusterView, *, now: datetime, policy: Policy) -> dict[str
             for md in sorted(view.objects(MODEL_DEPLOYMENTS), key=_key)
             if (found := view.model_deployment_on_its_own(namespace_of(md), name_of(md)))
         ],
+        # The groups as the controller last wrote them in status, shaped as the proxy's
+        # live page shows them (`GET /status.json`): what the cluster says, beside what
+        # the controller's functions decide now (above).
+        "recorded": recorded_groups(
+            models=view.objects(MODELS),
+            gpu_groups=view.objects(GPU_GROUPS),
+            model_deployments=view.objects(MODEL_DEPLOYMENTS),
+        ),
     }
 
 

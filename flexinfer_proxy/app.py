@@ -61,6 +61,7 @@ from flexinfer_proxy.http_server import (
     Request,
     json_answer,
 )
+from flexinfer_proxy.live_page import PAGE_PATH, STATUS_PATH, LivePage, page_html
 from flexinfer_proxy.metrics import (
     OUTCOME_AMBIGUOUS_MODEL,
     OUTCOME_BACKEND_TIMEOUT,
@@ -122,6 +123,14 @@ REFUSED_CONNECTION = openai_errors.raw_response(
 # tries again after these pauses, doubling, within its remaining wait.
 RETRY_FIRST_PAUSE = 0.1
 RETRY_LONGEST_PAUSE = 2.0
+# The live page's data changes every second: no cache may keep it.
+NO_STORE = {"Cache-Control": "no-store"}
+# The page is one file and talks to this proxy only: nothing else may load or frame it.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
 # Backend endpoints are parsed once and kept, up to this many.
 ORIGIN_CACHE_SIZE = 1024
 
@@ -222,6 +231,7 @@ class Proxy:
             metrics=self.metrics,
             dispatch_grace=self.config.dispatch_grace_seconds,
         )
+        self.live = LivePage(directory, self.queues, clock=self.clock)
         self.slots = BackendSlots(self.config.max_per_backend)
         self.limits = ClientLimits(
             max_concurrent=self.config.max_concurrent_per_client,
@@ -274,6 +284,7 @@ class Proxy:
 
     async def cleanup(self) -> None:
         # After in-flight requests finished (or timed out): the pool can go.
+        self.live.close()
         await self.signaller.close()
         await self.directory.stop()
         if self.pool is not None:
@@ -320,6 +331,12 @@ class Proxy:
                 return self.handle_readyz(request)
             if path == "/metrics" and self._serve_metrics:
                 return self.handle_metrics(request)
+            if path == PAGE_PATH:
+                return Answer(
+                    200, page_html(), content_type=b"text/html; charset=utf-8", headers=PAGE_HEADERS
+                )
+            if path == STATUS_PATH:
+                return self.handle_status(request)
         return self.handle_unsupported(request)
 
     async def handle_metrics_port(self, request: Request) -> None:
@@ -645,6 +662,16 @@ class Proxy:
             for entry in entries
         ]
         return json_answer({"object": "list", "data": data})
+
+    def handle_status(self, request: Request) -> Answer:
+        """The live page's data; with API keys, a key's namespaces only (as /v1/models)."""
+        reachable = None
+        if self.api_keys is not None:
+            key = self._key_of(request)
+            if key is None:
+                return self._key_refusal()
+            reachable = key.namespaces
+        return json_answer(self.live.status(reachable=reachable), headers=NO_STORE)
 
     def _state(self, entry: ModelEntry) -> str:
         if entry.ready:

@@ -63,6 +63,7 @@ from flexinfer_proxy.directory import (
     ResolutionCache,
     resolve_name,
 )
+from flexinfer_proxy.live_page import RecordedObjects
 
 BACKEND_PORT = 8000
 WATCH_TIMEOUT_SECONDS = 30
@@ -271,6 +272,14 @@ class KubeDirectory:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def recorded_objects(self) -> RecordedObjects:
+        """The objects as last seen, status and all (the live page reads them)."""
+        return RecordedObjects(
+            models=self._stores[MODELS].objects(),
+            model_deployments=self._stores[MODEL_DEPLOYMENTS].objects(),
+            gpu_groups=self._stores[GPU_GROUPS].objects(),
+        )
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

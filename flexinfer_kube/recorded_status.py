@@ -130,9 +130,9 @@ def gpu_group_row(group: Mapping[str, Any], members: Mapping[str, Mapping[str, A
     rows = []
     for member in gpu_group_member_names(group):
         obj = members.get(member)
-        row: JSON = (
-            member_row(obj) if obj is not None else {"name": member, "kind": "ModelDeployment"}
-        )
+        # A member listed but not (yet) seen has the same fields, empty.
+        unseen = {"kind": "ModelDeployment", "metadata": {"name": member}}
+        row = member_row(members.get(member) or unseen)
         recorded = by_name.get(member) or {}
         row["state"] = _text(recorded.get("state")) or None
         row["queuedRequests"] = _int_or_none(recorded.get("queuedRequests"))

@@ -1,0 +1,291 @@
+"""The live page's data: groups as recorded in status (the shaping `flexinfer status -o
+json` shares), the proxy's queues beside them, swaps in a bounded ring, and who may
+read it (with API keys: a key, and only its namespaces).
+
+The browser test over a real cluster and proxy is tests/e2e/test_live_page_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from flexinfer_cli.manifests import load_manifests
+from flexinfer_cli.status import status_data
+from flexinfer_core import DEFAULT_POLICY
+from flexinfer_kube.clock import ManualClock
+from flexinfer_kube.objects import JSON
+from flexinfer_kube.recorded_status import MAX_CONDITIONS, recorded_groups
+from flexinfer_proxy.api_keys import ApiKeys
+from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry
+from flexinfer_proxy.live_page import LivePage, RecordedObjects
+
+from .harness import RecordingSink, async_test, entry
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def condition(kind: str, status: bool, reason: str, message: str = "") -> JSON:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-12-01T11:59:00Z",
+    }
+
+
+def shared_model(
+    name: str,
+    *,
+    namespace: str = "ai",
+    group: str = "card",
+    state: str = "Queued",
+    phase: str = "Idle",
+    position: int | None = None,
+    reason: str = "Queued",
+    message: str = "",
+) -> JSON:
+    shared: JSON = {"groupName": group, "state": state}
+    if position is not None:  # a merge patch's None deletes the field
+        shared["queuePosition"] = position
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"backend": "vllm", "source": f"HF://org/{name}", "gpu": {"shared": group}},
+        "status": {
+            "phase": phase,
+            "message": message,
+            "sharedGroup": shared,
+            "conditions": [
+                condition("Active", state == "Active", reason, message),
+                condition("Ready", phase == "Ready", "Ready" if phase == "Ready" else "NotActive"),
+            ],
+        },
+    }
+
+
+GPU_GROUP = {
+    "apiVersion": "ai.flexinfer/v1alpha1",
+    "kind": "GPUGroup",
+    "metadata": {"name": "box", "namespace": "ai"},
+    "spec": {"models": [{"name": "md-a"}, {"name": "md-b"}]},
+    "status": {
+        "phase": "Active",
+        "message": "md-a is active",
+        "activeModel": "md-a",
+        "lastSwapTime": "2026-12-01T11:50:00Z",
+        "lastSwapReason": "HigherPriority",
+        "swapCount": 3,
+        "modelStatuses": [
+            {"name": "md-a", "state": "Active", "queuedRequests": 0},
+            {"name": "md-b", "state": "Queued", "queuedRequests": 2},
+        ],
+        "conditions": [condition("Ready", True, "Active", "md-a is active")],
+    },
+}
+MD_A = {
+    "apiVersion": "ai.flexinfer/v1alpha1",
+    "kind": "ModelDeployment",
+    "metadata": {"name": "md-a", "namespace": "ai"},
+    "spec": {"backend": "vllm", "model": "m", "gpuGroupRef": "box"},
+    "status": {"phase": "Running", "conditions": [condition("Ready", True, "Running")]},
+}
+
+
+def test_a_shared_group_shows_its_holder_why_and_members_in_queue_order() -> None:
+    models = [
+        shared_model("b", position=2, reason="Queued", message="behind c"),
+        shared_model(
+            "a", state="Active", phase="Ready", reason="HighestPriority", message="a holds it"
+        ),
+        shared_model("c", position=1, phase="Draining", message="a phase of tomorrow"),
+    ]
+    (group,) = recorded_groups(models=models, gpu_groups=[], model_deployments=[])
+    assert (group["kind"], group["namespace"], group["name"]) == ("SharedGroup", "ai", "card")
+    assert (group["holder"], group["phase"]) == ("a", "Ready")
+    assert (group["reason"], group["message"]) == ("HighestPriority", "a holds it")
+    assert [m["name"] for m in group["members"]] == ["a", "c", "b"]
+    c = group["members"][1]
+    # A phase this code never heard of is shown as written, not dropped or mapped.
+    assert (c["phase"], c["state"], c["queuePosition"]) == ("Draining", "Queued", 1)
+    assert [x["type"] for x in c["conditions"]] == ["Active", "Ready"]
+
+
+def test_two_active_members_mid_swap_make_no_holder() -> None:
+    models = [shared_model("a", state="Active"), shared_model("b", state="Active")]
+    (group,) = recorded_groups(models=models, gpu_groups=[], model_deployments=[])
+    assert (group["holder"], group["active"]) == (None, ["a", "b"])
+
+
+def test_a_gpu_group_shows_its_active_model_and_each_members_recorded_state() -> None:
+    (group,) = recorded_groups(models=[], gpu_groups=[GPU_GROUP], model_deployments=[MD_A])
+    assert (group["kind"], group["holder"], group["reason"]) == ("GPUGroup", "md-a", "Active")
+    assert (group["swapCount"], group["lastSwapReason"]) == (3, "HigherPriority")
+    a, b = group["members"]
+    assert (a["name"], a["phase"], a["state"]) == ("md-a", "Running", "Active")
+    assert (b["name"], b["phase"], b["state"], b["queuedRequests"]) == ("md-b", None, "Queued", 2)
+
+
+def test_conditions_shown_are_bounded() -> None:
+    model = shared_model("a", state="Active")
+    model["status"]["conditions"] = [condition(f"C{i}", True, "x") for i in range(50)]
+    (group,) = recorded_groups(models=[model], gpu_groups=[], model_deployments=[])
+    assert len(group["members"][0]["conditions"]) == MAX_CONDITIONS
+
+
+class RecordingDirectory(InMemoryDirectory):
+    """An in-memory directory that also holds status objects, as the cluster's does."""
+
+    def __init__(self, entries: Sequence[ModelEntry], objects: RecordedObjects) -> None:
+        super().__init__(entries)
+        self.objects = objects
+
+    def recorded_objects(self) -> RecordedObjects:
+        return self.objects
+
+
+def test_flexinfer_status_json_and_the_page_share_one_shaping(tmp_path: Path) -> None:
+    objects = [shared_model("a", state="Active", phase="Ready"), shared_model("b", position=1)]
+    objects += [GPU_GROUP, MD_A]
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    view = load_manifests([str(path)], namespace="ai")
+    cli = status_data(view, now=NOW, policy=DEFAULT_POLICY)["recorded"]
+
+    async def page() -> JSON:
+        directory = RecordingDirectory(
+            [],
+            RecordedObjects(
+                models=objects[:2], gpu_groups=[GPU_GROUP], model_deployments=[MD_A]
+            ),
+        )
+        proxy = Proxy(directory, RecordingSink(), clock=ManualClock(NOW))
+        return proxy.live.status()
+
+    shown = asyncio.run(page())["groups"]
+    for group in shown:
+        for member in group["members"]:
+            assert member.pop("waiting") == {"queued": 0, "oldestWaitSeconds": 0.0}
+    assert [g["holder"] for g in cli] == ["a", "md-a"]
+    assert shown == cli
+
+
+def _swapping_directory() -> RecordingDirectory:
+    return RecordingDirectory([], RecordedObjects())
+
+
+def _hold(directory: RecordingDirectory, *active: str) -> None:
+    directory.objects = RecordedObjects(models=[shared_model(n, state="Active") for n in active])
+
+
+def test_swaps_are_holder_changes_kept_in_a_bounded_ring() -> None:
+    async def run() -> list[JSON]:
+        directory = _swapping_directory()
+        clock = ManualClock(NOW)
+        proxy = Proxy(directory, RecordingSink(), clock=clock)
+        page = LivePage(directory, proxy.queues, clock=clock, timeline_length=3)
+        _hold(directory, "a")
+        page.groups()  # the first holder seen: where the strip starts, not a swap
+        assert list(page.timeline) == []
+        _hold(directory, "a", "b")
+        page.groups()  # between the two status writes of a swap: skipped
+        assert list(page.timeline) == []
+        for holder in ("b", "a", "b", "a"):
+            _hold(directory, holder)
+            page.groups()
+            page.groups()  # the same holder read again is no swap
+        return page.status()["timeline"]
+
+    timeline = asyncio.run(run())
+    # Four swaps (a→b, b→a, a→b, b→a); the ring keeps the last three.
+    assert [(s["from"], s["to"]) for s in timeline] == [("b", "a"), ("a", "b"), ("b", "a")]
+    assert timeline[-1] == {
+        "at": "2026-12-01T12:00:00Z",
+        "kind": "SharedGroup",
+        "namespace": "ai",
+        "group": "card",
+        "from": "b",
+        "to": "a",
+    }
+
+
+@asynccontextmanager
+async def page_proxy(
+    directory: InMemoryDirectory, *, api_keys: ApiKeys | None = None
+) -> AsyncIterator[str]:
+    proxy = Proxy(directory, RecordingSink(), config=ProxyConfig(), api_keys=api_keys)
+    server, port = await serve(proxy, host="127.0.0.1", port=0)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await server.cleanup()
+
+
+async def _get(session: aiohttp.ClientSession, url: str, key: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with session.get(url, headers=headers) as response:
+        body = await response.read()
+        return response.status, response.headers, body
+
+
+def _two_teams() -> RecordingDirectory:
+    models = [
+        shared_model("a", namespace="team-a", state="Active"),
+        shared_model("b", namespace="team-b", state="Active"),
+    ]
+    entries = [entry("a", "http://unused/v1", namespace="team-a", ready=False)]
+    return RecordingDirectory(entries, RecordedObjects(models=models))
+
+
+@async_test
+async def test_without_api_keys_the_page_and_its_data_are_open_and_show_queues() -> None:
+    directory = _two_teams()
+    async with page_proxy(directory) as url, aiohttp.ClientSession() as session:
+        status, headers, body = await _get(session, f"{url}/ui")
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+        assert b"status.json" in body and b"<script" in body
+        assert "connect-src 'self'" in headers["Content-Security-Policy"]
+        # A request waits for team-a/a (not Ready): the page shows it waiting.
+        waiting = asyncio.create_task(
+            session.post(f"{url}/v1/completions", json={"model": "team-a/a"})
+        )
+        try:
+            for _ in range(200):
+                status, headers, body = await _get(session, f"{url}/status.json")
+                data = yaml.safe_load(body)
+                if data["waiting"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert headers["Cache-Control"] == "no-store"
+            assert [w["model"] for w in data["waiting"]] == ["team-a/a"]
+            (a,) = next(g for g in data["groups"] if g["namespace"] == "team-a")["members"]
+            assert a["waiting"]["queued"] == 1
+            assert [g["namespace"] for g in data["groups"]] == ["team-a", "team-b"]
+        finally:
+            waiting.cancel()
+
+
+@async_test
+async def test_with_api_keys_the_data_needs_a_key_and_shows_only_its_namespaces() -> None:
+    keys = ApiKeys.from_entries({"admin": "k-admin", "a": "k-a namespaces=team-a"})
+    async with page_proxy(_two_teams(), api_keys=keys) as url, aiohttp.ClientSession() as s:
+        # The page is static (no data): a browser opens it, then gives the key.
+        assert (await _get(s, f"{url}/ui"))[0] == 200
+        status, _, body = await _get(s, f"{url}/status.json")
+        assert status == 401, body
+        assert (await _get(s, f"{url}/status.json", "k-wrong"))[0] == 401
+        status, _, body = await _get(s, f"{url}/status.json", "k-a")
+        assert status == 200
+        assert [g["namespace"] for g in yaml.safe_load(body)["groups"]] == ["team-a"]
+        status, _, body = await _get(s, f"{url}/status.json", "k-admin")
+        assert [g["namespace"] for g in yaml.safe_load(body)["groups"]] == ["team-a", "team-b"]

@@ -129,7 +129,6 @@ def gpu_group_row(group: Mapping[str, Any], members: Mapping[str, Mapping[str, A
     }
     rows = []
     for member in gpu_group_member_names(group):
-        obj = members.get(member)
         # A member listed but not (yet) seen has the same fields, empty.
         unseen = {"kind": "ModelDeployment", "metadata": {"name": member}}
         row = member_row(members.get(member) or unseen)

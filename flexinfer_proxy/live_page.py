@@ -11,7 +11,8 @@ already watches (no Events, no extra permission), compared at each change the
 directory reports and at each `/status.json`; a new holder is one timeline entry
 (`at` is when the proxy saw it). A reading with two `Active` members (between the
 two status writes of a swap) is skipped. The first holder seen of a group after the
-proxy starts is where its strip begins, not a swap.
+proxy starts is not a swap: it is where the group's strip on the page begins (its
+`observedSince`).
 
 Bounds: the timeline keeps the last `TIMELINE_LENGTH` swaps over all groups (a
 ring: the oldest goes first); the JSON lists each group and model the directory
@@ -106,6 +107,7 @@ class LivePage:
         self._clock = clock
         self.timeline: deque[Swap] = deque(maxlen=timeline_length)
         self._holders: dict[tuple[str, str, str], str | None] = {}
+        self._since: dict[tuple[str, str, str], str] = {}  # when each group was first seen
         self._scheduled: asyncio.TimerHandle | None = None
         directory.subscribe(self._changed)
 
@@ -144,11 +146,12 @@ class LivePage:
         return groups
 
     def _observe(self, groups: list[JSON]) -> None:
-        at: str | None = None
+        at = format_rfc3339(self._clock.now())
         seen = set()
         for group in groups:
             key = (group["kind"], group["namespace"], group["name"])
             seen.add(key)
+            group["observedSince"] = self._since.setdefault(key, at)
             if len(group["active"]) > 1:
                 continue  # between the two status writes of a swap
             holder = group["holder"]
@@ -159,10 +162,10 @@ class LivePage:
             if previous == holder:
                 continue
             self._holders[key] = holder
-            at = at or format_rfc3339(self._clock.now())
             self.timeline.append(Swap(at, *key, previous=previous, holder=holder))
-        for gone in set(self._holders) - seen:
-            del self._holders[gone]
+        for gone in set(self._since) - seen:
+            del self._since[gone]
+            self._holders.pop(gone, None)
 
     # -- the JSON ------------------------------------------------------------------
 

@@ -174,6 +174,7 @@ def test_flexinfer_status_json_and_the_page_share_one_shaping(tmp_path: Path) ->
 
     shown = asyncio.run(page())["groups"]
     for group in shown:
+        assert group.pop("observedSince") == "2026-12-01T12:00:00Z"  # the proxy's own
         for member in group["members"]:
             assert member.pop("waiting") == {"queued": 0, "oldestWaitSeconds": 0.0}
     assert [g["holder"] for g in cli] == ["a", "md-a"]

@@ -171,6 +171,15 @@ def test_the_wheel_holds_no_dev_control_plane(wheelhouse: Path) -> None:
     assert not [n for n in names if n.startswith("flexinfer_devcluster/")]
 
 
+def test_the_wheel_holds_the_live_page(wheelhouse: Path) -> None:
+    # Package data, not a module: the proxy's `/ui` reads it from the installed package
+    # (and the image installs this wheel).
+    wheel = next(wheelhouse.glob("flexinfer-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        page = archive.read("flexinfer_proxy/live_page.html")
+    assert b'fetch("status.json"' in page
+
+
 @pytest.mark.parametrize("module", ["flexinfer_k8s", "flexinfer_proxy"])
 def test_controller_and_proxy_start_with_their_extras(fresh: Path, module: str) -> None:
     # Run outside the checkout, so only the installed wheel can be imported.

@@ -419,8 +419,10 @@ def _follow(
         changed.clear()
         now = clock_now()
         data = status_data(view, now=now, policy=policy)
-        # Ages move every second; only what the block says counts as a change.
-        comparable = {k: v for k, v in data.items() if k != "at"}
+        # Ages move every second; only what the block says counts as a change (the
+        # table does not show `recorded`, the JSON does).
+        hidden = {"at"} if fmt in ("json", "yaml") else {"at", "recorded"}
+        comparable = {k: v for k, v in data.items() if k not in hidden}
         if comparable != shown:
             shown = comparable
             if fmt in ("json", "yaml"):

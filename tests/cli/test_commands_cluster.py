@@ -79,6 +79,10 @@ def test_status_shows_groups_not_objects(
     assert [q["name"] for q in group["queue"]] == ["b"]
     assert group["lease"] is None
     assert {"cooldownEndsAt", "reason", "message", "next"} <= set(group)
+    # What the controller wrote agrees (the shaping the proxy's live page shows).
+    (recorded,) = data["recorded"]
+    assert (recorded["name"], recorded["holder"], recorded["reason"]) == ("g", "a", "ReadyLeader")
+    assert [m["name"] for m in recorded["members"]] == ["a", "b"]
     assert code == 0
     header, row = table(out, "Shared groups:")
     assert header == ["GROUP", "HOLDER", "PHASE", "REASON", "QUEUE", "COOLDOWN", "LEASE", "NEXT"]

@@ -26,11 +26,12 @@ from flexinfer_kube.recorded_status import MAX_CONDITIONS, recorded_groups
 from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry
-from flexinfer_proxy.live_page import LivePage, RecordedObjects
+from flexinfer_proxy.live_page import TIMELINE_LENGTH, LivePage, RecordedObjects
 
 from .harness import RecordingSink, async_test, entry
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+DOC = Path(__file__).resolve().parents[2] / "docs" / "live-page.md"
 
 
 def condition(kind: str, status: bool, reason: str, message: str = "") -> JSON:
@@ -290,3 +291,9 @@ async def test_with_api_keys_the_data_needs_a_key_and_shows_only_its_namespaces(
         assert [g["namespace"] for g in yaml.safe_load(body)["groups"]] == ["team-a"]
         status, _, body = await _get(s, f"{url}/status.json", "k-admin")
         assert [g["namespace"] for g in yaml.safe_load(body)["groups"]] == ["team-a", "team-b"]
+
+
+def test_the_documented_bounds_are_the_codes() -> None:
+    text = " ".join(DOC.read_text().split())
+    assert f"the timeline keeps the last {TIMELINE_LENGTH} swaps" in text
+    assert f"with at most {MAX_CONDITIONS} conditions per object" in text

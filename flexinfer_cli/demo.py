@@ -93,7 +93,8 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
         ).start(sync_timeout=30)
         say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).")
         with _proxy(cluster) as proxy:
-            say(f"The flexinfer proxy listens on {proxy} (OpenAI API).\n")
+            say(f"The flexinfer proxy listens on {proxy} (OpenAI API).")
+            say(f"Watch the card change hands: open {proxy}/ui in a browser.\n")
             _story(cluster, api, proxy, models, say)
             if keep:
                 say(f"\nThe cluster keeps running: export KUBECONFIG={cluster.kubeconfig}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_kube.resources import MODELS
@@ -73,8 +74,6 @@ def test_the_page_shows_the_card_change_hands(
     chromium: Path,
     tmp_path: Path,
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
-
     # The second member loads slowly, so its waiting request is on the page for a while.
     for name, ready_delay in zip(MEMBERS, ("1s", "12s"), strict=True):
         body = model_body(name, group="card", swap_cooldown="1s", ready_delay=ready_delay)

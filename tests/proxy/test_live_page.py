@@ -206,7 +206,8 @@ def test_swaps_are_holder_changes_kept_in_a_bounded_ring() -> None:
             _hold(directory, holder)
             page.groups()
             page.groups()  # the same holder read again is no swap
-        return page.status()["timeline"]
+        timeline: list[JSON] = page.status()["timeline"]
+        return timeline
 
     timeline = asyncio.run(run())
     # Four swaps (a→b, b→a, a→b, b→a); the ring keeps the last three.

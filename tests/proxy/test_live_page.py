@@ -26,7 +26,13 @@ from flexinfer_kube.recorded_status import MAX_CONDITIONS, recorded_groups
 from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry
-from flexinfer_proxy.live_page import TIMELINE_LENGTH, LivePage, RecordedObjects
+from flexinfer_proxy.live_page import (
+    OBSERVE_DELAY_SECONDS,
+    TIMELINE_LENGTH,
+    LivePage,
+    RecordedObjects,
+    Swap,
+)
 
 from .harness import RecordingSink, async_test, entry
 
@@ -220,6 +226,26 @@ def test_swaps_are_holder_changes_kept_in_a_bounded_ring() -> None:
         "from": "b",
         "to": "a",
     }
+
+
+def test_a_swap_is_seen_when_the_directory_changes_with_nobody_watching() -> None:
+    # The holder is read again after each change the directory reports, so the timeline
+    # has the swap although no page asked for /status.json in between.
+    async def run() -> list[Swap]:
+        directory = _swapping_directory()
+        clock = ManualClock(NOW)
+        proxy = Proxy(directory, RecordingSink(), clock=clock)
+        changed = entry("a", "http://unused/v1", namespace="ai")
+        for holder in ("a", "b"):
+            _hold(directory, holder)
+            directory.put(changed)
+            # A later timer of the same loop: the read is due before it, whatever the load.
+            await asyncio.sleep(OBSERVE_DELAY_SECONDS * 3)
+        proxy.live.close()
+        return list(proxy.live.timeline)
+
+    (swap,) = asyncio.run(run())
+    assert (swap.group, swap.previous, swap.holder) == ("card", "a", "b")
 
 
 @asynccontextmanager

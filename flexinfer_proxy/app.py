@@ -1,4 +1,4 @@
-"""The HTTP face of the proxy: OpenAI routes, health, readiness and metrics.
+"""The HTTP face of the proxy: OpenAI routes, health, readiness, metrics and the live page.
 
 A request names its model in the JSON body; the directory resolves the name and
 says whether that model is Ready. Ready (and nobody ahead in line) → relayed at

@@ -30,11 +30,12 @@ from flexinfer_core.durations import parse_duration
 from flexinfer_core.errors import FlexinferError
 from flexinfer_kube.kubeapi import KubeApi, new_api_client
 from flexinfer_proxy.api_keys import SecretKeySource
-from flexinfer_proxy.app import Proxy, ProxyConfig, serve
+from flexinfer_proxy.app import MAX_WAIT_COMMENT_INTERVAL, Proxy, ProxyConfig, serve
 from flexinfer_proxy.http_server import DEFAULT_MAX_HEAD_BYTES
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
 from flexinfer_proxy.resolve_file import HostsFileResolver
+from flexinfer_proxy.swap_times import MAX_PRIOR_SECONDS, MAX_SAMPLES
 
 log = logging.getLogger("flexinfer.proxy")
 
@@ -71,6 +72,32 @@ def _at_least(flag: str, low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not a whole number") from error
         if value < low:
             raise argparse.ArgumentTypeError(f"{flag} must be at least {low}, got {value}")
+        return value
+
+    return number
+
+
+def _bounded_duration(flag: str, *, high: float) -> Callable[[str], float]:
+    longer_than_zero = _duration(flag)
+
+    def seconds(text: str) -> float:
+        value = longer_than_zero(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be at most {_seconds_text(high)}, got {text!r}"
+            )
+        return value
+
+    return seconds
+
+
+def _within(flag: str, low: int, high: int) -> Callable[[str], int]:
+    at_least = _at_least(flag, low)
+
+    def number(text: str) -> int:
+        value = at_least(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{flag} must be at most {high}, got {value}")
         return value
 
     return number
@@ -151,6 +178,36 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least("--retry-after", 1),
         default=DEFAULTS.retry_after_seconds,
         help="least Retry-After seconds on a 503, before jitter (default %(default)s)",
+    )
+    add(
+        "--max-retry-after",
+        type=_at_least("--max-retry-after", 1),
+        default=DEFAULTS.max_retry_after_seconds,
+        help="most seconds of expected wait counted in Retry-After, before jitter "
+        "(default %(default)s)",
+    )
+    add(
+        "--swap-time-prior",
+        type=_bounded_duration("--swap-time-prior", high=MAX_PRIOR_SECONDS),
+        default=DEFAULTS.swap_time_prior,
+        metavar="DURATION",
+        help="expected swap time of a model before the proxy has measured one "
+        f"(default {_seconds_text(DEFAULTS.swap_time_prior)}, at most 1h)",
+    )
+    add(
+        "--swap-time-samples",
+        type=_within("--swap-time-samples", 1, MAX_SAMPLES),
+        default=DEFAULTS.swap_time_samples,
+        help="measured swaps per model the estimate (their p90) is made from "
+        f"(default %(default)s, 1 to {MAX_SAMPLES})",
+    )
+    add(
+        "--wait-comment-interval",
+        type=_bounded_duration("--wait-comment-interval", high=MAX_WAIT_COMMENT_INTERVAL),
+        default=DEFAULTS.wait_comment_interval,
+        metavar="DURATION",
+        help="a streamed request still waiting after this gets its 200 and an SSE comment "
+        f"this often (default {_seconds_text(DEFAULTS.wait_comment_interval)}, at most 60s)",
     )
     add(
         "--max-per-backend",
@@ -248,6 +305,10 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
     return ProxyConfig(
         min_queue_wait=timedelta(seconds=args.min_queue_wait),
         retry_after_seconds=args.retry_after,
+        max_retry_after_seconds=args.max_retry_after,
+        swap_time_prior=args.swap_time_prior,
+        swap_time_samples=args.swap_time_samples,
+        wait_comment_interval=args.wait_comment_interval,
         max_per_backend=args.max_per_backend,
         max_queue=args.max_queue,
         max_queue_total=args.max_queue_total,

@@ -4,8 +4,13 @@ A request names its model in the JSON body; the directory resolves the name and
 says whether that model is Ready. Ready (and nobody ahead in line) → relayed at
 once; otherwise the request queues until the model is Ready or the wait limit
 (max(minimum wait, the model's coldStartTimeout)) passes, which answers 503 with
-`Retry-After`. Every answer the proxy makes up is OpenAI-shaped JSON, and every
-request ends as one outcome of `flexinfer_proxy_requests_total`.
+`Retry-After` from the wait still expected. A request that waited carries its
+queue position and wait estimate as headers on its answer; a streamed one that
+waits longer than `--wait-comment-interval` gets its 200 and event-stream head then,
+an SSE comment every interval while it waits, and the backend's events (or an error
+event, never a silent close) after them. Every answer the proxy makes up is
+OpenAI-shaped JSON, and every request ends as one outcome of
+`flexinfer_proxy_requests_total`.
 
 Bounds (all `ProxyConfig` fields, all flags): body size and the bytes of bodies
 held at once, the time a body may take, queue lengths per model and overall, the
@@ -95,6 +100,7 @@ from flexinfer_proxy.request_body import (
     read_request_body,
     small_body_at_hand,
 )
+from flexinfer_proxy.swap_times import DEFAULT_PRIOR_SECONDS, DEFAULT_SAMPLES, SwapTimes
 from flexinfer_proxy.upstream import (
     DEFAULT_IDLE_SECONDS,
     Origin,
@@ -133,6 +139,13 @@ PAGE_HEADERS = {
 }
 # Backend endpoints are parsed once and kept, up to this many.
 ORIGIN_CACHE_SIZE = 1024
+# `--wait-comment-interval` at most: a comment at least every minute keeps proxies
+# with the common 60 s idle timeout from cutting a waiting stream.
+MAX_WAIT_COMMENT_INTERVAL = 60.0
+QUEUE_POSITION_HEADER = "x-flexinfer-queue-position"
+WAIT_SECONDS_HEADER = "x-flexinfer-wait-seconds"
+# The head a waiting streamed request gets before its comments.
+WAITING_STREAM_HEAD = b"Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
 
 
 @attrs.frozen
@@ -141,6 +154,12 @@ class ProxyConfig:
 
     min_queue_wait: timedelta = timedelta(seconds=60)
     retry_after_seconds: int = 10
+    # The expected wait counted in `Retry-After` at most (before its jitter).
+    max_retry_after_seconds: int = 300
+    swap_time_prior: float = DEFAULT_PRIOR_SECONDS
+    swap_time_samples: int = DEFAULT_SAMPLES
+    # A waiting streamed request's 200 goes out after this, then a comment this often.
+    wait_comment_interval: float = 5.0
     refresh_interval: timedelta = REFRESH_INTERVAL
     dispatch_grace_seconds: float = DISPATCH_GRACE_SECONDS
 
@@ -224,11 +243,15 @@ class Proxy:
             metrics=self.metrics,
             refresh_interval=self.config.refresh_interval,
         )
+        self.swap_times = SwapTimes(
+            prior=self.config.swap_time_prior, samples=self.config.swap_time_samples
+        )
         self.queues = RequestQueues(
             directory,
             self.signaller,
             clock=self.clock,
             metrics=self.metrics,
+            swap_times=self.swap_times,
             dispatch_grace=self.config.dispatch_grace_seconds,
         )
         self.live = LivePage(directory, self.queues, clock=self.clock)
@@ -249,9 +272,12 @@ class Proxy:
         self._serve_metrics = True
 
     def retry_after(self, expected: float = 0.0) -> int:
-        """Seconds for `Retry-After`: the expected wait (at least --retry-after) plus up
-        to as much again at random, so clients refused together come back spread out."""
-        base = max(1.0, float(self.config.retry_after_seconds), expected)
+        """Seconds for `Retry-After`: the expected wait (at least --retry-after, at most
+        --max-retry-after) plus up to as much again at random, so clients refused
+        together come back spread out."""
+        config = self.config
+        expected = min(expected, float(config.max_retry_after_seconds))
+        base = max(1.0, float(config.retry_after_seconds), expected)
         return math.ceil(base + self._rng.uniform(0.0, base))
 
     async def start(self) -> None:
@@ -470,7 +496,7 @@ class Proxy:
         return resolution
 
     def _queue_full(self, entry: ModelEntry, limit: int, scope: str) -> _Refusal:
-        expected = self.config.wait_limit(entry) - self.queues.oldest_wait(entry.key)
+        expected = self.queues.estimate_wait(entry.key)
         response = openai_errors.queue_full(
             entry.name, limit=limit, scope=scope, retry_after=self.retry_after(expected)
         )
@@ -495,25 +521,48 @@ class Proxy:
                 refused = self._client_queue_full(entry, client)
                 self.metrics.request_done(refused.model, refused.outcome)
                 return refused.response
+            # Only a small body's `stream` is known (a scanned one's is not decoded).
+            streamed = body.payload is not None and body.payload.get("stream") is True
             try:
-                ticket, refusal = await self._wait_in_queue(entry)
+                ticket, refusal = await self._wait_in_queue(request, entry, streamed=streamed)
             finally:
                 self.limits.unqueue(client)
             if refusal is not None:
-                return refusal
+                return _in_stream(request, refusal)
             deadline = ticket.enqueued_at + self.config.wait_limit(entry)
             entry = self.directory.lookup(entry.key) or entry
         try:
-            return await self._forward(request, entry, body=body, ticket=ticket, deadline=deadline)
+            answer = await self._forward(
+                request, entry, body=body, ticket=ticket, deadline=deadline
+            )
+            return _in_stream(request, answer)
         finally:
             if ticket is not None:
                 ticket.dispatched()
 
-    async def _wait_in_queue(self, entry: ModelEntry) -> tuple[Ticket, Answer | None]:
+    async def _wait_in_queue(
+        self, request: Request, entry: ModelEntry, *, streamed: bool
+    ) -> tuple[Ticket, Answer | None]:
         ticket = self.queues.enqueue(entry)
+        # On whatever answer it gets: where it stood and what it was told to expect.
+        request.extra_header_lines = b"%s: %d\r\n%s: %.1f\r\n" % (
+            QUEUE_POSITION_HEADER.encode(),
+            ticket.position,
+            WAIT_SECONDS_HEADER.encode(),
+            ticket.estimate,
+        )
         limit = self.config.wait_limit(entry)
+
+        def comment(waiting: Ticket) -> None:
+            self._waiting_comment(request, entry, waiting)
+
         try:
-            result = await self.queues.wait(ticket, limit=limit)
+            result = await self.queues.wait(
+                ticket,
+                limit=limit,
+                every=self.config.wait_comment_interval,
+                on_tick=comment if streamed else None,
+            )
         except asyncio.CancelledError:
             self._queue_done(entry.key, ticket, outcome=OUTCOME_CLIENT_DISCONNECTED)
             log.info("client left while %s was queued", entry.key)
@@ -521,14 +570,24 @@ class Proxy:
         if result is WaitResult.ADMITTED:
             self.metrics.queue_wait.labels(model=entry.key).observe(self.queues.waited(ticket))
             return ticket, None
-        retry_after = self.retry_after()
         if result is WaitResult.CLOSING:
             self._queue_done(entry.key, ticket, outcome=OUTCOME_PROXY_CLOSING)
-            return ticket, openai_errors.proxy_closing(entry.name, retry_after=retry_after)
+            return ticket, openai_errors.proxy_closing(entry.name, retry_after=self.retry_after())
         self._queue_done(entry.key, ticket, outcome=OUTCOME_QUEUE_TIMEOUT)
         log.warning("%s was not Ready within %.3gs; answered 503", entry.key, limit)
         return ticket, openai_errors.model_not_ready(
-            entry.name, waited_seconds=limit, retry_after=retry_after
+            entry.name, waited_seconds=limit, retry_after=self.retry_after(ticket.expected)
+        )
+
+    def _waiting_comment(self, request: Request, entry: ModelEntry, ticket: Ticket) -> None:
+        """A streamed request still waits: its 200 (the first time), then a comment
+        that OpenAI clients skip and that keeps idle-timeout proxies from cutting it."""
+        if not request.answered:
+            request.start(200, b"OK", WAITING_STREAM_HEAD, content_length=None)
+        position = self.queues.position(ticket)
+        about = self.queues.estimate_wait(ticket.key)
+        request.write(
+            f": waiting for {entry.name}, position {position}, about {about:.0f} s\n\n".encode()
         )
 
     def _queue_done(self, model: str, ticket: Ticket, *, outcome: str) -> None:
@@ -561,6 +620,13 @@ class Proxy:
         # A request that left a queue must say when it reached its backend (the
         # drain waits for that before it admits the next).
         on_dispatched = ticket.dispatched if ticket is not None else None
+        loop = asyncio.get_running_loop()
+        arrived = ticket.enqueued_at if ticket is not None else loop.time()
+        first_byte = self.metrics.time_to_first_byte_of(entry.key)
+
+        def on_headers() -> None:
+            first_byte.observe(loop.time() - arrived)
+
         pause = RETRY_FIRST_PAUSE
         while True:
             origin, base = self._origin(entry)
@@ -576,6 +642,7 @@ class Proxy:
                         body=data,
                         rewrite=rewrite,
                         on_dispatched=on_dispatched,
+                        on_headers=on_headers,
                     )
                 else:
                     await relay(
@@ -586,9 +653,9 @@ class Proxy:
                         body=data,
                         rewrite=rewrite,
                         on_dispatched=on_dispatched,
+                        on_headers=on_headers,
                     )
             except BackendUnavailable as error:
-                loop = asyncio.get_running_loop()
                 if error.retryable and loop.time() + pause < deadline:
                     log.info("backend of %s not answering yet (%s); retrying", entry.key, error)
                     await asyncio.sleep(pause)
@@ -690,6 +757,16 @@ class Proxy:
     def handle_metrics(self, request: Request) -> Answer:
         content_type, body = self.metrics.exposition()
         return Answer(200, body, content_type=content_type)
+
+
+def _in_stream(request: Request, answer: Answer | None) -> Answer | None:
+    """`answer` as it is, or, once a waiting stream's 200 went out, as its last event
+    (the `{"error": ...}` body in `stream_error_event`'s shape) and the stream's end."""
+    if answer is None or not request.answered:
+        return answer
+    request.write(b"data: " + answer.body + b"\n\n")
+    request.finish()
+    return None
 
 
 def model_card(entry: ModelEntry, *, model_id: str, state: str) -> dict[str, Any]:

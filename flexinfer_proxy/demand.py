@@ -10,7 +10,12 @@
   `demand.ai.flexinfer/<member>` annotation whenever they change (coalesced: one
   write in flight per member, the latest state wins), at least once a minute while
   requests wait, and the key removed when the queue drains; its served requests
-  refresh `lastAccessTime` at most once a minute.
+  refresh `lastAccessTime` at most once a minute;
+- when every client waiting for a model left before it was Ready
+  (`demand_withdrawn`), the demand their burst wrote is taken back: a member's
+  annotation is already gone with its queue; a Model's or standalone
+  ModelDeployment's timestamp is put back to the value the burst's first write
+  replaced, if it still holds the last value this proxy wrote (docs/election.md 1.4).
 
 Writes never hold up a client request: they run as tasks, and `flush()` waits for
 them (shutdown, tests). The annotation's wire format is the core's
@@ -44,6 +49,7 @@ SET_BY_OTHER = "set_by_other"  # three conflicts, but someone set it within 30 s
 CONFLICTED = "conflicted"  # three conflicts and nothing recent: not done
 NOT_FOUND = "not_found"
 FAILED = "failed"
+CHANGED_SINCE = "changed_since"  # a withdrawal found someone else's later write: kept
 
 DONE_RESULTS = frozenset({WRITTEN, ALREADY_CURRENT, SET_BY_OTHER})
 
@@ -52,6 +58,8 @@ DONE_RESULTS = frozenset({WRITTEN, ALREADY_CURRENT, SET_BY_OTHER})
 class MarkOutcome:
     result: str
     conflicts: int = 0
+    # What the write replaced (None: the field was absent), when it wrote.
+    replaced: datetime | None = None
 
     @property
     def done(self) -> bool:
@@ -79,6 +87,13 @@ class DemandSink(Protocol):
         """Write (or, for None, remove) the member's demand annotation on its GPUGroup."""
         ...
 
+    async def withdraw(
+        self, entry: ModelEntry, *, written: datetime, restore: datetime | None
+    ) -> str:
+        """Set the entry's activity timestamp back to `restore` (None: remove it) if it
+        still says `written`; a result of `flexinfer_proxy_demand_writes_total`."""
+        ...
+
 
 @attrs.define
 class _ModelSignals:
@@ -89,6 +104,9 @@ class _ModelSignals:
     report: QueueReport | None = None
     reporter: asyncio.Task[None] | None = None
     report_dirty: bool = False
+    # The current burst of queued demand: its first write (in flight or done), and
+    # what that write replaced, so a withdrawal can put it back.
+    burst_mark: asyncio.Task[MarkOutcome] | None = None
 
 
 class DemandSignaller:
@@ -117,12 +135,36 @@ class DemandSignaller:
             )
             signals.refresher = asyncio.create_task(self._refresh_while_queued(entry))
             if not entry.reports_queue:
-                self._mark(entry, signal="queued")
+                signals.burst_mark = self._mark(entry, signal="queued")
         elif report.queued == 0 and signals.refresher is not None:
             signals.refresher.cancel()
             signals.refresher = None
         if entry.reports_queue:
             self._report(entry, report)
+
+    def demand_withdrawn(self, entry: ModelEntry) -> None:
+        """Every client waiting for `entry` left before it was Ready: take the burst's
+        demand back (a member's annotation went with its queue already)."""
+        signals = self._signals(entry.key)
+        burst, signals.burst_mark = signals.burst_mark, None
+        if entry.reports_queue or burst is None:
+            return
+        self._spawn(self._withdraw(entry, burst))
+
+    async def _withdraw(self, entry: ModelEntry, burst: asyncio.Task[MarkOutcome]) -> None:
+        outcome = await asyncio.shield(burst)
+        signals = self._signals(entry.key)
+        written = signals.last_marked
+        if outcome.result != WRITTEN or written is None or signals.burst_mark is not None:
+            return  # it wrote nothing to take back, or a new burst began meanwhile
+        try:
+            result = await self._sink.withdraw(entry, written=written, restore=outcome.replaced)
+        except Exception:
+            log.exception("withdrawing the demand for %s/%s failed", entry.namespace, entry.name)
+            result = FAILED
+        if result == WRITTEN:
+            signals.last_marked = None  # the next request writes again
+        self._metrics.demand_writes.labels(model=entry.key, signal="withdrawn", result=result).inc()
 
     def served(self, entry: ModelEntry) -> None:
         """A request is being served by a Ready model: refresh at most once per interval."""
@@ -155,16 +197,16 @@ class DemandSignaller:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _mark(self, entry: ModelEntry, *, signal: str) -> None:
+    def _mark(self, entry: ModelEntry, *, signal: str) -> asyncio.Task[MarkOutcome]:
         signals = self._signals(entry.key)
         previous = signals.last_marked
         now = self._clock.now()
         signals.last_marked = now  # claimed now, so a concurrent request does not write too
-        self._spawn(self._write_mark(entry, now=now, previous=previous, signal=signal))
+        return self._spawn(self._write_mark(entry, now=now, previous=previous, signal=signal))
 
     async def _write_mark(
         self, entry: ModelEntry, *, now: datetime, previous: datetime | None, signal: str
-    ) -> None:
+    ) -> MarkOutcome:
         try:
             outcome = await self._sink.mark_active(entry, now=now)
         except Exception:
@@ -182,6 +224,7 @@ class DemandSignaller:
             signals = self._signals(entry.key)
             if signals.last_marked == now:
                 signals.last_marked = previous  # let the next request try again
+        return outcome
 
     async def _refresh_while_queued(self, entry: ModelEntry) -> None:
         """Keep the demand fresh while requests wait longer than the refresh interval."""

@@ -22,6 +22,12 @@ A non-streamed JSON answer of at most `REWRITE_LIMIT_BYTES` has its `model` put
 back to the name the client asked for when the request's was rewritten; streamed
 answers are relayed untouched (their chunks carry the backend's name).
 
+A request whose answer the caller already started (a streamed request that waited:
+its 200 and event-stream head went out with the waiting comments) gets the
+backend's event stream as the rest of that body; a backend answer other than 200
+becomes one error event (`stream_error_event`'s shape, the backend's own `error`
+when it sent one) and the stream's clean end.
+
 This module knows nothing about models, queues or demand.
 """
 
@@ -230,6 +236,7 @@ async def relay_in_slot(
     body: bytes | bytearray,
     rewrite: ModelRewrite | None = None,
     on_dispatched: Callable[[], None] | None = None,
+    on_headers: Callable[[], None] | None = None,
 ) -> None:
     """`relay`, holding one of the backend's capped `slots`. `on_dispatched` is called
     once the request's place is fixed: its head is on the wire, or it waits in line
@@ -243,6 +250,7 @@ async def relay_in_slot(
             body=body,
             rewrite=rewrite,
             on_dispatched=on_dispatched,
+            on_headers=on_headers,
         )
 
 
@@ -259,10 +267,12 @@ async def relay(
     body: bytes | bytearray,
     rewrite: ModelRewrite | None = None,
     on_dispatched: Callable[[], None] | None = None,
+    on_headers: Callable[[], None] | None = None,
 ) -> None:
     """Send `head` and `body` to `origin` and stream the backend's answer to the client.
 
-    `on_dispatched` is called once the request's head is on the wire.
+    `on_dispatched` is called once the request's head is on the wire, `on_headers`
+    once the backend's answer head has arrived.
     """
     # The request is sent once: a failure after it was written (a kept-alive connection
     # the backend closed as it crossed the request, included) is the backend's, never
@@ -281,7 +291,11 @@ async def relay(
             raise BackendTimeout(str(error)) from error
         except UpstreamError as error:
             raise BackendUnavailable(str(error), retryable=False) from error
-        if rewrite is not None and _rewritable(upstream):
+        if on_headers is not None:
+            on_headers()
+        if request.answered:
+            await _continue_stream(request, upstream)
+        elif rewrite is not None and _rewritable(upstream):
             await _rewritten_back(request, upstream, rewrite)
         else:
             await _stream_back(request, upstream)
@@ -323,6 +337,31 @@ async def _rewritten_back(
     request.start(upstream.status, upstream.reason, lines, content_length=len(raw), first=raw)
 
 
+async def _continue_stream(request: Request, upstream: UpstreamConnection) -> None:
+    """The backend's answer as the rest of an event stream the proxy already started."""
+    if upstream.status != 200:
+        length = upstream.content_length
+        raw = await _whole(upstream) if length is not None and length <= WHOLE_ANSWER_BYTES else b""
+        request.write(_error_event_from(upstream.status, raw))
+        request.finish()
+        return
+    first = upstream.body.take()
+    await _copy_body(request, upstream, first=first, event_stream=True)
+
+
+def _error_event_from(status: int, raw: bytes) -> bytes:
+    """An error event carrying the backend's own `error` object, or saying its status."""
+    try:
+        answer = json.loads(raw) if raw else None
+    except ValueError:
+        answer = None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, dict):
+        return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    message = f"The backend answered {status} instead of its event stream."
+    return openai_errors.stream_error_event(message, code="backend_error")
+
+
 async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
     length = upstream.content_length
     status, reason = upstream.status, upstream.reason
@@ -331,8 +370,18 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
         whole = await _whole(upstream)
         request.start(status, reason, lines, content_length=len(whole), first=whole)
         return
+    # The head and what arrived with it in one write.
     request.start(status, reason, lines, content_length=length, first=upstream.body.take())
+    event_stream = length is None and media_type(upstream.headers) == EVENT_STREAM
+    await _copy_body(request, upstream, first=b"", event_stream=event_stream)
+
+
+async def _copy_body(
+    request: Request, upstream: UpstreamConnection, *, first: bytes, event_stream: bool
+) -> None:
+    """The rest of the backend's answer, chunk by chunk, then the answer's end."""
     try:
+        request.write(first)
         while True:
             if request.write_paused:
                 await request.drain()
@@ -347,7 +396,7 @@ async def _stream_back(request: Request, upstream: UpstreamConnection) -> None:
         what = "fell silent" if silent else "failed"
         if isinstance(error, AnswerStopped):
             what = f"was stopped ({error})"
-        if length is None and media_type(upstream.headers) == EVENT_STREAM:
+        if event_stream:
             message = f"The backend {what} in the middle of its answer."
             request.write(openai_errors.stream_error_event(message, code="stream_cut"))
         raise StreamCut(f"backend {what} mid-answer: {error}") from error

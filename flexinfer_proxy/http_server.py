@@ -171,6 +171,7 @@ class Request:
         "answered",
         "body",
         "content_length",
+        "extra_header_lines",
         "headers",
         "keep_alive",
         "method",
@@ -208,6 +209,8 @@ class Request:
         self.body = RequestBody(connection, expects_continue=expects_continue)
         self.answered = False  # the answer's head is written
         self.status = 0  # the answer's
+        # `Name: value\r\n` lines added to whatever answer this request gets.
+        self.extra_header_lines = b""
         self._chunked = False
         self._will_close = False
         self._cut = False
@@ -251,6 +254,8 @@ class Request:
         if answer.headers:
             for name, value in answer.headers.items():
                 parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if self.extra_header_lines:
+            parts.append(self.extra_header_lines)
         parts.append(self._connection_header(close))
         parts.append(b"\r\n")
         if self.method != "HEAD":
@@ -283,6 +288,8 @@ class Request:
         self.answered = True
         self.status = status
         connection = self._connection
+        if self.extra_header_lines:
+            header_lines += self.extra_header_lines
         if (
             content_length is not None
             and self.keep_alive

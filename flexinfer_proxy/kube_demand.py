@@ -9,6 +9,10 @@
 - `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
   GPUGroup (its format is `flexinfer_core.annotations`'), a merge patch touching
   only that key (null removes it).
+- `withdraw`: the activity timestamp put back to what the burst's first write
+  replaced (removed when it was absent), with the resourceVersion it read, and only
+  while the field still holds the last value this proxy wrote: anyone's later write
+  (a served request of another proxy, the controller's correction) wins.
 
 Blocking `KubeApi` calls run in worker threads (`asyncio.to_thread`). This module
 touches nothing else: no spec, no other status field, no other annotation.
@@ -28,6 +32,7 @@ from flexinfer_kube.objects import JSON
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS, Resource
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
+    CHANGED_SINCE,
     CONFLICTED,
     FAILED,
     NOT_FOUND,
@@ -86,8 +91,8 @@ class KubeDemandSink:
                     return MarkOutcome(ALREADY_CURRENT, conflicts)
                 if self._before_write is not None:
                     self._before_write(obj)
-                if self._patch_status(entry, obj, field=field, now=now):
-                    return MarkOutcome(WRITTEN, conflicts)
+                if self._patch_status(entry, obj, field=field, value=format_rfc3339(now)):
+                    return MarkOutcome(WRITTEN, conflicts, replaced=current)
                 conflicts += 1
             current = parse_rfc3339((self._read_status(entry).get("status") or {}).get(field))
         except NotFound:
@@ -98,6 +103,34 @@ class KubeDemandSink:
         if current is not None and now - current <= OTHER_WRITER_WINDOW:
             return MarkOutcome(SET_BY_OTHER, conflicts)
         return MarkOutcome(CONFLICTED, conflicts)
+
+    async def withdraw(
+        self, entry: ModelEntry, *, written: datetime, restore: datetime | None
+    ) -> str:
+        return await asyncio.to_thread(
+            self.withdraw_blocking, entry, written=written, restore=restore
+        )
+
+    def withdraw_blocking(
+        self, entry: ModelEntry, *, written: datetime, restore: datetime | None
+    ) -> str:
+        field = activity_field(entry.kind)
+        written = written.replace(microsecond=0)
+        value = format_rfc3339(restore) if restore is not None else None
+        try:
+            for _ in range(self._max_attempts):
+                obj = self._read_status(entry)
+                current = parse_rfc3339((obj.get("status") or {}).get(field))
+                if current != written:
+                    return CHANGED_SINCE
+                if self._patch_status(entry, obj, field=field, value=value):
+                    return WRITTEN
+        except NotFound:
+            return NOT_FOUND
+        except KubeError as error:
+            log.warning("withdrawing %s of %s/%s: %s", field, entry.namespace, entry.name, error)
+            return FAILED
+        return CONFLICTED
 
     def report_queue_blocking(
         self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
@@ -130,11 +163,12 @@ class KubeDemandSink:
             self._resource(entry), entry.namespace, entry.name, subresource="status"
         )
 
-    def _patch_status(self, entry: ModelEntry, obj: JSON, *, field: str, now: datetime) -> bool:
-        """One optimistic write; False on 409 Conflict (someone wrote since the read)."""
+    def _patch_status(self, entry: ModelEntry, obj: JSON, *, field: str, value: str | None) -> bool:
+        """One optimistic write (None removes the field); False on 409 Conflict (someone
+        wrote since the read)."""
         body = {
             "metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
-            "status": {field: format_rfc3339(now)},
+            "status": {field: value},
         }
         try:
             self._api.patch(

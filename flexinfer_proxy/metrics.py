@@ -1,7 +1,8 @@
 """The proxy's Prometheus metrics, created against an injected registry.
 
 One `ProxyMetrics` per proxy (and per test): queued requests per model, requests
-by outcome, time spent queued, and demand writes and conflicts. A `model` label is
+by outcome, time spent queued, time to the backend's first byte, and demand writes
+and conflicts. A `model` label is
 the model's `namespace/name` (two namespaces' models of one name never share a
 series); a name a client made up is recorded as "" so a stranger cannot grow the
 label set. This module counts; it decides nothing.
@@ -10,6 +11,7 @@ label set. This module counts; it decides nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -44,6 +46,8 @@ OUTCOME_CLIENT_CONCURRENCY_LIMIT = "client_concurrency_limit"  # --max-concurren
 OUTCOME_CLIENT_QUEUE_LIMIT = "client_queue_limit"  # --max-queued-per-client
 OUTCOME_INTERNAL_ERROR = "internal_error"
 
+# Seconds to minutes: a warm answer's first byte, a swap of a small model, a cold
+# start of a large one.
 QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
@@ -66,6 +70,14 @@ class ProxyMetrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=registry,
         )
+        self.time_to_first_byte = Histogram(
+            "flexinfer_proxy_time_to_first_byte_seconds",
+            "From a request's routing (its queueing, when it waited) to its backend's answer head.",
+            ["model"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._first_byte_children: dict[str, Any] = {}
         self.demand_writes = Counter(
             "flexinfer_proxy_demand_writes",
             "Demand signals sent to the cluster, by model, kind of signal and result.",
@@ -96,6 +108,13 @@ class ProxyMetrics:
             "Bytes of request bodies held in memory now (--max-buffered-bytes bounds it).",
             registry=registry,
         )
+
+    def time_to_first_byte_of(self, model: str) -> Any:
+        """The model's `time_to_first_byte` series (kept: `labels` costs on every call)."""
+        child = self._first_byte_children.get(model)
+        if child is None:
+            child = self._first_byte_children[model] = self.time_to_first_byte.labels(model=model)
+        return child
 
     def request_done(self, model: str, outcome: str) -> None:
         counts = self.requests.counts

@@ -3,7 +3,8 @@
 `python -m tests.proxy.fake_backend --name alpha [--host 127.0.0.2]` listens on a
 free port and prints `PORT <n>` once it accepts connections. Request bodies may
 carry test knobs: `tag` (recorded in arrival order, see GET /control/arrivals),
-`status` (answer with that HTTP status), `delay` (seconds before answering),
+`status` (answer with that HTTP status, as JSON even when `stream` asks for
+events), `delay` (seconds before answering),
 `stream` (answer with server-sent events), `hold` (after the first event, wait
 until POST /control/release {"tag": …}) and `pause` (after the first event, wait
 that many seconds). Answers echo the backend's name, the path, the raw query, the
@@ -63,7 +64,7 @@ class Backend:
             "headers": dict(request.headers),
         }
         tokens = int(body.get("max_tokens") or STREAM_CHUNKS)
-        if body.get("stream"):
+        if body.get("stream") and not body.get("status"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(
                 request,

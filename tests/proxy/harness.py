@@ -114,17 +114,29 @@ class RecordingSink:
 
     marks: list[tuple[str, datetime]] = attrs.field(factory=list)
     reports: list[tuple[str, QueueReport | None]] = attrs.field(factory=list)
+    # (name, the value it still had to say, the value put back) of each withdrawal.
+    withdrawals: list[tuple[str, datetime, datetime | None]] = attrs.field(factory=list)
+    # What the next mark's write replaced (else None: the field was absent).
+    replaced: datetime | None = None
     # What the next timestamp writes answer (then WRITTEN), as the cluster might.
     outcomes: list[MarkOutcome] = attrs.field(factory=list)
 
     async def mark_active(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
         self.marks.append((entry.name, now))
-        return self.outcomes.pop(0) if self.outcomes else MarkOutcome(WRITTEN)
+        return (
+            self.outcomes.pop(0) if self.outcomes else MarkOutcome(WRITTEN, replaced=self.replaced)
+        )
 
     async def report_queue(
         self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
     ) -> None:
         self.reports.append((entry.name, report))
+
+    async def withdraw(
+        self, entry: ModelEntry, *, written: datetime, restore: datetime | None
+    ) -> str:
+        self.withdrawals.append((entry.name, written, restore))
+        return WRITTEN
 
     def marks_for(self, name: str) -> list[datetime]:
         return [when for model, when in self.marks if model == name]

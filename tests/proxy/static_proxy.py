@@ -50,6 +50,11 @@ class NullSink:
     ) -> None:
         return None
 
+    async def withdraw(
+        self, entry: ModelEntry, *, written: datetime, restore: datetime | None
+    ) -> str:
+        return WRITTEN
+
 
 def entry_from(spec: dict[str, Any]) -> ModelEntry:
     return ModelEntry(

@@ -62,6 +62,8 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         config.backend_read_timeout,
     ) == (10.0, 60.0, 75.0, 10.0, 600.0, 300.0)
     assert not config.access_log
+    assert (config.max_retry_after_seconds, config.swap_time_prior) == (300, 30.0)
+    assert (config.swap_time_samples, config.wait_comment_interval) == (20, 5.0)
     flags = [
         "--max-body-bytes", "2048", "--max-buffered-bytes", "4096",
         "--max-queue", "3", "--max-queue-total", "4", "--max-connections", "5",
@@ -71,6 +73,8 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         "--access-log", "--retry-after", "3",
         "--max-concurrent-per-client", "6", "--max-queued-per-client", "0",
         "--lingering-time", "2s", "--lingering-bytes", "0", "--backend-idle-timeout", "1s",
+        "--max-retry-after", "40", "--swap-time-prior", "2m", "--swap-time-samples", "7",
+        "--wait-comment-interval", "15s",
     ]  # fmt: skip
     set_ = config_from(build_parser().parse_args(flags))
     assert (set_.max_body_bytes, set_.max_buffered_bytes, set_.max_queue) == (2048, 4096, 3)
@@ -79,6 +83,8 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     assert set_.access_log
     assert (set_.max_concurrent_per_client, set_.max_queued_per_client) == (6, 0)
     assert (set_.lingering_time, set_.lingering_bytes, set_.backend_idle_timeout) == (2, 0, 1)
+    assert (set_.max_retry_after_seconds, set_.swap_time_prior) == (40, 120.0)
+    assert (set_.swap_time_samples, set_.wait_comment_interval) == (7, 15.0)
 
 
 @pytest.mark.parametrize(
@@ -95,6 +101,13 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         (["--backend-read-timeout", "soon"], "'soon' is not a valid duration"),
         (["--api-key-secret", "just-a-name"], "expected NAMESPACE/NAME, got 'just-a-name'"),
         (["--event-loop", "trio"], "invalid choice: 'trio'"),
+        (["--max-retry-after", "0"], "--max-retry-after must be at least 1, got 0"),
+        (["--swap-time-prior", "0s"], "--swap-time-prior must be longer than 0s"),
+        (["--swap-time-prior", "2h"], "--swap-time-prior must be at most 3600s, got '2h'"),
+        (["--swap-time-samples", "0"], "--swap-time-samples must be at least 1, got 0"),
+        (["--swap-time-samples", "1001"], "--swap-time-samples must be at most 1000, got 1001"),
+        (["--wait-comment-interval", "61s"], "--wait-comment-interval must be at most 60s"),
+        (["--wait-comment-interval", "0s"], "--wait-comment-interval must be longer than 0s"),
     ],
 )
 def test_bad_bounds_are_refused_naming_the_flag(

@@ -16,6 +16,7 @@ from flexinfer_kube.kubeapi import KubeApi
 from flexinfer_proxy.api_keys import SecretKeySource
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
+    CHANGED_SINCE,
     CONFLICTED,
     SET_BY_OTHER,
     WRITTEN,
@@ -108,6 +109,34 @@ def test_a_model_deployment_gets_last_access_time(
     assert KubeDemandSink(api).mark_active_blocking(target, now=now).result == WRITTEN
     status = status_of(kubectl, namespace, "modeldeployment/demand-md")
     assert status["lastAccessTime"] == format_rfc3339(now)
+
+
+def test_a_withdrawal_puts_back_what_the_burst_replaced_unless_written_since(
+    kubectl: Kubectl, namespace: str, api: KubeApi
+) -> None:
+    apply(kubectl, namespace, model("withdraw-a"))
+    target = entry_for("withdraw-a", namespace, ModelKind.MODEL)
+    sink = KubeDemandSink(api)
+    before = _now() - timedelta(hours=1)
+    assert sink.mark_active_blocking(target, now=before).replaced is None
+    now = _now()
+    outcome = sink.mark_active_blocking(target, now=now)
+    assert (outcome.result, outcome.replaced) == (WRITTEN, before)
+
+    assert sink.withdraw_blocking(target, written=now, restore=before) == WRITTEN
+    assert status_of(kubectl, namespace, "model/withdraw-a")["lastActiveTime"] == (
+        format_rfc3339(before)
+    )
+    # Absent before the burst: removed.
+    assert sink.withdraw_blocking(target, written=before, restore=None) == WRITTEN
+    assert "lastActiveTime" not in status_of(kubectl, namespace, "model/withdraw-a")
+    # Someone wrote after this proxy: theirs stays.
+    later = _now()
+    sink.mark_active_blocking(target, now=later)
+    assert sink.withdraw_blocking(target, written=now, restore=None) == CHANGED_SINCE
+    assert status_of(kubectl, namespace, "model/withdraw-a")["lastActiveTime"] == (
+        format_rfc3339(later)
+    )
 
 
 def _bump(kubectl: Kubectl, namespace: str, resource: str, **status: str) -> Any:

@@ -249,6 +249,16 @@ def progress_only(model: ModelState, target: MemberDecision) -> bool:
     )
 
 
+def loading_is_wanted(model: ModelState, *, now: datetime) -> bool:
+    """Whether a loading member is still asked for: its last demand is at most
+    max(idle timeout, coldStartTimeout) old (docs/election.md 1.3). A load whose every
+    waiting client left (the proxy withdrew its demand) is not finished for nobody."""
+    if model.last_active is None:
+        return False
+    serverless = model.serverless
+    return now - model.last_active <= max(serverless.idle_timeout, serverless.cold_start_timeout)
+
+
 def desired_replicas(model: ModelState, *, now: datetime, warm: bool = False) -> int:
     """Replicas for a member that holds the card (spec 1.3); a non-leader wants 0.
 
@@ -258,7 +268,7 @@ def desired_replicas(model: ModelState, *, now: datetime, warm: bool = False) ->
     serverless = model.serverless
     if not serverless.enabled:
         return 1
-    if model.phase is _LOADING:
+    if model.phase is _LOADING and loading_is_wanted(model, now=now):
         return 1
     if warm:
         return max(1, serverless.min_replicas)
@@ -708,14 +718,21 @@ def _with_note(member: MemberDecision, note: str) -> MemberDecision:
 
 
 def _idle_timeout_crossings(ballot: Ballot, after: datetime | None) -> list[Instant]:
-    # The leader scales to minReplicas once idle strictly longer than its idle timeout.
+    # The leader scales to minReplicas once idle strictly longer than its idle timeout;
+    # a loading one once its last demand is older than max(idle, coldStartTimeout).
     activity = ballot.activity
-    longest = max([m.serverless.idle_timeout for _, m in activity], default=_TICK)
+    longest = max(
+        [max(m.serverless.idle_timeout, m.serverless.cold_start_timeout) for _, m in activity],
+        default=_TICK,
+    )
     out = []
     for last, m in ballot.active_since(after, longest):
-        end = last + m.serverless.idle_timeout
-        if after is None or end >= after:  # end + a tick > after
-            out.append((end + _TICK, _IDLE_TIMEOUT, m.name))
+        ends = [last + m.serverless.idle_timeout]
+        if m.phase is _LOADING and m.serverless.cold_start_timeout > m.serverless.idle_timeout:
+            ends.append(last + m.serverless.cold_start_timeout)
+        for end in ends:
+            if after is None or end >= after:  # end + a tick > after
+                out.append((end + _TICK, _IDLE_TIMEOUT, m.name))
     return out
 
 
@@ -723,7 +740,14 @@ def _idle_timeout_says(ballot: Ballot, crossing: Crossing) -> str | None:
     model = ballot.member(crossing.subject)
     if crossing.kind is not _IDLE_TIMEOUT or model is None:
         return None
-    idle = format_duration(model.serverless.idle_timeout)
+    serverless = model.serverless
+    idle = format_duration(serverless.idle_timeout)
+    last = model.last_active
+    cold_end = last is not None and crossing.at == last + serverless.cold_start_timeout + _TICK
+    idle_end = last is not None and crossing.at == last + serverless.idle_timeout + _TICK
+    if cold_end and not idle_end:
+        cold = format_duration(serverless.cold_start_timeout)
+        return f"{crossing.subject}'s load is no longer asked for ({cold} cold start timeout)"
     return f"{crossing.subject}'s {idle} idle timeout ends"
 
 

@@ -5,7 +5,8 @@
   carries the resourceVersion it read — so a concurrent writer makes it fail with
   409 Conflict, and it re-reads and tries again (at most 3 attempts). After three
   conflicts the demand still counts as recorded when someone else set the field
-  within the last 30 s (docs/election.md 1.4). The field never moves backwards.
+  within the last 30 s (docs/election.md 1.4). The field never moves backwards
+  (but for `withdraw`).
 - `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
   GPUGroup (its format is `flexinfer_core.annotations`'), a merge patch touching
   only that key (null removes it).

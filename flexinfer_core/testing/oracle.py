@@ -92,7 +92,12 @@ def leader_replicas(model: ModelState, now: datetime, *, warm: bool = False) -> 
     if not model.cache_ready:
         return 0
     serverless = model.serverless
-    if not serverless.enabled or model.phase is Phase.LOADING:
+    if not serverless.enabled:
+        return 1
+    # A load goes on while someone asked for the model within the time it may take.
+    grace = max(serverless.idle_timeout, serverless.cold_start_timeout)
+    asked = model.last_active is not None and now - model.last_active <= grace
+    if model.phase is Phase.LOADING and asked:
         return 1
     if warm:
         return max(1, serverless.min_replicas)

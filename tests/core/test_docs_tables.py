@@ -196,8 +196,7 @@ PRIORITY: dict[str, tuple[list[ModelState], list[GpuLease], str | None, str]] = 
         "chat",
         reasons.RETURN_TO_DEFAULT,
     ),
-    "lower-priority model demanded, the default holds the card idle past its own idle "
-    "timeout": (
+    "lower-priority model demanded, the default holds the card idle past its own idle timeout": (
         [
             member("chat", default_member=True, **LEADER_IDLE),
             member("asker", priority=50, last_active=ago(1)),

@@ -124,9 +124,7 @@ def test_a_swap_carries_its_events() -> None:
             type="Warning",
         ),
     )
-    start = decide_gpu_group(
-        group(GpuGroupMember("a", queued=1, oldest_waiting=ago(0))), now=T0
-    )
+    start = decide_gpu_group(group(GpuGroupMember("a", queued=1, oldest_waiting=ago(0))), now=T0)
     assert [e.reason for e in start.group_events] == [reasons.START]
     assert start.member_events == ()  # nobody held the GPU
 
@@ -288,8 +286,9 @@ def test_drain_without_a_recorded_swap_does_not_wait_forever() -> None:
 def test_a_member_whose_cache_is_not_ready_never_runs_and_the_next_one_does() -> None:
     """Issue 9: GPUGroup members follow the Models' rule: runnable only while the
     ModelCache they mount is complete (a pod would mount a partial copy)."""
-    waiting = GpuGroupMember("big", priority=900, queued=3, oldest_waiting=ago(30),
-                             cache_ready=False)
+    waiting = GpuGroupMember(
+        "big", priority=900, queued=3, oldest_waiting=ago(30), cache_ready=False
+    )
     other = GpuGroupMember("small", priority=100, queued=1, oldest_waiting=ago(30))
     decision = decide_gpu_group(group(waiting, other), now=T0)
     assert decision.active_model == "small"

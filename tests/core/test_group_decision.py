@@ -20,8 +20,12 @@ from flexinfer_core import (
     reasons,
     standalone_models,
 )
+from flexinfer_core.election import Threshold
+from flexinfer_core.group import describe_threshold, thresholds
 
 from .builders import T0, ago, member
+
+TICK = timedelta(microseconds=1)
 
 READY = Phase.READY
 ACTIVE = SharedState.ACTIVE
@@ -107,9 +111,7 @@ def test_a_handover_has_one_event_on_the_member_that_lost_the_card() -> None:
 
 def test_new_leader_gets_promoted_event_once_when_nobody_is_evicted() -> None:
     # chat holds the card but is not serving (scaled to zero): nobody is evicted.
-    models = [
-        attrs.evolve(m, phase=Phase.IDLE) if m.name == "chat" else m for m in swap_scenario()
-    ]
+    models = [attrs.evolve(m, phase=Phase.IDLE) if m.name == "chat" else m for m in swap_scenario()]
     first = decide_group(models, now=T0)
     assert [(e.model, e.reason) for e in first.events] == [("coder", reasons.PROMOTED)]
     second = decide_group(apply_decision(models, first), now=T0)
@@ -167,7 +169,20 @@ def test_active_services_joined_with_commas() -> None:
 def test_desired_replicas_table() -> None:
     cases = [
         (member("a", serverless=Serverless(enabled=False)), 1),
-        (member("a", phase=Phase.LOADING), 1),
+        # Loading: kept up past its idle timeout while asked for within its cold start
+        # timeout; a load nobody asked for (demand withdrawn) goes as idle ones go.
+        (member("a", phase=Phase.LOADING, last_active=ago(minutes=5)), 1),
+        (member("a", phase=Phase.LOADING), 0),
+        (member("a", phase=Phase.LOADING, last_active=ago(minutes=6)), 0),
+        (
+            member(
+                "a",
+                phase=Phase.LOADING,
+                last_active=ago(minutes=9),
+                serverless=Serverless(cold_start_timeout=timedelta(minutes=10)),
+            ),
+            1,
+        ),
         (member("a"), 0),
         (member("a", serverless=Serverless(min_replicas=2)), 2),
         (member("a", last_active=ago(minutes=6)), 0),
@@ -425,9 +440,7 @@ def test_a_far_future_preempted_at_starts_the_cooldown_now_not_next_year() -> No
 
 
 def test_a_clock_a_little_ahead_is_read_as_now_without_comment() -> None:
-    skewed = member(
-        "chat", phase=READY, shared_state=ACTIVE, last_active=T0 + timedelta(seconds=5)
-    )
+    skewed = member("chat", phase=READY, shared_state=ACTIVE, last_active=T0 + timedelta(seconds=5))
     decision = decide_group([skewed, member("code")], now=T0)
     chat = decision.member("chat")
     assert (chat.rewrite_last_active, chat.events) == (None, ())
@@ -450,7 +463,8 @@ def test_a_holder_s_way_to_serving_is_progress_and_serving_is_news() -> None:
         ]
         running = {"coder"} if phase in (Phase.LOADING, READY) else set()
         change = next(
-            c for c in decide_group(observed, now=T0, running=running).changes(observed)
+            c
+            for c in decide_group(observed, now=T0, running=running).changes(observed)
             if c.name == "coder"
         )
         return change.status, change.progress
@@ -461,3 +475,21 @@ def test_a_holder_s_way_to_serving_is_progress_and_serving_is_news() -> None:
     assert step(READY, 1) == (True, False)
     first = decide_group(models, now=T0, running={"chat"})
     assert not any(c.progress for c in first.changes(models))
+
+
+def test_a_load_nobody_asked_for_stops_on_the_timer_at_its_cold_start_timeout() -> None:
+    serverless = Serverless(
+        idle_timeout=timedelta(minutes=2), cold_start_timeout=timedelta(minutes=8)
+    )
+    loading = member(
+        "a", phase=Phase.LOADING, shared_state=SharedState.ACTIVE, last_active=ago(minutes=1),
+        serverless=serverless,
+    )  # fmt: skip
+    end = ago(minutes=1) + timedelta(minutes=8) + TICK
+    listed = [c for c in thresholds([loading], now=T0) if c.at == end and c.subject == "a"]
+    assert any(c.kind is Threshold.IDLE_TIMEOUT for c in listed), listed
+    idle = next(c for c in listed if c.kind is Threshold.IDLE_TIMEOUT)
+    said = describe_threshold([loading], idle, now=T0)
+    assert said == "a's load is no longer asked for (8m cold start timeout)"
+    assert desired_replicas(loading, now=end - TICK) == 1
+    assert desired_replicas(loading, now=end) == 0

@@ -41,8 +41,7 @@ def test_a_failing_server_is_failed_with_its_own_words_until_a_pod_is_ready() ->
     observed = model_deployment_phase(replicas=1, ready_pods=0, failure=failure)
     assert observed.phase is DeploymentPhase.FAILED
     assert observed.message == (
-        "container server keeps restarting (last termination: exit code 1, Error): "
-        "error: bad flag"
+        "container server keeps restarting (last termination: exit code 1, Error): error: bad flag"
     )
     assert model_deployment_phase(replicas=1, ready_pods=1, failure=failure).phase is (
         DeploymentPhase.RUNNING

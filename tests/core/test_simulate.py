@@ -187,9 +187,12 @@ def test_served_requests_write_the_demand_at_most_once_per_interval() -> None:
         [member("chat"), member("coder")],
         start=T0,
         until=T0 + 6 * MINUTE,
-        requests=[Request(T0, "coder"), Request(T0 + timedelta(seconds=70), "coder"),
-                  Request(T0 + timedelta(seconds=100), "coder"),
-                  Request(T0 + timedelta(seconds=200), "chat")],
+        requests=[
+            Request(T0, "coder"),
+            Request(T0 + timedelta(seconds=70), "coder"),
+            Request(T0 + timedelta(seconds=100), "coder"),
+            Request(T0 + timedelta(seconds=200), "chat"),
+        ],
         load_time=timedelta(seconds=10),
         termination_time=timedelta(seconds=2),
     )

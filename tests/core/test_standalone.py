@@ -189,8 +189,9 @@ def test_values_that_would_overflow_a_decision_name_the_field() -> None:
 
 
 def test_a_model_deployment_whose_cache_is_not_ready_is_held_at_zero() -> None:
-    state = StandaloneDeployment(name="d", last_access_time=ago(1), current_replicas=1,
-                                 cache_ready=False)
+    state = StandaloneDeployment(
+        name="d", last_access_time=ago(1), current_replicas=1, cache_ready=False
+    )
     decision = decide_standalone(state, now=T0)
     assert (decision.desired_replicas, decision.scale_to) == (0, 0)
     assert decision.reason == reasons.CACHE_NOT_READY

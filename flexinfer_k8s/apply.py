@@ -73,8 +73,10 @@ class Writer:
         store = self.stores.get(DEPLOYMENTS)
         before = store.get(namespace, name) if store is not None else None
         hook = self.before_replicas_override
-        if hook is not None and before is not None and (
-            (before.get("spec") or {}).get("replicas") != replicas
+        if (
+            hook is not None
+            and before is not None
+            and ((before.get("spec") or {}).get("replicas") != replicas)
         ):
             try:
                 hook(before)

@@ -24,6 +24,8 @@ from prometheus_client import (
 )
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A tiny model's swap in a second or two, a 70B model's cold start in minutes.
+SWAP_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
 
 
 class ControllerMetrics:
@@ -78,6 +80,22 @@ class ControllerMetrics:
             "From the change that queued a key to its decision being written",
             ["kind"],
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        # Observed by `flexinfer_k8s.ready_times` from the cluster's timestamps. (The
+        # drain before a preemption will add its own histogram beside these.)
+        self.swap_seconds = Histogram(
+            "flexinfer_swap_seconds",
+            "From the moment a model was handed the card to its pod being Ready",
+            ["namespace", "model"],
+            buckets=SWAP_BUCKETS,
+            registry=registry,
+        )
+        self.cold_start_seconds = Histogram(
+            "flexinfer_cold_start_seconds",
+            "From a model pod's creation to its being Ready",
+            ["namespace", "model"],
+            buckets=SWAP_BUCKETS,
             registry=registry,
         )
         self.reconcile_errors = Counter(

@@ -33,6 +33,7 @@ from flexinfer_core import (
     reports_spec_problem,
     spec_problem,
 )
+from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_gpugroups import (
     gpu_group_status,
@@ -41,6 +42,7 @@ from flexinfer_k8s.convert_gpugroups import (
 from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
 from flexinfer_k8s.outcome import Applied, Outcome, Refusals, Wiring, recheck_soon
 from flexinfer_k8s.pods import live_pods
+from flexinfer_k8s.ready_times import ReadyTimes
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import (
     Interlock,
@@ -51,7 +53,7 @@ from flexinfer_k8s.write_plan import (
     write_spec_problem,
 )
 from flexinfer_kube.kubeapi import JSON
-from flexinfer_kube.objects import name_of
+from flexinfer_kube.objects import get_path, name_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -63,6 +65,7 @@ class GpuGroupReconciler:
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.refusals = Refusals(wiring, kind="gpugroup")
+        self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
 
     def reconcile(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """One GPUGroup. `insist`: this key's last attempts all ended in a status
@@ -79,6 +82,16 @@ class GpuGroupReconciler:
         model_deployments, memberships = snapshot.model_deployments, snapshot.memberships
         member_pods, replicas = snapshot.member_pods, snapshot.replicas
         unreadable = snapshot.unreadable
+        swapped_at = parse_rfc3339(get_path(group, "status", "lastSwapTime"))
+        active = get_path(group, "status", "activeModel")
+        for member, pods in member_pods.items():
+            # Only the member swapped in at `lastSwapTime` was handed the card then.
+            self.ready_times.pods_seen(
+                pods,
+                namespace=namespace,
+                model=member,
+                handed_over_at=swapped_at if member == active else None,
+            )
         decision = decide_gpu_group(state, now=now)
 
         wanted = gpu_group_status(group, decision, now=now)

@@ -68,6 +68,7 @@ from flexinfer_k8s.outcome import (
     recheck_soon,
 )
 from flexinfer_k8s.pods import deployment_replicas
+from flexinfer_k8s.ready_times import ReadyTimes, condition_since
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import Interlock, Scale, StatusWrite, WritePlan, apply_plan
 from flexinfer_kube.kubeapi import JSON
@@ -108,6 +109,7 @@ class SharedGroupReconciler:
         # it, which delays such a write by at most `coalesce` again.
         self._progress_since: dict[tuple[str, str, str], dict[str, datetime]] = {}
         self.refusals = Refusals(wiring, kind="shared")
+        self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
 
     def reconcile_standalone(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """A Model outside any shared group, decided as a group of one. `insist`: see
@@ -159,6 +161,7 @@ class SharedGroupReconciler:
             self.cache, namespace, group, objs, departed=departed
         )
         states = list(snapshot.states)
+        self._observe_ready_times(namespace, objs)
         for state in states:
             if reports_spec_problem(state.conditions):
                 log.info(
@@ -332,6 +335,16 @@ class SharedGroupReconciler:
         return wrote
 
     # -- metrics and logs ----------------------------------------------------------
+
+    def _observe_ready_times(self, namespace: str, objs: Sequence[JSON]) -> None:
+        for obj in objs:
+            name = name_of(obj)
+            self.ready_times.pods_seen(
+                self.cache.pods_of(self.cache.workload_of(MODELS, namespace, name)),
+                namespace=namespace,
+                model=name,
+                handed_over_at=condition_since(obj, "Active"),
+            )
 
     def _report_fail_open(
         self, decision: GroupDecision, *, namespace: str, group: str, now: datetime

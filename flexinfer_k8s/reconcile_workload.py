@@ -452,9 +452,7 @@ class WorkloadReconciler:
         with self._answering:
             self._answer_foreign_scale_locked(resource, obj, now=now)
 
-    def _answer_foreign_scale_locked(
-        self, resource: Resource, obj: JSON, *, now: datetime
-    ) -> None:
+    def _answer_foreign_scale_locked(self, resource: Resource, obj: JSON, *, now: datetime) -> None:
         namespace, name = namespace_of(obj), name_of(obj)
         deployment = self.cache.get(DEPLOYMENTS, namespace, name)
         if deployment is None or not _controlled_by(deployment, get_path(obj, "metadata", "uid")):
@@ -488,9 +486,7 @@ class WorkloadReconciler:
             type="Warning",
             now=now,
         )
-        self.writer.annotate(
-            DEPLOYMENTS, namespace, name, {REPLICAS_WARNED_ANNOTATION: stamp}
-        )
+        self.writer.annotate(DEPLOYMENTS, namespace, name, {REPLICAS_WARNED_ANNOTATION: stamp})
 
     def _clash(self, resource: Resource, obj: JSON) -> Problem | None:
         """A Deployment or Service of this name that is not this resource's own."""

@@ -118,6 +118,7 @@ class CacheSpec:
         if self.host_max_bytes is None:
             return []
         return [{"name": "FLEXINFER_MAX_KIB", "value": str(self.host_max_bytes // 1024)}]
+
     """The controller found a user's model in the copy's directory (status `Adopted`)."""
 
     @property
@@ -397,8 +398,6 @@ def _target_volume(cache: CacheSpec) -> tuple[JSON, JSON]:
     )
 
 
-
-
 def model_entry(source: Source | None) -> str:
     """The file or directory the source names inside the copy ("" for the whole copy):
     what the serving path points at, and what adopting a directory looks for."""
@@ -458,9 +457,7 @@ def download_job(
             env.append(
                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
             )
-        body = (
-            f'FLEXINFER_TARGET="$target" python -c {shlex.quote(HF_DOWNLOAD)}\n'
-        )
+        body = f'FLEXINFER_TARGET="$target" python -c {shlex.quote(HF_DOWNLOAD)}\n'
     elif source.scheme in (Scheme.FILE, Scheme.PVC):
         image = images.copy
         if source.scheme is Scheme.FILE:

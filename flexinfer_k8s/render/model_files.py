@@ -63,9 +63,7 @@ done
 a name already there (the directory's own first component) is left alone."""
 
 
-def _layout(
-    directory: str, model_mount: JSON, *, images: CacheImages
-) -> tuple[JSON, JSON, JSON]:
+def _layout(directory: str, model_mount: JSON, *, images: CacheImages) -> tuple[JSON, JSON, JSON]:
     """The `/models` emptyDir, its mount, and the init container that links the model
     directory's entries into it."""
     root_volume = {"name": LAYOUT_VOLUME, "emptyDir": {}}
@@ -141,21 +139,25 @@ def model_location(
             directory=name,
             path=f"{MODELS_MOUNT}/{name}",
             volume={"name": "model-source", "hostPath": {"path": source.path, "type": kind}},
-            mount={"name": "model-source", "mountPath": f"{MODELS_MOUNT}/{name}",
-                   "readOnly": True},
+            mount={"name": "model-source", "mountPath": f"{MODELS_MOUNT}/{name}", "readOnly": True},
             images=images,
         )
     if source.scheme is Scheme.PVC:
         name = source.file_name or source.repo
-        mount: JSON = {"name": "model-source", "mountPath": f"{MODELS_MOUNT}/{name}",
-                       "readOnly": True}
+        mount: JSON = {
+            "name": "model-source",
+            "mountPath": f"{MODELS_MOUNT}/{name}",
+            "readOnly": True,
+        }
         if source.path:
             mount["subPath"] = source.path
         return _directory_model(
             directory=name,
             path=f"{MODELS_MOUNT}/{name}",
-            volume={"name": "model-source",
-                    "persistentVolumeClaim": {"claimName": source.repo, "readOnly": True}},
+            volume={
+                "name": "model-source",
+                "persistentVolumeClaim": {"claimName": source.repo, "readOnly": True},
+            },
             mount=mount,
             images=images,
         )
@@ -192,8 +194,9 @@ def plain_model_location(workload: Workload) -> ModelLocation:
             # mlc-ai publishes its compiled models as <Model>-<quantization>-MLC.
             repo = f"mlc-ai/{model}"
         else:
-            raise _no_files(workload, "a Hugging Face repository (org/name, or a *-MLC name "
-                                      "of mlc-ai)")
+            raise _no_files(
+                workload, "a Hugging Face repository (org/name, or a *-MLC name of mlc-ai)"
+            )
         source = parse_source(f"HF://{repo}", field="spec.model")
         return ModelLocation(path=source.repo, local=False, remote=source)
     if backend == "llama-cpp":
@@ -268,4 +271,3 @@ def implied_cache_manifest(workload: Workload, *, owner: JSON, labels: dict[str,
         },
         "spec": spec,
     }
-

@@ -86,9 +86,7 @@ def secure_pod(
     return secured
 
 
-def secure_job(
-    job: JSON, *, policy: AdminPolicy, writers: Collection[str] = ()
-) -> JSON:
+def secure_job(job: JSON, *, policy: AdminPolicy, writers: Collection[str] = ()) -> JSON:
     """A Job whose pod template is `secure_pod`'s."""
     secured = copy.deepcopy(job)
     template = secured["spec"]["template"]

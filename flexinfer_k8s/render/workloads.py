@@ -217,10 +217,18 @@ def probes(workload: Workload, backend: Backend, *, fetches: bool) -> JSON:
         }
     return {
         "startupProbe": startup,
-        "readinessProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 5,
-                           "failureThreshold": 3},
-        "livenessProbe": {**check, "periodSeconds": 30, "timeoutSeconds": 10,
-                          "failureThreshold": 3},
+        "readinessProbe": {
+            **check,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            **check,
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
+        },
     }
 
 
@@ -390,7 +398,8 @@ def render_workload(
     }
     claim = (
         backend_cache.claim_manifest(
-            workload, labels={**MANAGED_BY, **selector_labels(workload.kind, workload.name)},
+            workload,
+            labels={**MANAGED_BY, **selector_labels(workload.kind, workload.name)},
             owner=owner_reference(workload),
         )
         if plan.backend_cache

@@ -1,0 +1,257 @@
+"""How honest the proxy's wait estimate is, over real swaps (JSON out, never asserted).
+
+Two tiny random-weight GGUF models (`flexinfer_devcluster.tinymodel`) share one GPU
+group on the local cluster's process node, which runs each pod as a real
+`llama-server`; the controller runs in this process, the proxy as `python -m
+flexinfer_proxy`. Equal priorities, a short demand window (`--demand-window`) and
+no swap cooldown: a request for the model that does not hold the card, sent once
+the holder is idle, preempts it. Each swap is one streamed request for the other
+model; its `x-flexinfer-wait-seconds` header is the estimate the proxy gave when it
+queued it, and the actual wait is the time from sending it to the answer's head
+(a streamed answer's head comes with its first event; `--wait-comment-interval` is
+set long so no early head hides the wait).
+
+Reported: per swap (model, how many of its swaps the proxy had measured before,
+estimate, actual), and over the swaps made after a model had `--warmup` measured
+swaps: the median and p90 of |estimate - actual| and the fraction within ±20 % of
+the actual wait; plus the controller's `flexinfer_swap_seconds` and
+`flexinfer_cold_start_seconds` and the proxy's `flexinfer_proxy_queue_wait_seconds`
+and `flexinfer_proxy_time_to_first_byte_seconds` as scraped at the end.
+
+    python benchmarks/bench_eta.py [--swaps 100] [--warmup 5] [--demand-window 2s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from flexinfer_core import Policy
+from flexinfer_core.durations import parse_duration
+from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.policy import dev_policy
+from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
+from flexinfer_devcluster.tinymodel import write_tiny_model
+from flexinfer_k8s.controller import Controller
+from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.render.workloads import RenderSettings
+from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
+from flexinfer_kube.resources import MODELS
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "bench-eta"
+GROUP = "bench-gpu"
+MODEL_NAMES = ("alpha", "beta")
+HISTOGRAMS = (
+    "flexinfer_swap_seconds",
+    "flexinfer_cold_start_seconds",
+    "flexinfer_proxy_queue_wait_seconds",
+    "flexinfer_proxy_time_to_first_byte_seconds",
+)
+
+
+def model_manifest(name: str, model_file: Path) -> JSON:
+    return {
+        "apiVersion": "ai.flexinfer/v1alpha2",
+        "kind": "Model",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": "llama-cpp",
+            "source": f"file://{model_file}",
+            "gpu": {"shared": GROUP, "priority": 100, "swapCooldown": "0s"},
+            "serverless": {"idleTimeout": "10m", "coldStartTimeout": "120s"},
+            "llamacpp": {"ctxSize": 256},
+            "nodeSelector": dict(PROCESS_NODE_SELECTOR),
+            "tolerations": [dict(PROCESS_NODE_TOLERATION)],
+        },
+    }
+
+
+@contextlib.contextmanager
+def proxy_process(cluster: LocalCluster) -> Iterator[str]:
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "flexinfer_proxy",
+            "--host", "127.0.0.1", "--port", "0",
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--namespace", NAMESPACE,
+            "--resolve-file", str(cluster.hosts_file),
+            "--min-queue-wait", "3m",
+            "--wait-comment-interval", "60s",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    try:
+        if not line.startswith("listening on 127.0.0.1:"):
+            raise SystemExit(f"the proxy did not start: {line!r}")
+        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def ask(proxy: str, model: str) -> tuple[float, float, int]:
+    """One streamed completion: (estimate, actual wait to the answer's head, position);
+    the estimate is NaN when the request did not wait."""
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{proxy}/v1/chat/completions", data=body,
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    began = time.monotonic()
+    with urllib.request.urlopen(request, timeout=300) as response:
+        actual = time.monotonic() - began
+        estimate = float(response.headers.get("x-flexinfer-wait-seconds") or "nan")
+        position = int(response.headers.get("x-flexinfer-queue-position") or 0)
+        response.read()
+    return estimate, actual, position
+
+
+def serving(api: KubeApi, name: str) -> bool:
+    status = api.get(MODELS, NAMESPACE, name).get("status") or {}
+    return bool(
+        status.get("phase") == "Ready"
+        and (status.get("sharedGroup") or {}).get("state") == "Active"
+    )
+
+
+def nearest_rank(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(fraction * len(ordered))) - 1]
+
+
+def scrape(text: str) -> dict[str, dict[str, float]]:
+    """The histogram lines of HISTOGRAMS, as {series: value} per histogram."""
+    out: dict[str, dict[str, float]] = {name: {} for name in HISTOGRAMS}
+    for line in text.splitlines():
+        for name in HISTOGRAMS:
+            if line.startswith(name + "_") and not line.startswith("#"):
+                series, _, value = line.rpartition(" ")
+                out[name][series] = float(value)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--swaps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--demand-window", default="2s")
+    args = parser.parse_args()
+    window = parse_duration(args.demand_window, field="--demand-window")
+    policy = Policy(
+        demand_window=window,
+        recent_window=window,
+        default_swap_cooldown=timedelta(0),
+    )
+
+    cluster = LocalCluster(nodes=(), name="flexinfer-bench-eta", process_node=True)
+    cluster.start()
+    controller: Controller | None = None
+    models = Path(tempfile.mkdtemp(prefix="flexinfer-bench-eta-"))
+    swaps: list[dict[str, Any]] = []
+    try:
+        cluster.install_crds(ROOT / "crds")
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        api = KubeApi(new_api_client(str(cluster.kubeconfig)))
+        metrics = ControllerMetrics()
+        controller = Controller(
+            KubeApi(new_api_client(str(cluster.kubeconfig)), on_request=metrics.count_request),
+            metrics=metrics,
+            namespaces=[NAMESPACE],
+            policy=policy,
+            identity="flexinfer-bench-eta",
+            render_settings=RenderSettings(policy=dev_policy()),
+        ).start(sync_timeout=30)
+        for seed, name in enumerate(MODEL_NAMES):
+            path = write_tiny_model(models / f"{name}.gguf", seed=seed, name=name)
+            api.create(MODELS, NAMESPACE, model_manifest(name, path))
+        with proxy_process(cluster) as proxy:
+            measured = dict.fromkeys(MODEL_NAMES, 0)
+            for index in range(args.swaps + 1):  # the first is a cold start from nothing
+                name = MODEL_NAMES[index % 2]
+                estimate, actual, position = ask(proxy, name)
+                if position:
+                    swaps.append(
+                        {
+                            "model": name,
+                            "measured_before": measured[name],
+                            "estimate": estimate,
+                            "actual": round(actual, 3),
+                        }
+                    )
+                    measured[name] += 1
+                print(
+                    f"swap {index}: {name} estimate {estimate:.1f}s actual {actual:.2f}s",
+                    file=sys.stderr,
+                )
+                # Idle past the demand window, so the next request preempts it.
+                time.sleep(window.total_seconds() + 0.5)
+            with urllib.request.urlopen(f"{proxy}/metrics", timeout=30) as response:
+                proxy_metrics = response.read().decode()
+        controller_metrics = generate_latest(metrics.registry).decode()
+    finally:
+        if controller is not None:
+            controller.stop()
+        cluster.stop()
+        for file in models.glob("*"):
+            file.unlink()
+        models.rmdir()
+
+    scored = [s for s in swaps if s["measured_before"] >= args.warmup]
+    errors = [abs(s["estimate"] - s["actual"]) for s in scored]
+    within = [abs(s["estimate"] - s["actual"]) <= 0.2 * s["actual"] for s in scored]
+    histograms = scrape(controller_metrics) | {k: v for k, v in scrape(proxy_metrics).items() if v}
+    print(
+        json.dumps(
+            {
+                "swaps": len(swaps),
+                "warmup": args.warmup,
+                "demand_window": args.demand_window,
+                "scored": len(scored),
+                "abs_error_median_s": round(statistics.median(errors), 3) if errors else None,
+                "abs_error_p90_s": round(nearest_rank(errors, 0.9), 3) if errors else None,
+                "within_20_percent": round(sum(within) / len(within), 3) if within else None,
+                "actual_median_s": (
+                    round(statistics.median(s["actual"] for s in scored), 3) if scored else None
+                ),
+                "histograms": histograms,
+                "per_swap": swaps,
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

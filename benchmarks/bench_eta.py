@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -53,6 +52,7 @@ from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
 from flexinfer_kube.resources import MODELS
+from flexinfer_proxy.swap_times import nearest_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench-eta"
@@ -137,17 +137,17 @@ def ask(proxy: str, model: str) -> tuple[float, float, int]:
     return estimate, actual, position
 
 
-def serving(api: KubeApi, name: str) -> bool:
-    status = api.get(MODELS, NAMESPACE, name).get("status") or {}
-    return bool(
-        status.get("phase") == "Ready"
-        and (status.get("sharedGroup") or {}).get("state") == "Active"
-    )
-
-
-def nearest_rank(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(fraction * len(ordered))) - 1]
+def wait_for_models(proxy: str, *, timeout: float = 120.0) -> None:
+    """Until the proxy lists both models (its first lists are in)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"{proxy}/v1/models", timeout=10) as response:
+                listed = {m["id"] for m in json.load(response)["data"]}
+            if listed >= set(MODEL_NAMES):
+                return
+        time.sleep(0.5)
+    raise SystemExit("the proxy did not list the models")
 
 
 def scrape(text: str) -> dict[str, dict[str, float]]:
@@ -196,6 +196,7 @@ def main() -> int:
             path = write_tiny_model(models / f"{name}.gguf", seed=seed, name=name)
             api.create(MODELS, NAMESPACE, model_manifest(name, path))
         with proxy_process(cluster) as proxy:
+            wait_for_models(proxy)
             measured = dict.fromkeys(MODEL_NAMES, 0)
             for index in range(args.swaps + 1):  # the first is a cold start from nothing
                 name = MODEL_NAMES[index % 2]

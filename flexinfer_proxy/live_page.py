@@ -196,7 +196,9 @@ class LivePage:
     def _waiting(self, key: str) -> dict[str, Any]:
         depth = self._queues.depth(key)
         oldest = round(self._queues.oldest_wait(key), 1) if depth else 0.0
-        return {"queued": depth, "oldestWaitSeconds": oldest}
+        # What a request joining now would be told (x-flexinfer-wait-seconds).
+        expected = round(self._queues.estimate_wait(key), 1) if depth else 0.0
+        return {"queued": depth, "oldestWaitSeconds": oldest, "expectedWaitSeconds": expected}
 
 
 @functools.cache

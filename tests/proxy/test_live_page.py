@@ -183,7 +183,11 @@ def test_flexinfer_status_json_and_the_page_share_one_shaping(tmp_path: Path) ->
     for group in shown:
         assert group.pop("observedSince") == "2026-12-01T12:00:00Z"  # the proxy's own
         for member in group["members"]:
-            assert member.pop("waiting") == {"queued": 0, "oldestWaitSeconds": 0.0}
+            assert member.pop("waiting") == {
+                "queued": 0,
+                "oldestWaitSeconds": 0.0,
+                "expectedWaitSeconds": 0.0,
+            }
     assert [g["holder"] for g in cli] == ["a", "md-a"]
     assert shown == cli
 
@@ -299,6 +303,8 @@ async def test_without_api_keys_the_page_and_its_data_are_open_and_show_queues()
             assert [w["model"] for w in data["waiting"]] == ["team-a/a"]
             (a,) = next(g for g in data["groups"] if g["namespace"] == "team-a")["members"]
             assert a["waiting"]["queued"] == 1
+            # The 30 s prior less the moment it has waited (the system clock here).
+            assert 25.0 <= a["waiting"]["expectedWaitSeconds"] <= 30.0
             assert [g["namespace"] for g in data["groups"]] == ["team-a", "team-b"]
         finally:
             waiting.cancel()

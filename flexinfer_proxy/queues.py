@@ -161,8 +161,9 @@ class RequestQueues:
         """Wait until admitted, refused (closing) or the limit passed (the ticket is gone).
 
         With `on_tick`, it is called every `every` seconds while the ticket waits.
-        A cancelled wait (the client went away) removes the ticket, or, if it was
-        admitted in the meantime, releases the drain, and re-raises.
+        A cancelled wait (the client went away), or one whose `on_tick` raised, removes
+        the ticket, or, if it was admitted in the meantime, releases the drain, and
+        re-raises.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
@@ -174,8 +175,9 @@ class RequestQueues:
                 if ticket.admitted.done() or loop.time() >= deadline or on_tick is None:
                     break
                 on_tick(ticket)
-        except asyncio.CancelledError:
-            if not self._discard(ticket, gone=True):
+        except BaseException as error:
+            # Cancelled (the client went away) or `on_tick` failed: never left queued.
+            if not self._discard(ticket, gone=isinstance(error, asyncio.CancelledError)):
                 ticket.dispatched()
             raise
         if not ticket.admitted.done():

@@ -418,3 +418,41 @@ async def test_queue_wait_and_time_to_first_byte_are_observed_per_model(
         assert p.metric("flexinfer_proxy_queue_wait_seconds_count", **labels) == 1
         bucket = {"model": "test/a", "le": "1800.0"}
         assert p.metric("flexinfer_proxy_time_to_first_byte_seconds_bucket", **bucket) == 2
+
+
+@async_test
+async def test_a_stream_whose_wait_ends_within_the_interval_gets_the_backends_head(
+    backends: dict[str, BackendProcess],
+) -> None:
+    config = ProxyConfig(wait_comment_interval=60.0, swap_time_prior=30.0)
+    waiting = entry("a", backends["alpha"].endpoint, ready=False)
+    async with running_proxy([waiting], config=config) as p:
+
+        async def stream() -> tuple[Any, bytes]:
+            async with p.post("/v1/chat/completions", {"model": "a", "stream": True}) as response:
+                return response.headers, await response.content.read()
+
+        task = asyncio.create_task(stream())
+        await p.queued("a", 1)
+        p.directory.set_ready("a")
+        headers, body = await task
+        assert headers["X-Backend"] == "alpha", "the backend's own head"
+        assert (headers[POSITION], headers[WAIT]) == ("1", "30.0")
+        assert not body.startswith(b":") and body.endswith(b"data: [DONE]\n\n")
+
+
+@async_test
+async def test_retry_after_of_a_full_queue_comes_from_the_estimate(
+    backends: dict[str, BackendProcess],
+) -> None:
+    config = ProxyConfig(max_queue=1, swap_time_prior=200.0)
+    async with running_proxy(
+        [entry("a", backends["alpha"].endpoint, ready=False)], config=config
+    ) as p:
+        first = asyncio.create_task(p.chat("a"))
+        await p.queued("a", 1)
+        status, headers, body = await _chat(p, "a")
+        assert status == 503 and body["error"]["code"] == "queue_full"
+        assert 200 <= int(headers["Retry-After"]) <= 400
+        p.directory.set_ready("a")
+        assert (await first)[0] == 200

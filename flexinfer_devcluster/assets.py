@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -158,6 +159,56 @@ def exclusive_lock(path: Path, *, log: bool) -> Iterator[None]:
 
 def _say(message: str) -> None:
     print(f"flexinfer assets: {message}", file=sys.stderr, flush=True)
+
+
+KUBERNETES_STEP = "kube-apiserver, kube-controller-manager, kube-scheduler, kubectl"
+
+# Roughly how long each step of a cold build takes on an idle two-core machine: half
+# its compilers' CPU seconds as `benchmarks/bench_cold_build.py` measured them, plus
+# its serial parts (docs/local-cluster.md). Printed as what is left while one runs.
+TYPICAL_SECONDS: Mapping[str, float] = {
+    "etcd": 70,
+    KUBERNETES_STEP: 480,
+    "kwok": 90,
+    "llama-server": 300,
+    "ollama": 420,
+}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _left_after(done: str) -> str:
+    """What a cold `make assets` still builds once `done` is built, with typical times:
+    the control plane's later steps, llama-server while its cache entry is missing, and
+    (once llama-server is done) the control plane while it is still building beside it.
+    """
+    names = [", ".join(step.binaries) for step in _steps()]
+    left: list[tuple[str, float | None]] = []
+    if done in names:
+        left += [(name, TYPICAL_SECONDS.get(name)) for name in names[names.index(done) + 1 :]]
+    elif not os.environ.get(ENV_ASSETS) and not _is_complete(
+        cache_root() / "assets" / current_key()
+    ):
+        left.append(("the control plane, building beside it", None))
+    if done != "llama-server" and not _llama_server_cached():
+        left.append(("llama-server", TYPICAL_SECONDS["llama-server"]))
+    if not left:
+        return "nothing left to build"
+    each = ", ".join(name if typical is None else f"{name} (~{_minutes(typical)})"
+                     for name, typical in left)  # fmt: skip
+    total = sum(typical or 0 for _, typical in left)
+    if not total:
+        return f"left: {each}"
+    return f"left: {each}; about {_minutes(total)} on two idle cores, less when they overlap"
+
+
+def _llama_server_cached() -> bool:
+    if os.environ.get(ENV_LLAMA_SERVER):
+        return True
+    final = cache_root() / "assets" / llama_server_key()
+    return (final / MANIFEST).is_file() and _is_executable(final / pins.LLAMA_SERVER_BINARY)
 
 
 def find_go() -> Path:
@@ -298,7 +349,8 @@ def _build_into(final: Path, *, log: bool) -> None:
                 (module / "go.mod").write_text(step.go_mod)
                 names = ", ".join(step.binaries)
                 if log:
-                    _say(f"building {names} (log: {log_path}); this takes minutes once")
+                    typical = _minutes(TYPICAL_SECONDS.get(names, 0))
+                    _say(f"building {names} (log: {log_path}); typically ~{typical}, once")
                 log_file.write(f"== building {names} at {time.strftime('%H:%M:%S')}\n")
                 log_file.flush()
                 step_started = time.monotonic()
@@ -329,6 +381,8 @@ def _build_into(final: Path, *, log: bool) -> None:
                     )
                 timings[names] = round(time.monotonic() - step_started, 1)
                 log_file.write(f"== built {names} in {timings[names]}s\n")
+                if log:
+                    _say(f"built {names} in {timings[names]:.0f}s; {_left_after(names)}")
         missing = missing_binaries(staging)
         if missing:
             raise AssetsError(
@@ -546,7 +600,7 @@ def _build_llama_server_into(final: Path, *, log: bool) -> None:
                 _say(
                     f"building llama-server from llama-cpp-python "
                     f"{pins.LLAMA_CPP_PYTHON_VERSION} with {jobs} jobs (log: {log_path}); "
-                    "this takes minutes once"
+                    f"typically ~{_minutes(TYPICAL_SECONDS['llama-server'])}, once"
                 )
             build_dir = work / "build"
             for step, command in (
@@ -604,7 +658,8 @@ def _build_llama_server_into(final: Path, *, log: bool) -> None:
     shutil.rmtree(work / "src", ignore_errors=True)
     shutil.rmtree(work / "build", ignore_errors=True)
     if log:
-        _say(f"built llama-server in {installed['build_seconds']}s into {final}")
+        seconds = float(str(installed["build_seconds"]))
+        _say(f"built llama-server in {seconds:.0f}s into {final}; {_left_after('llama-server')}")
 
 
 def _install(
@@ -782,6 +837,37 @@ def _build_ollama_into(final: Path, *, log: bool) -> None:
         _say(f"built ollama in {installed['build_seconds']}s into {final}")
 
 
+def ensure_all(*, log: bool = True) -> tuple[Path, Path]:
+    """`ensure_assets()` and `ensure_llama_server()`, the two builds run at the same time
+    when both are missing: each alone leaves a core idle for much of its time (Go links
+    one binary at a time and waits on its largest packages; cmake on its last objects
+    and its link), and together they take about their CPU time over two cores (docs/
+    local-cluster.md). Each still builds under its own lock; an error of either is
+    raised once both have stopped."""
+    outcome: dict[str, Path | BaseException] = {}
+
+    def build_llama_server() -> None:
+        try:
+            outcome["llama-server"] = ensure_llama_server(log=log)
+        except BaseException as error:  # raised on the caller's thread below
+            outcome["error"] = error
+
+    beside = None
+    if not _llama_server_cached():
+        beside = threading.Thread(target=build_llama_server, name="llama-server build")
+        beside.start()
+    try:
+        directory = ensure_assets(log=log)
+    finally:
+        if beside is not None:
+            beside.join()
+    error = outcome.get("error")
+    if isinstance(error, BaseException):
+        raise error
+    built = outcome.get("llama-server")
+    return directory, built if isinstance(built, Path) else ensure_llama_server(log=log)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
@@ -802,8 +888,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "--ollama" in args:
             print(ensure_ollama())
             return 0
-        directory = ensure_assets()
-        llama_server = ensure_llama_server()
+        directory, llama_server = ensure_all()
     except AssetsError as error:
         print(f"flexinfer assets: {error}", file=sys.stderr)
         return 1

@@ -23,8 +23,10 @@ from flexinfer_devcluster.assets import (
     ENV_KUBEBUILDER_ASSETS,
     ENV_LLAMA_SERVER,
     ENV_OLLAMA,
+    KUBERNETES_STEP,
     AssetsError,
     current_key,
+    ensure_all,
     ensure_assets,
     ensure_llama_server,
     ensure_ollama,
@@ -39,6 +41,11 @@ if [ "$1" = version ]; then echo "go version fake"; exit 0; fi
 echo "$PWD" >> "$FAKE_GO_CALLS"
 if [ -n "$FAKE_GO_FAIL" ]; then echo "$FAKE_GO_FAIL" >&2; exit 1; fi
 sleep "${FAKE_GO_SLEEP:-0}"
+if [ -n "$FAKE_GO_WAIT_FOR" ]; then  # a build that needs another to be running
+  i=0
+  while [ ! -e "$FAKE_GO_WAIT_FOR" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+  test -e "$FAKE_GO_WAIT_FOR" || { echo "nothing made $FAKE_GO_WAIT_FOR" >&2; exit 1; }
+fi
 while [ $# -gt 0 ]; do
   if [ "$1" = -o ]; then out="$2"; shift 2; break; fi
   shift
@@ -182,6 +189,7 @@ if [ "$1" = -S ]; then
   test -f "$2/CMakeLists.txt" || { echo "no CMakeLists.txt in $2" >&2; exit 1; }
   mkdir -p "$4"; exit 0
 fi
+if [ -n "$FAKE_CMAKE_MARK" ]; then touch "$FAKE_CMAKE_MARK"; fi
 if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "$FAKE_CMAKE_FAIL" >&2; exit 2; fi
 mkdir -p "$2/bin"
 printf '#!/bin/sh\\necho "version: fake"\\n' > "$2/bin/llama-server"
@@ -268,6 +276,59 @@ def test_the_assets_step_builds_both_and_prints_one_path(
     assert assets_main(["--llama-server"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"{llama_server_key()}/llama-server")
     assert assets_main(["--bogus"]) == 2
+
+
+def test_the_assets_step_builds_the_control_plane_and_llama_server_at_the_same_time(
+    tmp_path: Path, fake_go: Path, fake_cmake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake go waits until cmake's compile has started: one after the other, it
+    # would wait in vain and fail.
+    mark = tmp_path / "cmake-compiling"
+    monkeypatch.setenv("FAKE_CMAKE_MARK", str(mark))
+    monkeypatch.setenv("FAKE_GO_WAIT_FOR", str(mark))
+    directory, llama_server = ensure_all(log=False)
+    assert directory == tmp_path / "cache" / "assets" / current_key()
+    assert llama_server.parent.name == llama_server_key()
+    assert len(fake_go.read_text().splitlines()) == len(pins.BINARIES) - 3  # three steps
+
+
+def test_a_failed_llama_server_build_beside_the_control_plane_is_raised(
+    tmp_path: Path, fake_go: Path, fake_cmake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CMAKE_FAIL", "ggml.c:1: error: no such intrinsic")
+    with pytest.raises(AssetsError, match="no such intrinsic"):
+        ensure_all(log=False)
+    # The control plane was built all the same (and is kept).
+    assert ensure_assets(build=False) == tmp_path / "cache" / "assets" / current_key()
+
+
+def test_each_step_says_its_time_and_what_is_left(
+    tmp_path: Path, fake_go: Path, fake_cmake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensure_assets()  # alone: llama-server is still to build after every step
+    lines = [line for line in capsys.readouterr().err.splitlines() if " built " in line]
+    assert [line.split(" in ")[0] for line in lines] == [
+        "flexinfer assets: built etcd",
+        f"flexinfer assets: built {KUBERNETES_STEP}",
+        "flexinfer assets: built kwok",
+        "flexinfer assets: built " + ", ".join(pins.BINARIES),
+    ]
+    etcd, kubernetes, kwok = lines[:3]
+    assert f"left: {KUBERNETES_STEP} (~8 min), kwok (~2 min), llama-server (~5 min);" in etcd
+    assert "left: kwok (~2 min), llama-server (~5 min); about 6 min" in kubernetes
+    assert "left: llama-server (~5 min)" in kwok
+    ensure_llama_server()
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("flexinfer assets: built llama-server in ")
+    assert last.endswith("nothing left to build")
+
+
+def test_llama_server_done_first_says_the_control_plane_is_still_building(
+    tmp_path: Path, fake_cmake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensure_llama_server()
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith("left: the control plane, building beside it")
 
 
 # -- ollama: built from its Go module with the sdist's vendor headers (a fake go) -------

@@ -45,6 +45,7 @@ from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE
 from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.pods import pod_is_finished
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
 from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
@@ -330,7 +331,7 @@ class PodWatch:
 
     def _added(self, pod: JSON) -> None:
         model, name = self._model(pod), str(pod["metadata"]["name"])
-        if not model or name in self.live:
+        if not model or name in self.live or pod_is_finished(pod):
             return
         others = sorted({m for m in self.live.values() if m != model})
         if others:
@@ -355,7 +356,9 @@ class PodWatch:
                     with self._lock:
                         if event["type"] == "ADDED":
                             self._added(obj)
-                        elif event["type"] == "DELETED":
+                        elif event["type"] == "DELETED" or pod_is_finished(obj):
+                            # Succeeded or Failed: nothing runs, the device is free (the
+                            # controller counts it so); its object may linger a moment.
                             model = self.live.pop(str(obj["metadata"]["name"]), None)
                             if model:
                                 self.order.append(("DELETED", model))

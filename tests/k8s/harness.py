@@ -40,7 +40,7 @@ from flexinfer_devcluster.policy import dev_policy, dev_policy_yaml
 from flexinfer_k8s.cache import INFORMER_SELECTORS
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics, HttpEndpoints
-from flexinfer_k8s.pods import pod_is_ready
+from flexinfer_k8s.pods import pod_is_finished, pod_is_ready
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
 from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
 from flexinfer_k8s.render.workloads import RenderSettings
@@ -468,7 +468,7 @@ class PodTimeline:
 
     def _add(self, pod: JSON) -> None:
         app = self._app(pod)
-        if app is None:
+        if app is None or pod_is_finished(pod):
             return
         name = pod["metadata"]["name"]
         if name not in self.live:
@@ -497,7 +497,10 @@ class PodTimeline:
                         self.events += 1
                         if event["type"] == "ADDED":
                             self._add(obj)
-                        elif event["type"] == "DELETED":
+                        elif event["type"] == "DELETED" or pod_is_finished(obj):
+                            # A Succeeded or Failed pod runs nothing and holds no device
+                            # (the kubelet frees a terminated pod's): gone for the GPU,
+                            # as the controller counts it, though its object may linger.
                             app = self.live.pop(obj["metadata"]["name"], None)
                             if app is not None:
                                 self.deleted.append((app, obj["metadata"]["name"]))
@@ -521,7 +524,11 @@ class PodTimeline:
 
     def _caught_up(self) -> bool:
         pods = self.cluster.api.list(PODS, self.cluster.namespace).get("items") or []
-        current = {p["metadata"]["name"] for p in pods if self._app(p) is not None}
+        current = {
+            p["metadata"]["name"]
+            for p in pods
+            if self._app(p) is not None and not pod_is_finished(p)
+        }
         with self._lock:
             return current == set(self.live) or self.failure is not None
 

@@ -53,3 +53,27 @@ def test_a_watch_that_dies_fails_the_test_at_stop(cluster: Cluster, monkeypatch:
     with pytest.raises(AssertionError, match="the pod timeline is broken: 3 watch failures"):
         timeline.stop()
     assert timeline.violations == []  # exactly why a quiet timeline must not pass
+
+
+def test_a_finished_pod_holds_nothing_but_a_terminating_one_does(cluster: Cluster) -> None:
+    # As the controller counts them: Succeeded or Failed runs nothing and the kubelet has
+    # freed its device, though its object may linger until deleted; a pod being deleted
+    # whose containers may still run holds its GPU until it is gone.
+    c = cluster
+    timeline = PodTimeline(c)
+    c.api.create(PODS, c.namespace, pod("a-1", "a"))
+    c.api.patch(PODS, c.namespace, "a-1", {"status": {"phase": "Succeeded"}}, subresource="status")
+    wait_until(lambda: "a-1" not in timeline.live, what="a-1 to count as finished")
+    c.api.create(PODS, c.namespace, pod("b-1", "b"))  # no overlap: a-1 is over
+    held = pod("c-1", "c")
+    held["metadata"]["finalizers"] = ["flexinfer.test/hold"]
+    c.api.create(PODS, c.namespace, held)
+    c.api.delete(PODS, c.namespace, "b-1")
+    c.api.delete(PODS, c.namespace, "c-1")  # terminating, held by its finalizer
+    c.api.create(PODS, c.namespace, pod("d-1", "d"))
+    c.api.patch(PODS, c.namespace, "c-1", {"metadata": {"finalizers": None}})
+    timeline.stop()
+    assert timeline.violations == [
+        "pod c-1 of c created while ['b'] had pods",
+        "pod d-1 of d created while ['c'] had pods",
+    ]

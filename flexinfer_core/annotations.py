@@ -8,7 +8,12 @@
   `{"queued": 3, "oldestWaiting": "2026-11-29T17:00:04Z", "reportedAt": "2026-11-29T17:00:09Z"}`
   (docs/resources.md). A report older than `DEMAND_STALE_AFTER` is no demand (a proxy
   that died with a queue); `decide_gpu_group` applies that rule and wakes up when a
-  report goes stale.
+  report goes stale. While the member answers requests it also carries `"inFlight": N`
+  (the key is there while `queued` or `inFlight` is above 0; docs/election.md 1.6).
+- `status.inFlight` on a Model of a shared group, written by the proxy through the
+  status subresource: `{"count": 2, "reportedAt": "2026-11-29T17:00:09Z"}`, the requests
+  sent to its server and not yet answered. Stale after `DEMAND_STALE_AFTER` like a
+  demand report (a dead proxy cannot hold a drain).
 
 Both sides format and parse here, so the proxy and the controller cannot drift apart.
 Text in, values out: no clock (the staleness rule is told `now`), no I/O.
@@ -38,6 +43,13 @@ class DemandReport:
     queued: int = attrs.field(validator=int_between(0, None))
     oldest_waiting: datetime | None = attrs.field(default=None, validator=aware_or_none)
     reported_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    # Requests sent to the member's server and not yet answered (docs/election.md 1.6).
+    in_flight: int = attrs.field(default=0, validator=int_between(0, None), kw_only=True)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to report: the proxy removes the key."""
+        return self.queued == 0 and self.in_flight == 0
 
 
 def demand_annotation_key(member: str) -> str:
@@ -50,6 +62,8 @@ def format_demand(report: DemandReport) -> str:
     value: dict[str, Any] = {"queued": report.queued}
     if report.queued > 0 and report.oldest_waiting is not None:
         value["oldestWaiting"] = format_rfc3339(report.oldest_waiting)
+    if report.in_flight > 0:
+        value["inFlight"] = report.in_flight
     if report.reported_at is not None:
         value["reportedAt"] = format_rfc3339(report.reported_at)
     return json.dumps(value, separators=(", ", ": "))
@@ -73,7 +87,48 @@ def parse_demand(value: Any) -> DemandReport | None:
         queued=queued,
         oldest_waiting=parse_rfc3339(body.get("oldestWaiting")) if queued > 0 else None,
         reported_at=parse_rfc3339(body.get("reportedAt")),
+        in_flight=_count(body.get("inFlight")),
     )
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer count; anything else reads as 0 (nothing in flight)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return value
+
+
+@attrs.frozen
+class InFlightReport:
+    """`status.inFlight` of a Model: requests sent to its server and not yet answered."""
+
+    count: int = attrs.field(validator=int_between(0, None))
+    reported_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+
+
+IN_FLIGHT_FIELD = "inFlight"
+"""The key of the report under a Model's `status`."""
+
+
+def format_in_flight(report: InFlightReport) -> dict[str, Any]:
+    """The `status.inFlight` value the proxy writes."""
+    value: dict[str, Any] = {"count": report.count}
+    if report.reported_at is not None:
+        value["reportedAt"] = format_rfc3339(report.reported_at)
+    return value
+
+
+def parse_in_flight(value: Any) -> InFlightReport | None:
+    """A Model's `status.inFlight`; None when absent or unreadable (nothing in flight).
+
+    `count` must be an integer of at least 0; an unreadable `reportedAt` reads as absent.
+    """
+    if not isinstance(value, Mapping):
+        return None
+    count = value.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return None
+    return InFlightReport(count=count, reported_at=parse_rfc3339(value.get("reportedAt")))
 
 
 def demand_is_stale(reported_at: datetime | None, *, now: datetime) -> bool:

@@ -29,9 +29,11 @@ default yields once it runs only to stay warm (rule 8), and takes the card back 
 nobody else is demanded and the holder has idled out (rule 9); `Ballot.default` names
 it.
 
-Adding a rule (a holder that drains before it is preempted, a set of holders packed
-into a VRAM budget) is adding a `Rule` to `CHAIN` where docs/election.md puts it,
-with its own crossings and wording; nothing else walks the members.
+Adding a rule (a set of holders packed into a VRAM budget) is adding a `Rule` to
+`CHAIN` where docs/election.md puts it, with its own crossings and wording; nothing
+else walks the members. A holder that drains before it is preempted is a stage of the
+same shape after the election (`flexinfer_core.drain.DRAIN`); the election only counts
+a Draining member as ready.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ _LOADING = (Phase.PENDING, Phase.LOADING)
 # through the metaclass's attribute hook, some twenty times slower than reading a
 # global, and the election reads them for every member of every group.
 _ACTIVE = SharedState.ACTIVE
-_READY, _FAILED = Phase.READY, Phase.FAILED
+_READY, _FAILED, _DRAINING = Phase.READY, Phase.FAILED, Phase.DRAINING
 
 
 def candidate_rank(model: ModelState) -> tuple[int, float, str]:
@@ -245,6 +247,8 @@ class Threshold(StrEnum):
     SWAP_COOLDOWN = "swap cooldown"
     DEFAULT_YIELD = "default idle past its idle timeout"
     DEFAULT_RETURN = "holder idle past its idle timeout"
+    DRAIN_DEADLINE = "drain timeout"
+    IN_FLIGHT_STALE = "in-flight report stale"
 
 
 # As the members of Phase and SharedState above: read for every member.
@@ -362,8 +366,12 @@ class Ballot:
         runnable = [m for m in members if m.phase is not _FAILED and m.cache_ready]
         self.runnable: list[ModelState] = runnable
         """The members that are not Failed and whose cache is ready, best first."""
-        self.ready: ModelState | None = next((m for m in runnable if m.phase is ready_phase), None)
-        """Rule 6: the best runnable Ready member."""
+        draining = _DRAINING
+        self.ready: ModelState | None = next(
+            (m for m in runnable if m.phase is ready_phase or m.phase is draining), None
+        )
+        """Rule 6: the best runnable Ready member. A Draining one counts (its server is
+        up, docs/election.md 1.6): if the election wants it back, it simply stays."""
         # `is_recent` and `is_demanded`: younger than the window, i.e. later than now
         # minus the window.
         recent_since, demand_since = now - policy.recent_window, now - policy.demand_window

@@ -23,6 +23,7 @@ from typing import Final
 import attrs
 
 from flexinfer_core import reasons
+from flexinfer_core.drain import DRAIN, drain_note, in_flight, keeps_draining, starts_draining
 from flexinfer_core.durations import format_duration
 from flexinfer_core.election import (
     Ballot,
@@ -58,6 +59,7 @@ _TICK = timedelta(microseconds=1)
 # every member's decision reads several (flexinfer_core.election does the same).
 _ACTIVE, _QUEUED = SharedState.ACTIVE, SharedState.QUEUED
 _READY, _FAILED, _PREEMPTED, _LOADING = Phase.READY, Phase.FAILED, Phase.PREEMPTED, Phase.LOADING
+_DRAINING = Phase.DRAINING
 _IDLE_TIMEOUT = Threshold.IDLE_TIMEOUT
 
 
@@ -95,6 +97,9 @@ class MemberDecision:
     # Set when the recorded `lastActiveTime` lay in the future: the value to write
     # instead (`now`), so that it ages from here rather than win until that date.
     rewrite_last_active: datetime | None = None
+    # `status.sharedGroup.drainingSince` to write: set while the member drains
+    # (docs/election.md 1.6), kept from the status once it started.
+    draining_since: datetime | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -207,6 +212,7 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
         model.recorded_message,
         model.recorded_group or "",
         model.preempted_at,
+        model.draining_since,
         frozenset(model.conditions),
     ) != (
         target.state,
@@ -217,6 +223,7 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
         target.message,
         model.group,
         target.preempted_at,
+        target.draining_since,
         frozenset(target.conditions),
     )
 
@@ -499,6 +506,13 @@ def _member_decisions(
     # One Event a handover: the member that loses the card while serving gets
     # `Preempted` naming the new holder; `Promoted` only when nobody is evicted.
     evicting = lease is None and any(m.phase is _READY for m in others)
+    # The members that lose (or lost) the card and drain their requests in flight
+    # first (docs/election.md 1.6): the leader says it waits for them.
+    draining = [
+        m
+        for m in others
+        if starts_draining(m, now) or (m.phase is _DRAINING and keeps_draining(m, now))
+    ]
     members = []
     for model in by_name:
         if model.name == leader_name:
@@ -512,6 +526,7 @@ def _member_decisions(
                     has_pods=model.name in running,
                     announce=not evicting,
                     warm=model.name == default,
+                    draining=draining,
                 )
             )
         else:
@@ -533,7 +548,10 @@ def _leader_decision(
     has_pods: bool,
     announce: bool = True,
     warm: bool = False,
+    draining: Sequence[ModelState] = (),
 ) -> MemberDecision:
+    # A member that drained and is elected again simply goes on serving.
+    phase = _READY if model.phase is _DRAINING else model.phase
     want = desired_replicas(model, now=now, warm=warm)
     reason, message = election.reason, election.message
     if want > 0 and not model.cache_ready:
@@ -545,6 +563,12 @@ def _leader_decision(
             f"{model.name} holds the GPU but its ModelCache is not ready; it starts once "
             "the copy is complete"
         )
+    elif want > 0 and draining and not has_pods:
+        want = 0
+        reason = reasons.WAITING_FOR_GPU
+        message = f"{model.name} holds the GPU and is waiting for " + ", ".join(
+            drain_note(m, now) for m in draining
+        )
     elif want > 0 and occupied and not has_pods:
         want = 0
         reason = reasons.WAITING_FOR_GPU
@@ -553,7 +577,7 @@ def _leader_decision(
             f"{', '.join(occupied)} to be gone before scaling up"
         )
     # Preemption ended: a member that is Ready again no longer carries its stamp.
-    preempted_at = None if model.phase is _READY else model.preempted_at
+    preempted_at = None if phase is _READY else model.preempted_at
     events: tuple[Event, ...] = ()
     if announce and model.shared_state is not _ACTIVE:
         events = (
@@ -564,7 +588,7 @@ def _leader_decision(
         state=_ACTIVE,
         queue_position=0,
         preempted_by="",
-        phase=model.phase,
+        phase=phase,
         preempted_at=preempted_at,
         desired_replicas=want,
         active_services=services,
@@ -574,8 +598,8 @@ def _leader_decision(
             Condition(CONDITION_ACTIVE, True, reason, message),
             # A holder kept from starting says why in Ready too (kubectl's REASON column).
             _not_ready_because(reason, message)
-            if reason in _HOLDER_WAITS and model.phase is not _READY
-            else _ready_condition(model.phase, model.name, model.failure),
+            if reason in _HOLDER_WAITS and phase is not _READY
+            else _ready_condition(phase, model.name, model.failure),
         ),
         events=events,
     )
@@ -604,23 +628,47 @@ class _Parked:
         # it (the holder is the member whose state is Active; `flexinfer status` shows
         # the queue).
         preempted_by = ""
+        replicas = 0
+        draining_since: datetime | None = None
         if phase is _READY:
-            phase = _PREEMPTED
-            preempted_at = self.now
             preempted_by = holder_label
-            events = (
-                Event(
-                    name,
-                    self.evict_reason,
-                    f"{name} was preempted by {holder_label}: {self.election.message}",
-                    type="Warning",
-                ),
-            )
+            now = self.now
+            said = f"{name} was preempted by {holder_label}: {self.election.message}"
+            if starts_draining(model, now):
+                # docs/election.md 1.6: it keeps its pods until its requests in flight
+                # are answered or its drain timeout ends. The handover's one Event is
+                # said now; the eviction (and its cooldown) comes when the drain ends.
+                phase, draining_since = _DRAINING, now
+                replicas = 1 if model.replicas is None else model.replicas
+                said += (
+                    f"; it drains its {in_flight(model, now)} request(s) in flight first "
+                    f"(drain timeout {format_duration(model.drain_timeout)})"
+                )
+            else:
+                phase = _PREEMPTED
+                preempted_at = now
+            events = (Event(name, self.evict_reason, said, type="Warning"),)
+        elif phase is _DRAINING:
+            preempted_by = model.preempted_by or holder_label
+            if keeps_draining(model, self.now):
+                draining_since = model.draining_since
+                replicas = 1 if model.replicas is None else model.replicas
+            else:  # drained, or its deadline passed: now it is evicted
+                phase = _PREEMPTED
+                preempted_at = self.now
         elif self.under_lease:
             preempted_by = holder_label
         elif phase is _PREEMPTED:
             preempted_by = model.preempted_by or ""
-        if self.under_lease:
+        if phase is _DRAINING:
+            reason = reasons.DRAINING
+            by = f" by {preempted_by}" if preempted_by else ""
+            deadline = (draining_since or self.now) + model.drain_timeout
+            message = (
+                f"preempted{by}: draining its requests in flight until "
+                f"{deadline.strftime('%H:%M:%S')} (queue position {position})"
+            )
+        elif self.under_lease:
             reason = reasons.GPU_LEASE_HELD
             message = self.lease_message
         elif phase is _PREEMPTED:
@@ -640,12 +688,13 @@ class _Parked:
             preempted_by,
             phase,
             preempted_at,
-            0,
+            replicas,
             "",
             reason,
             message,
             _parked_conditions((reason, message, name, phase, self.evict_reason, model.failure)),
             events,
+            draining_since=draining_since,
         )
 
 
@@ -764,6 +813,10 @@ REPLICAS: Final = Rule(
     says=_idle_timeout_says,
 )
 
+# The stages after the election whose thresholds the timer reads too: the leader's
+# replicas, and the drain of a member that lost the card (docs/election.md 1.6).
+STAGES: Final = (REPLICAS, DRAIN)
+
 
 def next_change_at(
     models: Iterable[ModelState],
@@ -786,7 +839,7 @@ def next_change_at(
 
 
 def _next_change(ballot: Ballot) -> datetime | None:
-    return next_instant(ballot, after=ballot.now, extra=(REPLICAS,))
+    return next_instant(ballot, after=ballot.now, extra=STAGES)
 
 
 def thresholds(
@@ -800,7 +853,7 @@ def thresholds(
     (a member's or a lease's name); past ones included, unordered. The same list as
     `next_change_at` reads, labelled (for `flexinfer explain`)."""
     ballot = _timer_ballot(models, now=now, leases=leases, policy=policy)
-    return crossings(ballot, extra=(REPLICAS,))
+    return crossings(ballot, extra=STAGES)
 
 
 def describe_threshold(
@@ -813,7 +866,7 @@ def describe_threshold(
     """What `crossing` means, in the words of the rule that reads it (None: nothing
     worth saying, e.g. a load grace of a member that is not loading)."""
     ballot = _timer_ballot(models, now=now, leases=(), policy=policy)
-    return describe_crossing(ballot, crossing, extra=(REPLICAS,))
+    return describe_crossing(ballot, crossing, extra=STAGES)
 
 
 def _timer_ballot(
@@ -837,6 +890,7 @@ def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tup
                 preempted_by=target.preempted_by,
                 phase=target.phase,
                 preempted_at=target.preempted_at,
+                draining_since=target.draining_since,
                 last_active=target.rewrite_last_active or model.last_active,
                 conditions=target.conditions,
                 replicas=target.desired_replicas,

@@ -38,13 +38,15 @@ def observed_phase(
     otherwise zero replicas is `Idle`. Scaled up: Ready once a pod is ready, Failed
     while none is and a server is failing (`failure`), Loading while pods start,
     Pending before any exists. `failed`: every pod has failed, whatever the replicas.
+    A member recorded `Draining` stays so while it is scaled up and a pod is ready
+    (docs/election.md 1.6: the decision ends the drain, not the pods).
     """
     if failed:
         return Phase.FAILED
     if replicas <= 0:
         return Phase.PREEMPTED if current is Phase.PREEMPTED else Phase.IDLE
     if ready_pods > 0:
-        return Phase.READY
+        return Phase.DRAINING if current is Phase.DRAINING else Phase.READY
     if failure is not None:
         return Phase.FAILED
     if pods > 0:

@@ -32,6 +32,10 @@ class Phase(enum.StrEnum):
     READY = "Ready"
     PREEMPTED = "Preempted"
     FAILED = "Failed"
+    # Replaced as the holder while requests were in flight: it keeps its pods (and
+    # finishes those requests) until they are done or its drain timeout ends
+    # (flexinfer_core.drain).
+    DRAINING = "Draining"
 
 
 class SharedState(enum.StrEnum):
@@ -186,6 +190,9 @@ class Policy:
     FORCE_PROMOTION: ClassVar[bool] = False
     # Model `spec.gpu.default` (docs/election.md 1.5).
     DEFAULT_MEMBER: ClassVar[bool] = False
+    # Model `spec.gpu.drainTimeout` (docs/election.md 1.6): how long a replaced holder
+    # may keep its pods to finish the requests in flight; 0 turns draining off.
+    DRAIN_TIMEOUT: ClassVar[timedelta] = timedelta(seconds=60)
 
 
 DEFAULT_PRIORITY = Policy.PRIORITY
@@ -324,6 +331,17 @@ class ModelState:
     default_member: bool = Policy.DEFAULT_MEMBER
     service_labels: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     cache_ready: bool = True
+    # `spec.gpu.drainTimeout` (docs/election.md 1.6).
+    drain_timeout: timedelta = attrs.field(
+        default=Policy.DRAIN_TIMEOUT, validator=non_negative_duration
+    )
+    # `status.inFlight`: the requests the proxy has sent it and not yet seen answered,
+    # and when it said so (None: never; a report older than DEMAND_STALE_AFTER counts
+    # as 0, flexinfer_core.drain).
+    in_flight: int = attrs.field(default=0, validator=int_between(0, None))
+    in_flight_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    # `status.sharedGroup.drainingSince`: when it started draining (None: it is not).
+    draining_since: datetime | None = attrs.field(default=None, validator=aware_or_none)
     # Why its server is failing (None: it is not); what a Failed member's Ready
     # condition and message say (flexinfer_core.phases).
     failure: ServerFailure | None = None

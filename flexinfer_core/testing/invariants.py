@@ -69,13 +69,28 @@ def lease_parks(sc: GroupScenario) -> bool:
 
 
 def check_one_holder(sc: GroupScenario, decision: GroupDecision) -> None:
-    """At most one leader, the only Active member; only it may want replicas; every
-    member is decided."""
+    """At most one leader, the only Active member; only it, and a member that drains
+    (docs/election.md 1.6) without scaling up, may want replicas; while one drains, a
+    leader without pods wants none; every member is decided."""
     active = [m.name for m in decision.members if m.state is SharedState.ACTIVE]
     assert active == ([decision.leader] if decision.leader is not None else []), active
     assert sorted(m.name for m in decision.members) == sorted(m.name for m in sc.models)
     scaled = [m.name for m in decision.members if m.desired_replicas > 0]
-    assert scaled in ([], [decision.leader]), f"{scaled} want replicas; {decision.leader} leads"
+    draining = [
+        m.name for m in decision.members if m.phase is Phase.DRAINING and m.name != decision.leader
+    ]
+    assert set(scaled) <= {decision.leader, *draining}, (
+        f"{scaled} want replicas; {decision.leader} leads"
+    )
+    for name in draining:
+        observed = sc.member(name)
+        assert decision.member(name).desired_replicas <= max(1, observed.replicas or 0), (
+            f"{name} drains and scales up"
+        )
+    if draining and decision.leader is not None and decision.leader not in sc.running:
+        assert decision.member(decision.leader).desired_replicas == 0, (
+            f"{decision.leader} scaled up while {draining} drain"
+        )
 
 
 def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:

@@ -130,7 +130,9 @@ _SETTINGS = st.sampled_from(
     ]
 )
 _PRIORITY = st.sampled_from(PRIORITIES)
-_PHASE = st.sampled_from(tuple(Phase))
+# Draining is drawn by `draining_scenarios` only, with the facts a drain reads: the
+# other suites keep the inputs (and so the decisions) they had before draining existed.
+_PHASE = st.sampled_from(tuple(p for p in Phase if p is not Phase.DRAINING))
 _PREEMPTED_AGE = st.one_of(st.none(), st.none(), SHORT_AGES)
 # sharedGroup.state, forcePromotion, cache readiness and spec.gpu.default in one draw
 # (weighted by repetition); it shrinks to (absent, False, ready, False).
@@ -241,6 +243,42 @@ _UNREADABLE_SOURCES = st.sampled_from(
 
 
 _RUNNING_PICKS = st.lists(st.integers(0, 6), max_size=2)
+
+_IN_FLIGHT = st.sampled_from((0, 0, 1, 3))
+# In-flight report ages around DEMAND_STALE_AFTER (5m), and none.
+_REPORT_AGE = st.one_of(
+    st.none(), st.sampled_from((0, 1, 30, 299, 300, 301, 900)).map(lambda s: timedelta(seconds=s))
+)
+_DRAIN_TIMEOUT = st.sampled_from((0, 3, 60, 3600)).map(lambda s: timedelta(seconds=s))
+_DRAINING_AGE = st.one_of(
+    st.none(), st.sampled_from((0, 1, 2, 3, 4, 59, 60, 61, 600)).map(lambda s: timedelta(seconds=s))
+)
+
+
+@st.composite
+def draining_facts(draw: st.DrawFn, model: ModelState, *, now: datetime) -> ModelState:
+    """`model` with what a drain reads (docs/election.md 1.6): an in-flight report, a
+    drain timeout, and sometimes the `Draining` phase with its `drainingSince`."""
+    draining = draw(_BOOLS)
+    return attrs.evolve(
+        model,
+        in_flight=draw(_IN_FLIGHT),
+        in_flight_at=ago(now, draw(_REPORT_AGE)),
+        drain_timeout=draw(_DRAIN_TIMEOUT),
+        phase=Phase.DRAINING if draining else model.phase,
+        draining_since=ago(now, draw(_DRAINING_AGE)) if draining else None,
+        replicas=draw(st.sampled_from((None, 0, 1, 2))),
+    )
+
+
+@st.composite
+def draining_scenarios(draw: st.DrawFn, *, min_size: int = 1) -> GroupScenario:
+    """A group whose members may have requests in flight and may be draining."""
+    now = draw(INSTANTS)
+    models = draw(group_members(now=now, min_size=min_size, max_size=4))
+    models = tuple(draw(draining_facts(m, now=now)) for m in models)
+    leases_ = draw(lease_sets(now=now))
+    return _scenario(draw, models, now=now, leases=leases_, lease_unreadable=False)
 
 
 @st.composite

@@ -29,7 +29,7 @@ from flexinfer_core.election import (
     ranked,
 )
 from flexinfer_core.gpugroup import GPU_GROUP_RULES
-from flexinfer_core.group import REPLICAS, describe_threshold, thresholds
+from flexinfer_core.group import STAGES, describe_threshold, thresholds
 
 from .builders import T0, ago, member
 
@@ -100,13 +100,20 @@ def test_every_threshold_is_listed_and_worded_by_one_rule() -> None:
             last_active=ago(20),
             default_member=True,
         ),
+        member(
+            "embed",
+            phase=Phase.DRAINING,
+            draining_since=ago(5),
+            in_flight=2,
+            in_flight_at=ago(1),
+        ),
     ]
     expired = GpuLease(name="ft", group="homelab-gpu", expires_at=ago(minutes=1))
     ballot = Ballot.of(models, now=T0)
-    for rule in (*CHAIN, REPLICAS):
+    for rule in (*CHAIN, *STAGES):
         for instant in rule.crossings(ballot, None) if rule.crossings is not None else ():
             crossing = Crossing(*instant)
-            owners = [r.name for r in (*CHAIN, REPLICAS) if r.says(ballot, crossing) is not None]
+            owners = [r.name for r in (*CHAIN, *STAGES) if r.says(ballot, crossing) is not None]
             assert owners in ([rule.name], []), (crossing, owners)
     kinds = {c.kind for c in thresholds(models, now=T0, leases=[expired])}
     assert kinds == set(Threshold)

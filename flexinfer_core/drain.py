@@ -126,4 +126,6 @@ _TICK = timedelta(microseconds=1)
 
 # Not a rule of the election: how a member that loses the card leaves it
 # (docs/election.md 1.6). Its crossings belong to the same timer.
-DRAIN: Final = Rule("drain", _never_decides, crossings=_drain_crossings, says=_drain_says)
+DRAIN: Final = Rule(
+    "drain", _never_decides, crossings=_drain_crossings, says=_drain_says, ticks_always=True
+)

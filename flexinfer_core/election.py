@@ -548,7 +548,9 @@ class Rule:
     `next_change_at`), and `says` words one of them for `flexinfer explain` (None:
     not worth saying, or not this rule's). While a rule with `stops_the_clock`
     decides, nothing but its own crossings (and those of the rules before it) can
-    change the decision: under a GPU lease no window or timeout matters.
+    change the decision: under a GPU lease no window or timeout matters. A stage
+    outside the election whose crossings do not depend on it (a drain's deadline)
+    sets `ticks_always`: they count even then.
     """
 
     name: str
@@ -560,6 +562,7 @@ class Rule:
         default=_says_nothing, kw_only=True
     )
     stops_the_clock: bool = attrs.field(default=False, kw_only=True)
+    ticks_always: bool = attrs.field(default=False, kw_only=True)
 
 
 def _empty_group(ballot: Ballot) -> Verdict:
@@ -1065,6 +1068,9 @@ def instants(
         if rule.crossings is not None:
             out += rule.crossings(ballot, after)
             if rule.stops_the_clock and isinstance(rule.decide(ballot), Election):
+                for stage in extra:
+                    if stage.ticks_always and stage.crossings is not None:
+                        out += stage.crossings(ballot, after)
                 return out
     for rule in extra:
         if rule.crossings is not None:

@@ -649,7 +649,10 @@ class _Parked:
                 preempted_at = now
             events = (Event(name, self.evict_reason, said, type="Warning"),)
         elif phase is _DRAINING:
-            preempted_by = model.preempted_by or holder_label
+            # Under a lease a parked member names the lease, as below.
+            preempted_by = (
+                holder_label if self.under_lease else (model.preempted_by or holder_label)
+            )
             if keeps_draining(model, self.now):
                 draining_since = model.draining_since
                 replicas = 1 if model.replicas is None else model.replicas

@@ -94,8 +94,8 @@ def check_one_holder(sc: GroupScenario, decision: GroupDecision) -> None:
 
 
 def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
-    """The leader is not scaled up while another member still has pods (it says
-    `WaitingForGPU`); otherwise it wants the replicas its serverless settings give."""
+    """The leader is not scaled up while another member still has pods or drains (it
+    says `WaitingForGPU`); otherwise it wants the replicas its serverless settings give."""
     if decision.leader is None:
         return
     leader = decision.member(decision.leader)
@@ -105,7 +105,9 @@ def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
         sc.now,
         warm=default is not None and default.name == decision.leader,
     )
-    others = sorted(sc.running - {decision.leader})
+    # A member that drains keeps its pods (docs/election.md 1.6): it occupies the card.
+    draining = {m.name for m in decision.members if m.phase is Phase.DRAINING}
+    others = sorted((sc.running | draining) - {decision.leader})
     if others and decision.leader not in sc.running:
         assert leader.desired_replicas == 0, (
             f"{decision.leader} scaled up while {others} still have pods"
@@ -117,11 +119,14 @@ def check_break_before_make(sc: GroupScenario, decision: GroupDecision) -> None:
 
 
 def check_lease_parks_the_group(sc: GroupScenario, decision: GroupDecision) -> None:
-    """Under an active lease that was read nobody leads and nothing runs; without one (or
-    with lease sources that could not be read: fail open) a non-empty group has a leader."""
+    """Under an active lease that was read nobody leads and nothing runs but a member
+    that drains (docs/election.md 1.6); without one (or with lease sources that could
+    not be read: fail open) a non-empty group has a leader."""
     if lease_parks(sc):
         assert decision.leader is None, f"{decision.leader} leads under a lease"
-        assert all(m.desired_replicas == 0 for m in decision.members)
+        assert all(
+            m.desired_replicas == 0 for m in decision.members if m.phase is not Phase.DRAINING
+        )
     elif sc.models:
         assert decision.leader is not None, "an unleased group has no leader"
 

@@ -26,6 +26,7 @@ from flexinfer_core import (
     observed_phase,
     parse_duration,
 )
+from flexinfer_core.annotations import IN_FLIGHT_FIELD, parse_in_flight
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready, server_failure
@@ -43,6 +44,10 @@ MODEL_FIELDS = {
     "cold_start_timeout": "spec.serverless.coldStartTimeout",
     "last_active": "status.lastActiveTime",
     "preempted_at": "status.sharedGroup.preemptedAt",
+    "drain_timeout": "spec.gpu.drainTimeout",
+    "in_flight": "status.inFlight.count",
+    "in_flight_at": "status.inFlight.reportedAt",
+    "draining_since": "status.sharedGroup.drainingSince",
 }
 
 
@@ -67,6 +72,8 @@ def model_state_from_k8s(
     serverless = spec.get("serverless") or {}
     shared = status.get("sharedGroup") or {}
     name = name_of(model)
+    # Written by the proxy (docs/election.md 1.6); unreadable reads as nothing in flight.
+    in_flight = parse_in_flight(status.get(IN_FLIGHT_FIELD))
 
     recorded = _phase_or_none(status.get("phase"))
     live = live_pods(pods)
@@ -101,6 +108,12 @@ def model_state_from_k8s(
                 else parse_duration(str(gpu["swapCooldown"]), field="spec.gpu.swapCooldown")
             ),
             force_promotion=bool(gpu.get("forcePromotion", Policy.FORCE_PROMOTION)),
+            drain_timeout=_duration(
+                gpu.get("drainTimeout"), Policy.DRAIN_TIMEOUT, field="spec.gpu.drainTimeout"
+            ),
+            in_flight=in_flight.count if in_flight is not None else 0,
+            in_flight_at=in_flight.reported_at if in_flight is not None else None,
+            draining_since=parse_rfc3339(shared.get("drainingSince")),
             default_member=gpu.get("default", Policy.DEFAULT_MEMBER) is True,
             serverless=Serverless(
                 enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
@@ -184,6 +197,8 @@ def model_status(
             "queuePosition": member.queue_position,
             "preemptedBy": member.preempted_by,
             "preemptedAt": format_rfc3339(member.preempted_at),
+            # None removes it: the drain is over (docs/election.md 1.6).
+            "drainingSince": format_rfc3339(member.draining_since),
         },
     }
     if member.rewrite_last_active is not None:

@@ -32,6 +32,7 @@ from flexinfer_kube.kubeapi import KubeApi, new_api_client
 from flexinfer_proxy.api_keys import SecretKeySource
 from flexinfer_proxy.app import MAX_WAIT_COMMENT_INTERVAL, Proxy, ProxyConfig, serve
 from flexinfer_proxy.http_server import DEFAULT_MAX_HEAD_BYTES
+from flexinfer_proxy.in_flight import MIN_INTERVAL_BOUNDS
 from flexinfer_proxy.kube_demand import KubeDemandSink
 from flexinfer_proxy.kube_directory import KubeDirectory
 from flexinfer_proxy.resolve_file import HostsFileResolver
@@ -59,6 +60,19 @@ def _duration(flag: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(str(error)) from error
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{flag} must be longer than 0s, got {text!r}")
+        return value
+
+    return seconds
+
+
+def _between(flag: str, low: float, high: float) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        value = _duration(flag)(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be between {_seconds_text(low)} and {_seconds_text(high)}, "
+                f"got {text!r}"
+            )
         return value
 
     return seconds
@@ -178,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least("--retry-after", 1),
         default=DEFAULTS.retry_after_seconds,
         help="least Retry-After seconds on a 503, before jitter (default %(default)s)",
+    )
+    low, high = (bound.total_seconds() for bound in MIN_INTERVAL_BOUNDS)
+    add(
+        "--in-flight-interval",
+        type=_between("--in-flight-interval", low, high),
+        default=DEFAULTS.in_flight_interval.total_seconds(),
+        metavar="DURATION",
+        help="least time between two reports of a Model's requests in flight, which the "
+        "controller drains before it stops the Model; a drop to 0 is reported at once "
+        f"(default {_seconds_text(DEFAULTS.in_flight_interval.total_seconds())}; "
+        f"{_seconds_text(low)} to {_seconds_text(high)})",
     )
     add(
         "--max-retry-after",
@@ -309,6 +334,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         swap_time_prior=args.swap_time_prior,
         swap_time_samples=args.swap_time_samples,
         wait_comment_interval=args.wait_comment_interval,
+        in_flight_interval=timedelta(seconds=args.in_flight_interval),
         max_per_backend=args.max_per_backend,
         max_queue=args.max_queue,
         max_queue_total=args.max_queue_total,

@@ -66,6 +66,7 @@ from flexinfer_proxy.http_server import (
     Request,
     json_answer,
 )
+from flexinfer_proxy.in_flight import MIN_INTERVAL, InFlightReporter, InFlightSink
 from flexinfer_proxy.live_page import PAGE_PATH, STATUS_PATH, LivePage, page_html
 from flexinfer_proxy.metrics import (
     OUTCOME_AMBIGUOUS_MODEL,
@@ -162,6 +163,8 @@ class ProxyConfig:
     wait_comment_interval: float = 5.0
     refresh_interval: timedelta = REFRESH_INTERVAL
     dispatch_grace_seconds: float = DISPATCH_GRACE_SECONDS
+    # Least time between two in-flight reports of one Model (docs/election.md 1.6).
+    in_flight_interval: timedelta = MIN_INTERVAL
 
     # Requests carry whole conversations and embedding batches, but every byte of a
     # body is held in memory until it is sent: well under the pod's 1 GiB.
@@ -246,6 +249,12 @@ class Proxy:
         self.swap_times = SwapTimes(
             prior=self.config.swap_time_prior, samples=self.config.swap_time_samples
         )
+        # The demand sink reports in-flight counts too when it can (docs/election.md 1.6).
+        self.in_flight = InFlightReporter(
+            sink if isinstance(sink, InFlightSink) else None,
+            clock=self.clock,
+            min_interval=self.config.in_flight_interval,
+        )
         self.queues = RequestQueues(
             directory,
             self.signaller,
@@ -312,6 +321,7 @@ class Proxy:
         # After in-flight requests finished (or timed out): the pool can go.
         self.live.close()
         await self.signaller.close()
+        await self.in_flight.close()
         await self.directory.stop()
         if self.pool is not None:
             await self.pool.close()
@@ -443,8 +453,12 @@ class Proxy:
                 entry = resolved[-1].entry
                 assert entry is not None
                 if entry.ready and not self.queues.depth(entry.key):
-                    # The usual case, one coroutine less: nobody to wait for.
-                    return await self._forward(request, entry, body=body, ticket=None, deadline=0.0)
+                    # The usual case, one coroutine less: nobody to wait for. Counted in
+                    # flight until its answer has ended (docs/election.md 1.6).
+                    with self.in_flight.request(entry):
+                        return await self._forward(
+                            request, entry, body=body, ticket=None, deadline=0.0
+                        )
                 return await self._route(request, entry, body, client=client)
             finally:
                 body.release()
@@ -532,9 +546,10 @@ class Proxy:
             deadline = ticket.enqueued_at + self.config.wait_limit(entry)
             entry = self.directory.lookup(entry.key) or entry
         try:
-            answer = await self._forward(
-                request, entry, body=body, ticket=ticket, deadline=deadline
-            )
+            with self.in_flight.request(entry):
+                answer = await self._forward(
+                    request, entry, body=body, ticket=ticket, deadline=deadline
+                )
             return _in_stream(request, answer)
         finally:
             if ticket is not None:

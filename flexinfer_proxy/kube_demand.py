@@ -7,6 +7,9 @@
   conflicts the demand still counts as recorded when someone else set the field
   within the last 30 s (docs/election.md 1.4). The field never moves backwards
   (but for `withdraw`).
+- `report_in_flight`: `status.inFlight` of a Model (docs/election.md 1.6), a merge
+  patch of the status subresource touching only that field, without a
+  resourceVersion: the proxy is its only writer, and the latest count wins.
 - `report_queue`: the `demand.ai.flexinfer/<member>` annotation on the member's
   GPUGroup (its format is `flexinfer_core.annotations`'), a merge patch touching
   only that key (null removes it).
@@ -26,7 +29,14 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from flexinfer_core.annotations import DemandReport, demand_annotation_key, format_demand
+from flexinfer_core.annotations import (
+    IN_FLIGHT_FIELD,
+    DemandReport,
+    InFlightReport,
+    demand_annotation_key,
+    format_demand,
+    format_in_flight,
+)
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_kube.kubeapi import Conflict, KubeApi, KubeError, NotFound
 from flexinfer_kube.objects import JSON
@@ -79,6 +89,25 @@ class KubeDemandSink:
         self, entry: ModelEntry, report: QueueReport | None, *, now: datetime
     ) -> None:
         await asyncio.to_thread(self.report_queue_blocking, entry, report, now=now)
+
+    async def report_in_flight(self, entry: ModelEntry, count: int, *, now: datetime) -> None:
+        await asyncio.to_thread(self.report_in_flight_blocking, entry, count, now=now)
+
+    def report_in_flight_blocking(self, entry: ModelEntry, count: int, *, now: datetime) -> None:
+        if entry.kind is not ModelKind.MODEL:
+            return
+        value = format_in_flight(
+            InFlightReport(count=count, reported_at=now.replace(microsecond=0))
+        )
+        try:
+            self._api.patch(
+                MODELS, entry.namespace, entry.name, {"status": {IN_FLIGHT_FIELD: value}},
+                subresource="status",
+            )  # fmt: skip
+        except NotFound:
+            log.info(
+                "Model %s/%s is gone; in-flight count not reported", entry.namespace, entry.name
+            )
 
     def mark_active_blocking(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
         field = activity_field(entry.kind)

@@ -45,6 +45,7 @@ CORE_DEFAULTS: dict[tuple[str, str], Any] = {
     ("Model", "spec.gpu.priority"): Policy.PRIORITY,
     ("Model", "spec.gpu.forcePromotion"): Policy.FORCE_PROMOTION,
     ("Model", "spec.gpu.default"): Policy.DEFAULT_MEMBER,
+    ("Model", "spec.gpu.drainTimeout"): Policy.DRAIN_TIMEOUT,
     ("Model", "spec.serverless.enabled"): Policy.SERVERLESS_ENABLED,
     ("Model", "spec.serverless.minReplicas"): Policy.MIN_REPLICAS,
     ("Model", "spec.serverless.idleTimeout"): Policy.IDLE_TIMEOUT,

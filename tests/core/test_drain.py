@@ -187,7 +187,9 @@ def test_in_flight_wire_formats_round_trip() -> None:
     for bad in (None, {}, {"count": -1}, {"count": True}, {"count": "2"}, [2]):
         assert parse_in_flight(bad) is None
     demand = DemandReport(queued=0, reported_at=T0, in_flight=3)
-    assert format_demand(demand) == '{"queued": 0, "inFlight": 3, "reportedAt": "2026-03-01T12:00:00Z"}'
+    assert format_demand(demand) == (
+        '{"queued": 0, "inFlight": 3, "reportedAt": "2026-03-01T12:00:00Z"}'
+    )
     assert parse_demand(format_demand(demand)) == demand
     assert not demand.empty and DemandReport(queued=0).empty
     assert parse_demand('{"queued": 1, "inFlight": -2}') == DemandReport(queued=1)

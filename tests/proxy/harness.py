@@ -120,6 +120,17 @@ class RecordingSink:
     replaced: datetime | None = None
     # What the next timestamp writes answer (then WRITTEN), as the cluster might.
     outcomes: list[MarkOutcome] = attrs.field(factory=list)
+    in_flight: list[tuple[str, int]] = attrs.field(factory=list)
+    # Set: the in-flight writes wait for it (a slow API server), after recording.
+    in_flight_gate: asyncio.Event | None = None
+
+    async def report_in_flight(self, entry: ModelEntry, count: int, *, now: datetime) -> None:
+        self.in_flight.append((entry.name, count))
+        if self.in_flight_gate is not None:
+            await self.in_flight_gate.wait()
+
+    def in_flight_for(self, name: str) -> list[int]:
+        return [count for model, count in self.in_flight if model == name]
 
     async def mark_active(self, entry: ModelEntry, *, now: datetime) -> MarkOutcome:
         self.marks.append((entry.name, now))

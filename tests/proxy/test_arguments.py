@@ -75,6 +75,7 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         "--lingering-time", "2s", "--lingering-bytes", "0", "--backend-idle-timeout", "1s",
         "--max-retry-after", "40", "--swap-time-prior", "2m", "--swap-time-samples", "7",
         "--wait-comment-interval", "15s",
+        "--in-flight-interval", "2.5s",
     ]  # fmt: skip
     set_ = config_from(build_parser().parse_args(flags))
     assert (set_.max_body_bytes, set_.max_buffered_bytes, set_.max_queue) == (2048, 4096, 3)
@@ -85,6 +86,7 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
     assert (set_.lingering_time, set_.lingering_bytes, set_.backend_idle_timeout) == (2, 0, 1)
     assert (set_.max_retry_after_seconds, set_.swap_time_prior) == (40, 120.0)
     assert (set_.swap_time_samples, set_.wait_comment_interval) == (7, 15.0)
+    assert set_.in_flight_interval.total_seconds() == 2.5
 
 
 @pytest.mark.parametrize(
@@ -108,6 +110,9 @@ def test_every_bound_has_a_flag_whose_default_is_the_configs() -> None:
         (["--swap-time-samples", "1001"], "--swap-time-samples must be at most 1000, got 1001"),
         (["--wait-comment-interval", "61s"], "--wait-comment-interval must be at most 60s"),
         (["--wait-comment-interval", "0s"], "--wait-comment-interval must be longer than 0s"),
+        (["--in-flight-interval", "50ms"], "--in-flight-interval must be between 0.1s and 30s"),
+        (["--in-flight-interval", "31s"], "--in-flight-interval must be between 0.1s and 30s"),
+        (["--in-flight-interval", "0s"], "--in-flight-interval must be longer than 0s"),
     ],
 )
 def test_bad_bounds_are_refused_naming_the_flag(

@@ -36,6 +36,8 @@ def service(*ports: dict[str, Any]) -> dict[str, Any]:
     [
         (MODEL, {"phase": "Ready"}, True),
         (MODEL, {"phase": "Loading"}, False),
+        # Draining: it finishes what it has, new requests wait (docs/election.md 1.6).
+        (MODEL, {"phase": "Draining"}, False),
         (MODEL, {}, False),
         (DEPLOYMENT, {"readyReplicas": 1}, True),
         (DEPLOYMENT, {"readyReplicas": 0, "phase": "Running"}, False),

@@ -9,12 +9,13 @@ the value. Pure: JSON in, frozen values out; no client, no clock.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from flexinfer_core import InvalidFieldError, parse_duration
+from flexinfer_core import InvalidFieldError, Policy, parse_duration
 from flexinfer_k8s.render.source import Source, parse_source
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS
@@ -122,6 +123,9 @@ class Workload:
     cache_ref: str = ""
     cache_strategy: str = ""
     cold_start_seconds: int = DEFAULT_COLD_START_SECONDS
+    drain_seconds: int = 0
+    """A shared-group Model's `spec.gpu.drainTimeout` (docs/election.md 1.6), whole
+    seconds rounded up; 0 for everything that does not drain."""
     health_check: HealthCheck | None = None
     mlc: MlcOptions = MlcOptions()
     vllm: VllmOptions = VllmOptions()
@@ -316,8 +320,16 @@ def workload_from_model(model: Mapping[str, Any]) -> Workload:
         cache_ref=str(cache.get("modelCacheRef") or ""),
         cache_strategy=str(cache.get("strategy") or ""),
         cold_start_seconds=max(1, seconds),
+        drain_seconds=_drain_seconds(gpu) if gpu.get("shared") else 0,
         **_common(model),
     )
+
+
+def _drain_seconds(gpu: Mapping[str, Any]) -> int:
+    text = gpu.get("drainTimeout")
+    if text in (None, ""):
+        return math.ceil(Policy.DRAIN_TIMEOUT.total_seconds())
+    return math.ceil(parse_duration(str(text), field="spec.gpu.drainTimeout").total_seconds())
 
 
 def workload_from_model_deployment(

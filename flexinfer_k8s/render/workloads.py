@@ -285,6 +285,11 @@ def vram_check(workload: Workload) -> VramCheck | None:
     return VramCheck(fits=kv <= budget, kv_cache_bytes=kv, budget_bytes=budget, message=message)
 
 
+STOP_MARGIN_SECONDS = 30
+"""Kubernetes' default `terminationGracePeriodSeconds`: what every pod had before
+draining, kept on top of the drain timeout."""
+
+
 def render_workload(
     workload: Workload, *, cache: CacheSpec | None, settings: RenderSettings
 ) -> RenderedWorkload:
@@ -351,6 +356,11 @@ def render_workload(
     }
     if init_containers:
         pod["initContainers"] = init_containers
+    if workload.drain_seconds > 0:
+        # A Model scaled down at its drain deadline may still be answering: its server
+        # gets the drain timeout on top of Kubernetes' usual stop margin before SIGKILL
+        # (docs/election.md 1.6).
+        pod["terminationGracePeriodSeconds"] = workload.drain_seconds + STOP_MARGIN_SECONDS
     selector = _node_selector(workload, model)
     if selector:
         pod["nodeSelector"] = selector

@@ -514,3 +514,26 @@ def test_model_deployment_health_check_drives_liveness_after_the_startup_probe()
 def test_an_unknown_backend_names_the_field() -> None:
     with pytest.raises(InvalidFieldError, match=r"spec.backend: 'tgi'"):
         render(model(backend="tgi"))
+
+
+@pytest.mark.parametrize(
+    ("gpu", "grace"),
+    [
+        pytest.param({"shared": "card"}, 90, id="default-60s-drain"),
+        pytest.param({"shared": "card", "drainTimeout": "3s"}, 33, id="3s-drain"),
+        pytest.param({"shared": "card", "drainTimeout": "1.5s"}, 32, id="rounded-up"),
+        pytest.param({"shared": "card", "drainTimeout": "0s"}, None, id="no-drain"),
+        pytest.param({}, None, id="not-shared"),
+    ],
+)
+def test_the_termination_grace_period_covers_the_drain(
+    gpu: dict[str, Any], grace: int | None
+) -> None:
+    # docs/election.md 1.6: drain timeout + the 30 s Kubernetes gives by default.
+    rendered = render(model(gpu=gpu))
+    assert pod(rendered).get("terminationGracePeriodSeconds") == grace
+
+
+def test_a_drain_timeout_that_does_not_parse_names_the_field() -> None:
+    with pytest.raises(InvalidFieldError, match="spec.gpu.drainTimeout"):
+        render(model(gpu={"shared": "card", "drainTimeout": "soon"}))

@@ -111,10 +111,13 @@ def model_body(
     ready_delay: str = "1s",
     terminate_delay: str = "1s",
     default: bool = False,
+    drain_timeout: str | None = None,
 ) -> JSON:
     gpu: JSON = {"shared": group, "priority": priority, "swapCooldown": swap_cooldown}
     if default:
         gpu["default"] = True
+    if drain_timeout is not None:
+        gpu["drainTimeout"] = drain_timeout
     return {
         "apiVersion": "ai.flexinfer/v1alpha2",
         "kind": "Model",
@@ -162,6 +165,15 @@ class Cluster:
         """What the proxy does for a request on a parked model."""
         self.api.patch(
             MODELS, self.namespace, name, {"status": {"lastActiveTime": when or now_text()}},
+            subresource="status",
+        )
+
+    def in_flight(self, name: str, count: int) -> None:
+        """What the proxy writes while it has `count` requests in flight to `name`'s
+        server (docs/election.md 1.6)."""
+        self.api.patch(
+            MODELS, self.namespace, name,
+            {"status": {"inFlight": {"count": count, "reportedAt": now_text()}}},
             subresource="status",
         )
 

@@ -1,0 +1,126 @@
+"""Draining before preemption on a real control plane (docs/election.md 1.6).
+
+The test writes `status.inFlight` itself, as the proxy would. A busy holder that loses
+the card to a more important model keeps its pod while its count is above 0; the new
+holder waits (break-before-make: never two members' pods at once) and starts once the
+count drops to 0, or once the drain timeout has passed with the count stuck. Windows are
+the harness's short ones (demand 4 s); every wait polls with a generous deadline.
+"""
+
+# The fixtures come from .harness; test parameters name them again on purpose.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from flexinfer_core.timestamps import parse_rfc3339
+from tests.polling import hold_while, wait_until
+
+from .harness import (  # noqa: F401  (fixtures)
+    Cluster,
+    PodTimeline,
+    cluster,
+    controller,
+    crds,
+    kubectl,
+)
+
+pytestmark = pytest.mark.k8s
+
+
+def _draining(c: Cluster, name: str, *, asker: str) -> Callable[[], dict[str, object] | None]:
+    def probe() -> dict[str, object] | None:
+        c.demand(asker)  # the held requests keep the asker demanded, as the proxy does
+        status = c.status(name)
+        return status if status.get("phase") == "Draining" else None
+
+    return probe
+
+
+def test_preemption_waits_for_the_requests_in_flight_then_proceeds_at_zero(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("low", priority=100, drain_timeout="10m")
+    c.add_model("high", priority=300)
+    c.demand("low")
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        c.wait_serving("low")
+        c.in_flight("low", 2)
+        c.demand("high")
+        low = wait_until(_draining(c, "low", asker="high"), what="low to drain")
+        assert (low.get("sharedGroup") or {}).get("drainingSince")  # type: ignore[union-attr]
+
+        def waiting() -> bool:
+            c.demand("high")
+            high = c.status("high")
+            ready = {x["type"]: x for x in high.get("conditions") or []}.get("Ready") or {}
+            return (
+                (high.get("sharedGroup") or {}).get("state") == "Active"
+                and ready.get("reason") == "WaitingForGPU"
+                and "waiting for low to drain (2 in flight" in str(high.get("message"))
+                and c.replicas("high") == 0
+                and not c.pods("high")
+                and c.replicas("low") == 1
+                and len(c.ready_pods("low")) == 1
+                and c.status("low").get("phase") == "Draining"
+                # the controller's status writes keep what the proxy wrote
+                and (c.status("low").get("inFlight") or {}).get("count") == 2
+            )
+
+        # While the count stays above 0 nothing moves (sampled for a few seconds, well
+        # past the 2 s swap cooldown and a kwok pod's 1 s start).
+        deadline = time.monotonic() + 4
+        hold_while(lambda: time.monotonic() < deadline, waiting, what="the drain", interval=0.5)
+
+        c.in_flight("low", 0)  # the last answer ended
+
+        def high_serving() -> bool:
+            c.demand("high")
+            return c.status("high").get("phase") == "Ready"
+
+        wait_until(high_serving, what="high to serve once low drained", interval=0.5)
+        low_status = c.status("low")
+        assert low_status["phase"] == "Preempted"
+        assert low_status["sharedGroup"]["preemptedBy"] == "high"
+        assert not low_status["sharedGroup"].get("drainingSince")
+        assert c.replicas("low") == 0
+    timeline.stop()
+    assert timeline.violations == []
+    assert timeline.created_apps() == ["low", "high"]
+
+
+def test_a_stuck_count_is_scaled_down_at_the_drain_timeout(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("low", priority=100, drain_timeout="3s")
+    c.add_model("high", priority=300)
+    c.demand("low")
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        c.wait_serving("low")
+        c.in_flight("low", 5)  # and never again: a proxy whose answers hang
+        c.demand("high")
+        low = wait_until(_draining(c, "low", asker="high"), what="low to drain")
+        since = parse_rfc3339((low["sharedGroup"] or {})["drainingSince"])  # type: ignore[index]
+
+        def high_serving() -> bool:
+            c.demand("high")
+            return c.status("high").get("phase") == "Ready"
+
+        wait_until(high_serving, what="high to serve after low's drain timeout", interval=0.5)
+        shared = c.status("low")["sharedGroup"]
+        preempted_at = parse_rfc3339(shared["preemptedAt"])
+        assert since is not None and preempted_at is not None
+        # Evicted by the deadline, not before it: the count never dropped.
+        assert (preempted_at - since).total_seconds() >= 3
+        assert c.status("low")["inFlight"]["count"] == 5
+    timeline.stop()
+    assert timeline.violations == []
+    assert timeline.created_apps() == ["low", "high"]

@@ -112,6 +112,22 @@ def timing_gpu_lease_ttl() -> None:
     assert not lease_is_active(lease, T0 + timedelta(seconds=3600))
 
 
+def timing_drain_timeout() -> None:
+    assert member("a").drain_timeout == timedelta(seconds=60)
+    busy = member(
+        "busy", phase=READY, shared_state=ACTIVE, last_active=ago(1), replicas=1,
+        in_flight=1, in_flight_at=ago(1),
+    )  # fmt: skip
+    vip = member("vip", priority=900, last_active=ago(1))
+    started = apply_decision([busy, vip], decide_group([busy, vip], now=T0))
+    assert [m.phase for m in started] == [Phase.DRAINING, Phase.IDLE]
+    at_deadline = decide_group(started, now=T0 + timedelta(seconds=60), running={"busy"})
+    assert at_deadline.member("busy").phase is Phase.PREEMPTED
+    assert decide_group(started, now=T0 + timedelta(seconds=59), running={"busy"}).member(
+        "busy"
+    ).phase is Phase.DRAINING
+
+
 TIMING: dict[str, Callable[[], None]] = {
     "demand window": timing_demand_window,
     "recent window": timing_recent_window,
@@ -119,6 +135,7 @@ TIMING: dict[str, Callable[[], None]] = {
     "idle timeout": timing_idle_timeout,
     "cold start timeout": timing_cold_start_timeout,
     "GPU lease TTL": timing_gpu_lease_ttl,
+    "drain timeout": timing_drain_timeout,
 }
 
 

@@ -401,6 +401,7 @@ def shared_data(
         "reason": decision.reason,
         "message": decision.message,
         "rules": rules_json(explanation.rules),
+        "drain": explanation.drain,
         "members": members,
         "lease": None
         if lease is None
@@ -446,6 +447,8 @@ def shared_text(data: dict[str, Any], *, at: datetime) -> str:
     lines = [f"{title}, at {clock(at)}"]
     leader = data["leader"] or "none"
     lines.append(f"Holder: {leader} ({data['reason']}): {data['message']}")
+    if data.get("drain"):
+        lines.append(f"Drain (docs/election.md 1.6): {data['drain']}")
     lease = data["lease"]
     if lease is not None:
         expires = parse_rfc3339(lease["expiresAt"])

@@ -44,6 +44,7 @@ from flexinfer_core import (
     Policy,
     decide_gpu_group,
     decide_standalone,
+    reasons,
 )
 from flexinfer_core.election import Ballot, cooldown_ends_at
 from flexinfer_core.explain import explain_group
@@ -248,6 +249,11 @@ def model_deployment_row(
 # --- the text -------------------------------------------------------------------------
 
 
+def _queued(entry: dict[str, Any]) -> str:
+    # A member that drains still holds its pods (docs/election.md 1.6): say so.
+    return f"{entry['name']} (draining)" if entry["reason"] == reasons.DRAINING else entry["name"]
+
+
 def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -> str:
     wide_ns = namespace is None
     blocks = []
@@ -259,7 +265,7 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
                 g["holder"] or "-",
                 g["phase"] or "-",
                 g["reason"],
-                ",".join(q["name"] for q in g["queue"]) or "-",
+                ",".join(_queued(q) for q in g["queue"]) or "-",
                 _until(g["cooldownEndsAt"], now),
                 _lease(g["lease"], now),
                 _next(g["next"], now),

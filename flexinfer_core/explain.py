@@ -18,7 +18,8 @@ from datetime import datetime
 
 import attrs
 
-from flexinfer_core.election import RuleCheck, explain_election, is_demanded
+from flexinfer_core.drain import DRAIN
+from flexinfer_core.election import Ballot, RuleCheck, explain_election, is_demanded
 from flexinfer_core.gpugroup import (
     GpuGroupDecision,
     GpuGroupState,
@@ -34,7 +35,7 @@ from flexinfer_core.group import (
     next_change_at,
     thresholds,
 )
-from flexinfer_core.snapshot import DEFAULT_POLICY, GpuLease, ModelState, Policy
+from flexinfer_core.snapshot import DEFAULT_POLICY, GpuLease, ModelState, Phase, Policy
 
 # How many thresholds to look past for the changes ahead (each is one decision).
 MAX_LOOKAHEAD = 64
@@ -64,6 +65,9 @@ class GroupExplanation:
     rules: tuple[RuleCheck, ...]
     # The changes ahead, earliest first: up to `limit`, ending at the first new holder.
     upcoming: tuple[NextChange, ...]
+    # The drain stage's words once the decision is written (docs/election.md 1.6):
+    # who drains, how many requests are in flight and until when; None: nobody drains.
+    drain: str | None = None
 
     @property
     def next_change(self) -> NextChange | None:
@@ -100,6 +104,7 @@ def explain_group(
     return GroupExplanation(
         decision=decision,
         rules=trace.rules,
+        drain=_drain(models, decision, now=now, policy=policy),
         upcoming=_upcoming(
             models,
             decision,
@@ -110,6 +115,15 @@ def explain_group(
             limit=limit,
         ),
     )
+
+
+def _drain(
+    models: Sequence[ModelState], decision: GroupDecision, *, now: datetime, policy: Policy
+) -> str | None:
+    if not any(m.phase is Phase.DRAINING for m in decision.members):
+        return None
+    written = apply_decision(models, decision)
+    return DRAIN.decide(Ballot.of(written, now=now, policy=policy, check=False))()  # type: ignore[operator]
 
 
 def _upcoming(

@@ -77,3 +77,58 @@ def test_rows_for_gpu_groups_standalone_deployments_and_unshared_models(tmp_path
     text = status_text(data, now=NOW, namespace="ai")
     assert "GPUGroups:\nGPUGROUP   ACTIVE   PHASE" in text
     assert "in 3m to 0" in text  # solo scales down when its idle timeout lapses
+
+
+def _draining_group() -> list[dict[str, object]]:
+    """A shared group in the middle of a drain: low lost the card to high with one
+    request in flight (docs/election.md 1.6); low's pod still serves it."""
+    def model(name: str, priority: int, status: dict[str, object]) -> dict[str, object]:
+        return {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "Model",
+            "metadata": {"name": name},
+            "spec": {"backend": "vllm", "source": f"HF://org/{name}",
+                     "gpu": {"shared": "card", "priority": priority}},
+            "status": status,
+        }  # fmt: skip
+
+    labels = {"app.kubernetes.io/managed-by": "flexinfer", "ai.flexinfer/model": "low"}
+    return [
+        model("low", 100, {
+            "phase": "Draining", "lastActiveTime": "2026-12-01T11:59:50Z",
+            "inFlight": {"count": 1, "reportedAt": "2026-12-01T11:59:58Z"},
+            "sharedGroup": {"state": "Queued", "queuePosition": 1, "preemptedBy": "high",
+                            "drainingSince": "2026-12-01T11:59:40Z"},
+        }),
+        model("high", 300, {
+            "phase": "Idle", "lastActiveTime": "2026-12-01T11:59:59Z",
+            "sharedGroup": {"state": "Active", "queuePosition": 0},
+        }),
+        {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "low", "namespace": "ai", "labels": labels,
+                         "ownerReferences": [{"apiVersion": "ai.flexinfer/v1alpha2",
+                                              "kind": "Model", "name": "low", "uid": "u",
+                                              "controller": True}]},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}},
+        },
+        {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "low-1", "namespace": "ai", "labels": labels},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    ]  # fmt: skip
+
+
+def test_a_draining_member_is_shown_as_draining(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(_draining_group()))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    (group,) = data["sharedGroups"]
+    assert (group["holder"], group["reason"]) == ("high", "DemandPreemption")
+    assert group["queue"] == [{"name": "low", "position": 1, "reason": "Draining"}]
+    assert group["next"]["when"] == (
+        "low's 1m drain timeout ends: it is scaled to 0 whatever is still in flight"
+    )
+    assert "low (draining)" in status_text(data, now=NOW, namespace="ai")

@@ -193,3 +193,22 @@ def test_in_flight_wire_formats_round_trip() -> None:
     assert parse_demand(format_demand(demand)) == demand
     assert not demand.empty and DemandReport(queued=0).empty
     assert parse_demand('{"queued": 1, "inFlight": -2}') == DemandReport(queued=1)
+
+
+def test_explain_says_the_drain_and_its_deadline() -> None:
+    from flexinfer_core.explain import explain_group
+
+    models = _draining()
+    explanation = explain_group(models, now=T0, running={"chat"})
+    assert explanation.drain == (
+        "chat drains its requests in flight before it is scaled to 0 (1 in flight, "
+        "deadline 2026-03-01T12:00:50+00:00)"
+    )
+    assert "waiting for chat to drain (1 in flight, until 12:00:50)" in (
+        explanation.decision.member("coder").message
+    )
+    first = explanation.upcoming[0]
+    assert first.at == ago(10) + timedelta(seconds=60)
+    assert "chat's 1m drain timeout ends" in first.when
+    # Nobody drains: nothing to say.
+    assert explain_group(_preempting(in_flight=0), now=T0, running={"chat"}).drain is None

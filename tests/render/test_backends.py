@@ -535,5 +535,5 @@ def test_the_termination_grace_period_covers_the_drain(
 
 
 def test_a_drain_timeout_that_does_not_parse_names_the_field() -> None:
-    with pytest.raises(InvalidFieldError, match="spec.gpu.drainTimeout"):
+    with pytest.raises(InvalidFieldError, match=r"spec\.gpu\.drainTimeout"):
         render(model(gpu={"shared": "card", "drainTimeout": "soon"}))

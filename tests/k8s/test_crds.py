@@ -61,6 +61,7 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.gpu.count": 1,
         "spec.gpu.forcePromotion": False,
         "spec.gpu.default": False,
+        "spec.gpu.drainTimeout": "60s",
         "spec.serverless.enabled": True,
         "spec.serverless.minReplicas": 0,
         "spec.serverless.idleTimeout": "5m",
@@ -262,6 +263,13 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         "spec.gpu.swapCooldown",
         "720h",
     ),
+    ("drain-timeout-2h", lambda: model(gpu={"drainTimeout": "2h"}), "spec.gpu.drainTimeout", "1h"),
+    (
+        "drain-timeout-soon",
+        lambda: model(gpu={"drainTimeout": "soon"}),
+        "spec.gpu.drainTimeout",
+        "soon",
+    ),
     (
         "idle-timeout-721h",
         lambda: model(serverless={"idleTimeout": "721h"}),
@@ -455,6 +463,7 @@ def test_blocks_left_out_are_defaulted_whole(
         "priority": 100,
         "forcePromotion": False,
         "default": False,
+        "drainTimeout": "60s",
     }
     assert stored["spec"]["serverless"] == {
         "enabled": True,

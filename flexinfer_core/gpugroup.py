@@ -113,6 +113,9 @@ class GpuGroupMember:
     cache_ready: bool = True
     has_pods: bool = False
     ready: bool = False
+    # The report's `inFlight`: requests its server is answering (docs/election.md 1.6);
+    # 0 once the report is stale, as its queue.
+    in_flight: int = attrs.field(default=0, validator=int_between(0, None), kw_only=True)
 
     @property
     def eligible(self) -> bool:
@@ -366,13 +369,15 @@ def _gpu_note(number: int, applied: bool, why: str) -> RuleCheck:
 
 def _without_stale_demand(state: GpuGroupState, *, now: datetime) -> GpuGroupState:
     """The state with every stale demand report read as no demand."""
-    if not any(m.queued and demand_is_stale(m.reported_at, now=now) for m in state.members):
+    if not any(
+        (m.queued or m.in_flight) and demand_is_stale(m.reported_at, now=now) for m in state.members
+    ):
         return state
     return attrs.evolve(
         state,
         members=tuple(
-            attrs.evolve(m, queued=0, oldest_waiting=None)
-            if m.queued and demand_is_stale(m.reported_at, now=now)
+            attrs.evolve(m, queued=0, oldest_waiting=None, in_flight=0)
+            if (m.queued or m.in_flight) and demand_is_stale(m.reported_at, now=now)
             else m
             for m in state.members
         ),
@@ -636,13 +641,41 @@ def _finish(
             # version) there is no drain start; waiting from `now` on every
             # reconcile would never end, so the drain counts as timed out.
             draining = last_swap_time is not None and now < last_swap_time + state.drain_timeout
+    # docs/election.md 1.6: while the drain runs, a member that was serving and still
+    # answers requests keeps its pod until they are answered (its report says 0 or goes
+    # stale) or the drain timeout after the swap has passed.
+    drainers = (
+        [
+            m
+            for m in state.members
+            if target is not None
+            and m.name != target.name
+            and m.has_pods
+            and m.ready
+            and m.in_flight > 0
+        ]
+        if draining
+        else []
+    )
     if draining and not swapping:
         action = GpuGroupAction.DRAIN
         reason = reasons.DRAINING
         message = f"waiting for the pods of {waiting_for} to be gone before starting the holder"
+    if drainers and not swapping and last_swap_time is not None:
+        until = (last_swap_time + state.drain_timeout).strftime("%H:%M:%S")
+        message = "waiting for " + ", ".join(
+            f"{m.name} to drain ({m.in_flight} in flight, until {until})" for m in drainers
+        )
+    draining_names = {m.name for m in drainers}
 
     desired = tuple(
-        (m.name, 1 if target is not None and m.name == target.name and not draining else 0)
+        (
+            m.name,
+            1
+            if (target is not None and m.name == target.name and not draining)
+            or m.name in draining_names
+            else 0,
+        )
         for m in sorted(state.members, key=lambda m: m.name)
     )
 
@@ -731,7 +764,7 @@ def _gpu_group_next_change(
                 candidates.append(t + m.idle_timeout)
         if m.oldest_waiting is not None:
             candidates.append(m.oldest_waiting + anti.hysteresis_window)
-        if m.queued and m.reported_at is not None:
+        if (m.queued or m.in_flight) and m.reported_at is not None:
             # The report goes stale one tick after it is DEMAND_STALE_AFTER old.
             candidates.append(m.reported_at + DEMAND_STALE_AFTER + _TICK)
     for s in statuses:

@@ -79,6 +79,7 @@ def gpu_group_state_from_k8s(
                     queued=demand.queued,
                     oldest_waiting=demand.oldest_waiting,
                     reported_at=demand.reported_at,
+                    in_flight=demand.in_flight,
                     last_request=parse_rfc3339(get_path(md, "status", "lastAccessTime")),
                     # A member left out of the decision is never asked how long it idles
                     # (its own spec may be what cannot be read).

@@ -354,3 +354,40 @@ def test_a_queue_report_from_the_future_neither_blocks_the_swap_nor_goes_unsaid(
     near = decide_gpu_group(contested(oldest_waiting=T0 + timedelta(seconds=1)), now=T0)
     assert near.blocked_by == reasons.HYSTERESIS
     assert "in the future" not in near.message
+
+
+def _in_flight(count: int, *, reported: float = 1) -> GpuGroupState:
+    """contested(), chat answering `count` requests (its report `reported` s old)."""
+    state = contested()
+    chat = busy_current(queued=1, oldest_waiting=ago(1), in_flight=count, reported_at=ago(reported))
+    return attrs.evolve(state, members=(chat, state.members[1]))
+
+
+def test_graceful_keeps_the_serving_member_up_while_it_answers_requests_in_flight() -> None:
+    # docs/election.md 1.6: the swap is decided, but chat keeps its pod to finish.
+    swapped = decide_gpu_group(_in_flight(2), now=T0)
+    assert swapped.action is GpuGroupAction.SWAP
+    assert dict(swapped.desired_replicas) == {"chat": 1, "coder": 0}
+    recorded = attrs.evolve(_in_flight(2), current_model="coder", last_swap_time=T0)
+    later = decide_gpu_group(recorded, now=T0 + timedelta(seconds=30))
+    assert dict(later.desired_replicas) == {"chat": 1, "coder": 0}
+    assert later.phase is GpuGroupPhase.DRAINING
+    assert later.message == "waiting for chat to drain (2 in flight, until 12:01:00)"
+    # The count drops to 0: chat goes, and coder starts once its pods are gone.
+    done = attrs.evolve(_in_flight(0), current_model="coder", last_swap_time=T0)
+    assert dict(decide_gpu_group(done, now=T0 + timedelta(seconds=31)).desired_replicas) == {
+        "chat": 0,
+        "coder": 0,
+    }
+    # Stuck: at the drain timeout chat is scaled down whatever is in flight.
+    timed_out = decide_gpu_group(recorded, now=T0 + timedelta(seconds=60))
+    assert dict(timed_out.desired_replicas) == {"chat": 0, "coder": 1}
+
+
+def test_no_drain_of_requests_in_flight_when_immediate_stale_or_without_timeout() -> None:
+    immediate = attrs.evolve(_in_flight(2), preemption_policy=PreemptionPolicy.IMMEDIATE)
+    assert decide_gpu_group(immediate, now=T0).replicas_for("chat") == 0
+    stale = _in_flight(2, reported=301)
+    assert decide_gpu_group(stale, now=T0).replicas_for("chat") == 0
+    no_timeout = attrs.evolve(_in_flight(2), drain_timeout=timedelta(0))
+    assert decide_gpu_group(no_timeout, now=T0).replicas_for("chat") == 0

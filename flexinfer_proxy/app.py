@@ -66,7 +66,7 @@ from flexinfer_proxy.http_server import (
     Request,
     json_answer,
 )
-from flexinfer_proxy.in_flight import MIN_INTERVAL, InFlightReporter, InFlightSink
+from flexinfer_proxy.in_flight import MIN_INTERVAL, InFlightReporter, InFlightSink, SplitSink
 from flexinfer_proxy.live_page import PAGE_PATH, STATUS_PATH, LivePage, page_html
 from flexinfer_proxy.metrics import (
     OUTCOME_AMBIGUOUS_MODEL,
@@ -249,9 +249,10 @@ class Proxy:
         self.swap_times = SwapTimes(
             prior=self.config.swap_time_prior, samples=self.config.swap_time_samples
         )
-        # The demand sink reports in-flight counts too when it can (docs/election.md 1.6).
+        # Requests in flight (docs/election.md 1.6): a Model's through the demand sink
+        # when it can write them, a GPUGroup member's with its queue report.
         self.in_flight = InFlightReporter(
-            sink if isinstance(sink, InFlightSink) else None,
+            SplitSink(sink if isinstance(sink, InFlightSink) else None, self.signaller),
             clock=self.clock,
             min_interval=self.config.in_flight_interval,
         )

@@ -10,7 +10,10 @@
   `demand.ai.flexinfer/<member>` annotation whenever they change (coalesced: one
   write in flight per member, the latest state wins), at least once a minute while
   requests wait, and the key removed when the queue drains; its served requests
-  refresh `lastAccessTime` at most once a minute;
+  refresh `lastAccessTime` at most once a minute. The same annotation carries its
+  requests in flight (`inFlight`, set through `in_flight_changed` by
+  `flexinfer_proxy.in_flight`, which owns their timing); the key stays while either
+  is above 0;
 - when every client waiting for a model left before it was Ready
   (`demand_withdrawn`), the demand their burst wrote is taken back: a member's
   annotation is already gone with its queue; a Model's or standalone
@@ -72,6 +75,12 @@ class QueueReport:
 
     queued: int
     oldest_waiting: datetime | None
+    # Requests its server is answering (docs/election.md 1.6).
+    in_flight: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.queued == 0 and self.in_flight == 0
 
 
 class DemandSink(Protocol):
@@ -107,6 +116,7 @@ class _ModelSignals:
     # The current burst of queued demand: its first write (in flight or done), and
     # what that write replaced, so a withdrawal can put it back.
     burst_mark: asyncio.Task[MarkOutcome] | None = None
+    in_flight: int = 0
 
 
 class DemandSignaller:
@@ -140,7 +150,15 @@ class DemandSignaller:
             signals.refresher.cancel()
             signals.refresher = None
         if entry.reports_queue:
-            self._report(entry, report)
+            self._report(entry, attrs.evolve(report, in_flight=signals.in_flight))
+
+    def in_flight_changed(self, entry: ModelEntry, count: int) -> None:
+        """A GPUGroup member's requests in flight, to write with its queue (rate-limited
+        and refreshed by the caller, `flexinfer_proxy.in_flight`)."""
+        signals = self._signals(entry.key)
+        signals.in_flight = count
+        queued = signals.report or QueueReport(queued=0, oldest_waiting=None)
+        self._report(entry, attrs.evolve(queued, in_flight=count), force=True)
 
     def demand_withdrawn(self, entry: ModelEntry) -> None:
         """Every client waiting for `entry` left before it was Ready: take the burst's
@@ -257,7 +275,7 @@ class DemandSignaller:
             signals.reporter = None
 
     async def _write_report(self, entry: ModelEntry, report: QueueReport | None) -> None:
-        wire = report if report is not None and report.queued > 0 else None
+        wire = report if report is not None and not report.empty else None
         try:
             await self._sink.report_queue(entry, wire, now=self._clock.now())
             result = WRITTEN

@@ -6,6 +6,10 @@ drain timeout ends) instead of being scaled to 0 at once. `InFlightReporter` cou
 request from the moment the proxy starts sending it to the backend until its answer
 (a stream included) has ended, and writes the count through an `InFlightSink`:
 
+A GPUGroup member's count goes into its demand annotation instead (the
+`DemandSignaller` writes it with its queue); the sink is told which (`Proxy` wires a
+`SplitSink`).
+
 - one writer per Model: at most one write in flight, the latest count wins (coalesced);
 - rate-limited: a count above 0 is written at most once per `min_interval` (the
   proxy's `--in-flight-interval`); a change to 0 is written as soon as the write in
@@ -33,6 +37,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from flexinfer_kube.clock import Clock
+from flexinfer_proxy.demand import DemandSignaller
 from flexinfer_proxy.directory import ModelEntry, ModelKind
 
 log = logging.getLogger("flexinfer.proxy.in_flight")
@@ -81,8 +86,8 @@ class InFlightReporter:
     @contextlib.contextmanager
     def request(self, entry: ModelEntry) -> Iterator[None]:
         """Count one request in flight to `entry`'s server while the block runs."""
-        if self._sink is None or entry.kind is not ModelKind.MODEL:
-            yield  # only Models drain (GPUGroup members report through their demand)
+        if self._sink is None or not (entry.kind is ModelKind.MODEL or entry.reports_queue):
+            yield  # a standalone ModelDeployment shares no card: nothing to drain
             return
         member = self._members.get(entry.key)
         if member is None:
@@ -141,6 +146,21 @@ class InFlightReporter:
         """Wait for the writes in progress (requests are over: the last says 0)."""
         while writers := [m.writer for m in self._members.values() if m.writer is not None]:
             await asyncio.gather(*writers, return_exceptions=True)
+
+
+class SplitSink:
+    """Models' counts to `models` (`status.inFlight`), GPUGroup members' to their demand
+    annotation through `signaller`."""
+
+    def __init__(self, models: InFlightSink | None, signaller: DemandSignaller) -> None:
+        self._models = models
+        self._signaller = signaller
+
+    async def report_in_flight(self, entry: ModelEntry, count: int, *, now: datetime) -> None:
+        if entry.reports_queue:
+            self._signaller.in_flight_changed(entry, count)
+        elif self._models is not None:
+            await self._models.report_in_flight(entry, count, now=now)
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

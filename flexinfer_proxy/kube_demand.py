@@ -169,7 +169,12 @@ class KubeDemandSink:
             return
         value = (
             format_demand(
-                DemandReport(report.queued, oldest_waiting=report.oldest_waiting, reported_at=now)
+                DemandReport(
+                    report.queued,
+                    oldest_waiting=report.oldest_waiting,
+                    reported_at=now,
+                    in_flight=report.in_flight,
+                )
             )
             if report is not None
             else None

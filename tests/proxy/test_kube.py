@@ -481,3 +481,41 @@ async def test_api_keys_come_from_a_secret_and_follow_its_rotation(
     assert reaches("old-key") is False
     assert reaches("new-key") == frozenset({"team-a"}) and reaches("ci-key") is None
     assert reaches("ci-2") is False, "an entry that cannot be read lets nobody in"
+
+
+def test_requests_in_flight_are_written_where_the_controller_reads_them(
+    kubectl: Kubectl, namespace: str, api: KubeApi
+) -> None:
+    # docs/election.md 1.6: a Model's in status.inFlight, a GPUGroup member's in its
+    # demand annotation (kept while either its queue or its count is above 0).
+    apply(kubectl, namespace, model("busy"))
+    earlier = {"status": {"lastActiveTime": "2026-01-01T00:00:00Z"}}
+    kubectl.patch_status(namespace, "model/busy", earlier)
+    sink = KubeDemandSink(api)
+    now = _now()
+    busy = entry_for("busy", namespace, ModelKind.MODEL)
+    sink.report_in_flight_blocking(busy, 2, now=now)
+    status = status_of(kubectl, namespace, "model/busy")
+    assert status["inFlight"] == {"count": 2, "reportedAt": format_rfc3339(now)}
+    assert status["lastActiveTime"] == "2026-01-01T00:00:00Z"  # nothing else touched
+    sink.report_in_flight_blocking(busy, 0, now=now)
+    assert status_of(kubectl, namespace, "model/busy")["inFlight"]["count"] == 0
+
+    group = {
+        "apiVersion": "ai.flexinfer/v1alpha1",
+        "kind": "GPUGroup",
+        "metadata": {"name": "answering"},
+        "spec": {"models": [{"name": "member-c"}]},
+    }
+    apply(kubectl, namespace, group)
+    member = entry_for("member-c", namespace, ModelKind.MODEL_DEPLOYMENT, gpu_group="answering")
+    report = QueueReport(queued=0, oldest_waiting=None, in_flight=2)
+    sink.report_queue_blocking(member, report, now=now)
+    annotations = kubectl.json("get", "-n", namespace, "gpugroup/answering")["metadata"][
+        "annotations"
+    ]
+    assert json.loads(annotations["demand.ai.flexinfer/member-c"]) == {
+        "queued": 0,
+        "inFlight": 2,
+        "reportedAt": format_rfc3339(now),
+    }

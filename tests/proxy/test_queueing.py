@@ -223,8 +223,11 @@ async def test_a_gpugroup_member_reports_its_queue_and_clears_it(
 
         p.directory.set_ready("g")
         await asyncio.gather(*tasks)
+        await p.proxy.in_flight.close()  # the served requests' count, back to 0
         await p.proxy.signaller.flush()
         assert p.sink.reports_for("g")[-1] is None
+        # While they were answered, the annotation said so (docs/election.md 1.6).
+        assert any(r is not None and r.in_flight > 0 for r in p.sink.reports_for("g"))
         # Served requests still refresh the member's lastAccessTime.
         assert len(p.sink.marks_for("g")) == 1
 

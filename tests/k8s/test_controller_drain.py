@@ -95,6 +95,42 @@ def test_preemption_waits_for_the_requests_in_flight_then_proceeds_at_zero(
     assert timeline.created_apps() == ["low", "high"]
 
 
+def test_a_controller_restarted_mid_drain_keeps_the_same_deadline(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("low", priority=100, drain_timeout="20s")
+    c.add_model("high", priority=300)
+    c.demand("low")
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        c.wait_serving("low")
+        c.in_flight("low", 1)
+        c.demand("high")
+        low = wait_until(_draining(c, "low", asker="high"), what="low to drain")
+    since = (low["sharedGroup"] or {})["drainingSince"]  # type: ignore[index]
+    # A new controller (nothing in memory) reads the drain from the cluster.
+    with controller(local_cluster, c.namespace) as ctl:  # type: ignore[arg-type]
+        c.demand("high")
+        ctl.settle(c)
+        still = c.status("low")
+        assert still.get("phase") == "Draining"
+        assert still["sharedGroup"]["drainingSince"] == since
+
+        def high_serving() -> bool:
+            c.demand("high")
+            return c.status("high").get("phase") == "Ready"
+
+        wait_until(high_serving, what="high to serve after low's drain timeout", interval=0.5)
+        shared = c.status("low")["sharedGroup"]
+        started, ended = parse_rfc3339(since), parse_rfc3339(shared["preemptedAt"])
+        assert started is not None and ended is not None
+        # Not before the deadline drainingSince + 20s.
+        assert (ended - started).total_seconds() >= 20
+    timeline.stop()
+    assert timeline.violations == []
+
+
 def test_a_stuck_count_is_scaled_down_at_the_drain_timeout(
     local_cluster: object, cluster: Cluster
 ) -> None:

@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS.in_flight_interval.total_seconds(),
         metavar="DURATION",
         help="least time between two reports of a Model's requests in flight, which the "
-        "controller drains before it stops the Model; a drop to 0 is reported at once "
+        "controller drains before it stops the Model; a change to or from 0 is reported at once "
         f"(default {_seconds_text(DEFAULTS.in_flight_interval.total_seconds())}; "
         f"{_seconds_text(low)} to {_seconds_text(high)})",
     )

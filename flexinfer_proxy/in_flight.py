@@ -11,9 +11,10 @@ A GPUGroup member's count goes into its demand annotation instead (the
 `SplitSink`).
 
 - one writer per Model: at most one write in flight, the latest count wins (coalesced);
-- rate-limited: a count above 0 is written at most once per `min_interval` (the
-  proxy's `--in-flight-interval`); a change to 0 is written as soon as the write in
-  flight (if any) is done, so a drain ends promptly;
+- rate-limited: a change between two counts above 0 is written at most once per
+  `min_interval` (the proxy's `--in-flight-interval`); a change to or from 0 is
+  written as soon as the write in flight (if any) is done, so a drain starts and
+  ends promptly;
 - a count above 0 is written again every `refresh_interval` (30 s) even unchanged,
   since the controller reads a report older than 5 minutes as 0 (a dead proxy cannot
   hold a drain) and the demand window reads such reports as current only while fresh.
@@ -118,7 +119,13 @@ class InFlightReporter:
                         return
                     await _wait(member.changed, self._refresh - (since or 0))
                     continue
-                if count > 0 and since is not None and since < self._min_interval:
+                # A change to or from 0 goes out at once: it starts or ends a drain.
+                if (
+                    count > 0
+                    and member.written > 0
+                    and since is not None
+                    and since < self._min_interval
+                ):
                     # Rate-limited: wait out the interval, then write whatever is latest.
                     await asyncio.sleep(self._min_interval - since)
                     continue

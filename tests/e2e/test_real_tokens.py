@@ -207,3 +207,46 @@ async def test_a_swap_under_load_loses_no_request_and_never_overlaps(
     assert served == {"tiny-a", "tiny-b"}
     assert timeline.violations == []
     assert timeline.created_apps()[:2] == ["tiny-a", "tiny-b"]
+
+
+@async_test
+async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_card(
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+) -> None:
+    # docs/election.md 1.6: low streams a long answer; a request for high (more
+    # important) arrives in the middle. low drains: its stream runs to its end, token
+    # for token, then high is swapped in and answers. Never two servers at once.
+    c = cluster
+    for name, priority in (("low", 100), ("high", 300)):
+        body = tiny_model_body(name, tiny_model)
+        body["spec"]["gpu"]["priority"] = priority
+        body["spec"]["llamacpp"] = {"ctxSize": 4096}
+        await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)
+    timeline = PodTimeline(c)
+    with controller(local_cluster, c.namespace, policy=POLICY):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
+            status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
+            assert status == 200, text
+            long = {**chat("low", stream=True, max_tokens=2000), "ignore_eos": True}
+            events: list[str] = []
+            async with session.post(f"{proxy}/v1/chat/completions", json=long) as stream:
+                assert stream.status == 200
+                first = await stream.content.readuntil(b"\n\n")
+                events.append(first.decode().strip())
+                high = asyncio.create_task(complete(session, proxy, "high", stream=False))
+                async for raw in stream.content:
+                    line = raw.decode().strip()
+                    if line:
+                        events.append(line)
+                drained_phase = c.status("low").get("phase")
+            status, text, _ = await high
+    timeline.stop()
+    assert events[-1] == "data: [DONE]", events[-3:]
+    chunks = [json.loads(e.removeprefix("data:")) for e in events[:-1] if e.startswith("data:")]
+    assert not [x for x in chunks if "error" in x], "the stream was cut"
+    finish = [x["choices"][0].get("finish_reason") for x in chunks if x.get("choices")]
+    assert finish[-1] == "length"  # it ran to its max_tokens
+    assert status == 200 and text.strip(), text
+    assert drained_phase in ("Draining", "Preempted"), drained_phase
+    assert timeline.violations == []
+    assert timeline.created_apps()[:2] == ["low", "high"]

@@ -60,10 +60,12 @@ async def test_requests_in_flight_are_counted_and_reported_coalesced() -> None:
 
 
 @async_test
-async def test_a_drop_to_zero_is_written_at_once_whatever_the_interval() -> None:
+async def test_a_change_to_or_from_zero_is_written_at_once_whatever_the_interval() -> None:
     backend = BackendProcess("dropped")
-    sink = RecordingSink()
-    # Longer than the test may take: a 0 held back by it could never arrive in time.
+    gate = asyncio.Event()
+    gate.set()
+    sink = RecordingSink(in_flight_gate=gate)
+    # Longer than the test may take: a write held back by it could never arrive in time.
     config = ProxyConfig(in_flight_interval=timedelta(seconds=30))
     try:
         async with running_proxy([entry("m", backend.endpoint)], sink=sink, config=config) as p:
@@ -71,9 +73,20 @@ async def test_a_drop_to_zero_is_written_at_once_whatever_the_interval() -> None
             async with p.post("/v1/chat/completions", payload) as stream:
                 await stream.content.readuntil(b"\n\n")
                 await eventually(lambda: sink.in_flight_for("m") == [1], what="1 reported")
+                gate.clear()  # the API server is slow: the next write (0) hangs
                 await backend.release(p.session, tag)
                 await stream.content.read()
-            await eventually(lambda: sink.in_flight_for("m") == [1, 0], what="0 reported")
+            await eventually(lambda: sink.in_flight_for("m") == [1, 0], what="0 sent")
+            # A new request while that 0 is being written: right after it, 1 goes out,
+            # well inside the 30 s interval.
+            tag, payload = _held("m")
+            async with p.post("/v1/chat/completions", payload) as stream:
+                await stream.content.readuntil(b"\n\n")
+                gate.set()
+                await eventually(lambda: sink.in_flight_for("m") == [1, 0, 1], what="1 again")
+                await backend.release(p.session, tag)
+                await stream.content.read()
+            await eventually(lambda: sink.in_flight_for("m") == [1, 0, 1, 0], what="0 again")
     finally:
         backend.stop()
 

@@ -223,12 +223,16 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
         body["spec"]["llamacpp"] = {"ctxSize": 4096}
         await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)
     timeline = PodTimeline(c)
-    with controller(local_cluster, c.namespace, policy=POLICY):
+    # The default demand window: the proxy refreshes a waiting request's demand once a
+    # minute, so with the short windows above high would stop being demanded while it
+    # waits, and the election would (rightly) give the card back to the draining low.
+    with controller(local_cluster, c.namespace, policy=Policy(default_swap_cooldown=timedelta(0))):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
             status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
             assert status == 200, text
             long = {**chat("low", stream=True, max_tokens=2000), "ignore_eos": True}
             events: list[str] = []
+            phases: set[str] = set()
             async with session.post(f"{proxy}/v1/chat/completions", json=long) as stream:
                 assert stream.status == 200
                 first = await stream.content.readuntil(b"\n\n")
@@ -238,7 +242,12 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
                     line = raw.decode().strip()
                     if line:
                         events.append(line)
-                drained_phase = c.status("low").get("phase")
+                    if len(events) % 50 == 0:
+                        phases.add(str((await asyncio.to_thread(c.status, "low")).get("phase")))
+
+                    # A slow reader (5 ms a line, some 20 s in all): the answer is still
+                    # being relayed, so in flight, long after high was asked for.
+                    await asyncio.sleep(0.005)
             status, text, _ = await high
     timeline.stop()
     assert events[-1] == "data: [DONE]", events[-3:]
@@ -247,6 +256,6 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
     finish = [x["choices"][0].get("finish_reason") for x in chunks if x.get("choices")]
     assert finish[-1] == "length"  # it ran to its max_tokens
     assert status == 200 and text.strip(), text
-    assert drained_phase in ("Draining", "Preempted"), drained_phase
+    assert "Draining" in phases, phases  # low drained while its answer ran
     assert timeline.violations == []
     assert timeline.created_apps()[:2] == ["low", "high"]

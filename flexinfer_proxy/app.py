@@ -321,8 +321,9 @@ class Proxy:
     async def cleanup(self) -> None:
         # After in-flight requests finished (or timed out): the pool can go.
         self.live.close()
-        await self.signaller.close()
+        # The last in-flight counts (0) first: a GPUGroup member's go through the signaller.
         await self.in_flight.close()
+        await self.signaller.close()
         await self.directory.stop()
         if self.pool is not None:
             await self.pool.close()

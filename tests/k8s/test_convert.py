@@ -171,6 +171,31 @@ def test_the_default_member_flag_is_read(gpu: dict[str, Any], expected: bool) ->
     assert state.default_member is expected
 
 
+def test_a_draining_member_is_read_and_written_from_its_status() -> None:
+    """docs/election.md 1.6: the drain's facts come from the cluster (a restarted
+    controller reads the same deadline); the controller never writes `inFlight`."""
+    obj = model("a", status={
+        "phase": "Draining",
+        "inFlight": {"count": 2, "reportedAt": "2026-11-29T16:59:58Z"},
+        "sharedGroup": {"state": "Queued", "drainingSince": "2026-11-29T16:59:30Z"},
+    })  # fmt: skip
+    obj["spec"]["gpu"]["drainTimeout"] = "45s"
+    state = model_state_from_k8s(
+        obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)], service=None
+    )
+    assert state.phase is Phase.DRAINING
+    assert (state.in_flight, state.in_flight_at) == (2, parse_rfc3339("2026-11-29T16:59:58Z"))
+    assert state.draining_since == parse_rfc3339("2026-11-29T16:59:30Z")
+    assert state.drain_timeout == timedelta(seconds=45)
+    written = model_status(obj, decide_group([state], now=NOW).members[0], group="g", now=NOW)
+    assert "inFlight" not in written
+    assert "drainingSince" in written["sharedGroup"]  # None (removed) or kept
+    # Unreadable reports are no requests in flight.
+    obj["status"]["inFlight"] = {"count": "many"}
+    unread = model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    assert (unread.in_flight, unread.in_flight_at) == (0, None)
+
+
 def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> None:
     obj = model("a", status={"phase": "Preempted"})
     state = model_state_from_k8s(
@@ -339,6 +364,16 @@ def test_gpu_group_state_and_status_round_trip() -> None:
     assert a.has_pods and a.ready and a.idle_timeout == timedelta(seconds=60)
     assert b.queued == 5 and b.priority == 200 and not b.has_pods
     assert b.reported_at == datetime(2026, 11, 29, 16, 59, 59, tzinfo=UTC)
+    assert (a.in_flight, b.in_flight) == (0, 0)
+    answering = json.dumps({"queued": 0, "inFlight": 3, "reportedAt": "2026-11-29T16:59:59Z"})
+    with_count = {
+        **group,
+        "metadata": {**group["metadata"], "annotations": {"demand.ai.flexinfer/a": answering}},
+    }
+    counted = gpu_group_state_from_k8s(
+        with_count, model_deployments=mds, member_pods={"a": [pod("a", ready=True)]}
+    )
+    assert counted.members[0].in_flight == 3  # docs/election.md 1.6
     assert state.anti_thrashing.request_queue_threshold == 2
     decision = decide_gpu_group(state, now=NOW)
     assert decision.active_model == "b"

@@ -61,6 +61,9 @@ class DeploymentPhase(enum.StrEnum):
     RUNNING = "Running"
     IDLE = "Idle"
     FAILED = "Failed"
+    # A GPUGroup member that lost the card and finishes its requests in flight
+    # (docs/election.md 1.6); the group's decision says so, not its pods.
+    DRAINING = "Draining"
 
 
 @attrs.frozen

@@ -147,12 +147,18 @@ def member_status(
     pods: Sequence[JSON],
     now: datetime,
     rewrite_last_access_time: bool = False,
+    draining: bool = False,
 ) -> JSON:
     """A GPUGroup member's observed phase and readyReplicas, with a Ready condition naming
     its group (which replaces one left by a standalone or conflicting past); with
     `rewrite_last_access_time`, `lastAccessTime` put back to `now` (it lay far in the
-    future, and the group's decision read it as now)."""
+    future, and the group's decision read it as now). `draining`: the group's decision
+    keeps it up to finish its requests in flight after a swap (docs/election.md 1.6):
+    a serving member says `Draining`, so the proxy sends it nothing new."""
     status, failure = _observed(md, replicas=replicas, pods=pods)
+    if draining and status["phase"] == DeploymentPhase.RUNNING.value:
+        status["phase"] = DeploymentPhase.DRAINING.value
+        status["message"] = "draining: finishing its requests in flight before it stops"
     if rewrite_last_access_time:
         status["lastAccessTime"] = format_rfc3339(now)
     serving = status["phase"] == DeploymentPhase.RUNNING.value

@@ -122,6 +122,8 @@ class GpuGroupReconciler:
                 group=name,
                 now=now,
                 rewrite_last_access_time=member in decision.rewrite_last_access_time,
+                # Kept up by the decision without holding the card: it drains.
+                draining=member != decision.active_model and decision.replicas_for(member) > 0,
             )
             if write is not None:
                 trailing.append(write)
@@ -177,6 +179,7 @@ class GpuGroupReconciler:
         group: str,
         now: datetime,
         rewrite_last_access_time: bool = False,
+        draining: bool = False,
     ) -> StatusWrite | None:
         """A member's observed status with a Ready condition naming its group, or, when
         its spec cannot be read, why (with one Warning Event when that is news); None
@@ -195,6 +198,7 @@ class GpuGroupReconciler:
                 pods=pods,
                 now=now,
                 rewrite_last_access_time=rewrite_last_access_time,
+                draining=draining,
             )
             if not status_differs(md.get("status"), wanted):
                 return None

@@ -137,6 +137,8 @@ def _model_cold_start(obj: JSON) -> timedelta:
 
 
 def _deployment_ready(obj: JSON) -> bool:
+    if _get(obj, "status", "phase") == "Draining":
+        return False  # it finishes what it has; new requests wait (docs/election.md 1.6)
     ready_replicas = _get(obj, "status", "readyReplicas")
     if isinstance(ready_replicas, int):
         return bool(ready_replicas >= 1)

@@ -498,6 +498,15 @@ def test_a_members_status_names_its_group_and_replaces_a_conflict() -> None:
     rewritten = member_status(md, member, replicas=1, pods=[], now=NOW,
                               rewrite_last_access_time=True)
     assert rewritten["lastAccessTime"] == format_rfc3339(NOW)  # ...unless it lay in 9999
+    # Kept up by its group's decision after a swap (docs/election.md 1.6): Draining, so
+    # the proxy sends it nothing new; one that is not serving has nothing to drain.
+    draining = member_status(md, member, replicas=1, pods=[pod("chat", ready=True)], now=NOW,
+                             draining=True)
+    assert draining["phase"] == "Draining"
+    assert draining["conditions"][0]["status"] == "False"
+    starting = member_status(md, member, replicas=1, pods=[pod("chat", ready=False)], now=NOW,
+                             draining=True)
+    assert starting["phase"] == "Pending"
 
 
 # --- values no decision can use: the error names the object's field and its value ------

@@ -43,6 +43,8 @@ def service(*ports: dict[str, Any]) -> dict[str, Any]:
         (DEPLOYMENT, {"readyReplicas": 0, "phase": "Running"}, False),
         (DEPLOYMENT, {"phase": "Running"}, True),
         (DEPLOYMENT, {"phase": "Idle"}, False),
+        # A GPUGroup member that drains (docs/election.md 1.6), its pod still ready.
+        (DEPLOYMENT, {"readyReplicas": 1, "phase": "Draining"}, False),
     ],
 )
 def test_readiness(kind: ModelKind, status: dict[str, Any], ready: bool) -> None:

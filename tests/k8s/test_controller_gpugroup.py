@@ -263,3 +263,50 @@ def test_membership_conflicts_hold_at_zero_and_say_why(
         c.api.delete(GPU_GROUPS, c.namespace, "g2")
         wait_until(lambda: active(c, "m1"), what="m1 active in gg again")
         assert md_ready_condition(c, "m1")["reason"] == "GPUGroupMember"
+
+
+def in_flight(c: Cluster, member: str, count: int) -> None:
+    """What the proxy writes while it has `count` requests in flight to `member` and none
+    queued (docs/election.md 1.6)."""
+    value = None
+    if count:
+        value = json.dumps({"queued": 0, "inFlight": count, "reportedAt": now_text()})
+    c.api.patch(GPU_GROUPS, c.namespace, "gg",
+                {"metadata": {"annotations": {f"demand.ai.flexinfer/{member}": value}}})
+
+
+def test_graceful_keeps_a_member_answering_requests_until_they_end(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c, policy="Graceful", drain=60)
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        in_flight(c, "m1", 2)
+        queue(c, "m2", 1)
+
+        def m1_drains() -> bool:
+            md = c.api.get(MODEL_DEPLOYMENTS, c.namespace, "m1")
+            return (
+                group_status(c).get("activeModel") == "m2"
+                and group_status(c).get("phase") == "Draining"
+                and (md.get("status") or {}).get("phase") == "Draining"
+                and c.replicas("m1") == 1
+                and bool(c.ready_pods("m1"))
+                and c.replicas("m2") == 0
+                and not c.pods("m2")
+            )
+
+        wait_until(m1_drains, what="m1 to drain")
+        drained_at = datetime.now(UTC)
+        hold_while(lambda: datetime.now(UTC) < drained_at + timedelta(seconds=3), m1_drains,
+                   what="the drain while m1 answers")
+        in_flight(c, "m1", 0)  # its last answer ended
+        wait_until(lambda: active(c, "m2"), what="m2 active after m1 drained")
+        assert c.replicas("m1") == 0
+    timeline.stop()
+    assert timeline.violations == []
+    assert timeline.created_apps() == ["m1", "m2"]

@@ -131,7 +131,7 @@ def test_a_withdrawal_puts_back_what_the_burst_replaced_unless_written_since(
     assert sink.withdraw_blocking(target, written=before, restore=None) == WRITTEN
     assert "lastActiveTime" not in status_of(kubectl, namespace, "model/withdraw-a")
     # Someone wrote after this proxy: theirs stays.
-    later = _now()
+    later = now + timedelta(seconds=5)  # not _now(): within the same second it is `now`
     sink.mark_active_blocking(target, now=later)
     assert sink.withdraw_blocking(target, written=now, restore=None) == CHANGED_SINCE
     assert status_of(kubectl, namespace, "model/withdraw-a")["lastActiveTime"] == (

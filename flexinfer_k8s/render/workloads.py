@@ -45,7 +45,10 @@ KIND_LABEL = "ai.flexinfer/kind"
 BACKEND_LABEL = "ai.flexinfer/backend"
 GROUP_LABEL = "ai.flexinfer/group"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "flexinfer"}
-STARTUP_PERIOD_SECONDS = 10
+# How often a starting server is asked whether it is up: a swap's new holder is seen
+# Ready at the first probe after its server is, so this is added to every swap (half of
+# it on average). The probe is one local HTTP request, and only while starting.
+STARTUP_PERIOD_SECONDS = 2
 FIRST_START_FLOOR_SECONDS = 1800
 """The least a startup probe allows a server that downloads its model or compiles its
 library at start (30 min: 8 GB at 5 MB/s); `coldStartTimeout` raises it, never lowers

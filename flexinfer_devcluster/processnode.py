@@ -76,6 +76,7 @@ from flexinfer_kube.objects import get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     EVENTS,
     PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
     PODS,
     SERVICES,
     Resource,
@@ -84,7 +85,6 @@ from flexinfer_kube.resources import (
 log = logging.getLogger("flexinfer.processnode")
 
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
-PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 
 PROCESS_NODE_LABEL = "flexinfer.dev/process-node"
 PROCESS_NODE_SELECTOR = {PROCESS_NODE_LABEL: "true"}

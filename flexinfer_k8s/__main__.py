@@ -253,6 +253,7 @@ def render_settings(
         video_gid=args.video_group_id,
         render_gid=args.render_group_id,
         cache_images=CacheImages(**helpers),
+        controller_namespace=args.leader_election_namespace,
     )
 
 

@@ -56,6 +56,7 @@ from flexinfer_core import (
     reasons,
 )
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
+from flexinfer_k8s.host_volumes import HostVolumes
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.reconcile_workload import controller_of
 from flexinfer_k8s.render.cache import (
@@ -71,7 +72,7 @@ from flexinfer_k8s.render.cache import (
     status_says_adopted,
 )
 from flexinfer_k8s.render.cache_dir import DirResult, ScriptReport, parse_result
-from flexinfer_k8s.render.finetune import finetune_job, job_name
+from flexinfer_k8s.render.finetune import finetune_job, finetune_volumes, job_name
 from flexinfer_k8s.render.pod_security import secure_job
 from flexinfer_k8s.render.tenant_policy import cache_within_policy, check_finetune
 from flexinfer_k8s.render.workload import Vendor
@@ -256,6 +257,7 @@ class CacheReconciler:
             self.settings, finetune_image=finetune_image or self.settings.finetune_image
         ).rendered_images()
         self.policy = self.settings.policy
+        self.host_volumes = HostVolumes(wiring, settings=self.settings)
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         now = self.clock.now()
@@ -276,11 +278,27 @@ class CacheReconciler:
             finetune = get_path(obj, "spec", "finetune")
             if finetune:
                 check_finetune(finetune, spec, self.policy, images=self.allowed_images)
+            host_volumes = spec.host_volumes(self.policy)
+            if finetune:
+                host_volumes += finetune_volumes(spec, obj, self.policy)
         except InvalidFieldError as error:
             if deleting:  # nothing known to clean: never hold the deletion
                 return Outcome(None, self._release(obj, lease), reasons.DELETING)
             status = CacheStatus("Pending", False, reasons.INVALID_SPEC, str(error))
             return Outcome(None, self._write_status(obj, status, path="", now=now), status.reason)
+        # The node directories' `local` volumes and claims, and the Jobs that make the
+        # directories (the cleanup mounts them too).
+        made, host_clash = self.host_volumes.ensure(host_volumes)
+        if host_clash and not deleting:
+            status = CacheStatus(
+                "Pending",
+                False,
+                reasons.NAME_CLASH,
+                f"{host_clash}: the cache's node directory cannot be mounted; rename or "
+                "remove that object",
+            )
+            return Outcome(None, self._write_status(obj, status, path="", now=now) or made,
+                           status.reason)
         if deleting:
             return self._delete(obj, spec, lease, now=now)
         clash = self._foreign_job(spec, spec.download_job_name) or (
@@ -288,7 +306,7 @@ class CacheReconciler:
         )
         if clash is not None:
             return Outcome(None, self._write_status(obj, clash, path="", now=now), clash.reason)
-        wrote = self._finalizer(obj, spec)
+        wrote = self._finalizer(obj, spec) or made
         wrote = self._claim(spec) or wrote
         download = self.cache.get(JOBS, namespace, spec.download_job_name)
         if download is not None and _source_of(download) != spec.source_text:

@@ -30,6 +30,7 @@ import attrs
 
 from flexinfer_core import Condition, InvalidFieldError, reasons
 from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER
+from flexinfer_k8s.host_volumes import HostVolumes
 from flexinfer_k8s.live_diff import holds
 from flexinfer_k8s.outcome import Outcome, Wiring
 from flexinfer_k8s.render import backend_cache
@@ -180,6 +181,7 @@ class WorkloadReconciler:
         self.writer = wiring.writer
         self.clock = wiring.clock
         self.settings = settings or RenderSettings()
+        self.host_volumes = HostVolumes(wiring, settings=self.settings)
         # The decision workers (before a scale write) and this reconciler both answer a
         # foreign replicas write; one at a time, so the annotation says it was answered.
         self._answering = threading.Lock()
@@ -231,6 +233,14 @@ class WorkloadReconciler:
             problem = Problem(reasons.INVALID_SPEC, str(error))
         if problem is None:
             problem = self._clash(resource, obj)
+        if problem is None and rendered is not None and rendered.host_volumes:
+            # A file:// source: its `local` volume and claim before the pod asks for them.
+            made, clash = self.host_volumes.ensure(rendered.host_volumes)
+            wrote = made or wrote
+            if clash:
+                problem = Problem(
+                    reasons.NAME_CLASH, f"{clash}: the model's host directory cannot be mounted"
+                )
         if problem is None and rendered is not None and workload is not None:
             claim_wrote, claim_condition = self._backend_cache(workload, rendered)
             wrote = claim_wrote or wrote

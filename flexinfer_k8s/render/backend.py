@@ -13,6 +13,7 @@ from typing import Protocol
 
 import attrs
 
+from flexinfer_k8s.render.local_volume import HostVolume
 from flexinfer_k8s.render.source import Source
 from flexinfer_k8s.render.workload import Vendor, Workload
 from flexinfer_kube.objects import JSON
@@ -42,6 +43,9 @@ class ModelLocation:
     node_selector: Pairs = ()
     cached: bool = False
     """Filled by a ModelCache (so an Ollama server need not pull)."""
+    host_volumes: tuple[HostVolume, ...] = ()
+    """Host directories the pod mounts through claims, for the reconcile to make
+    (`render.local_volume`)."""
 
 
 @attrs.frozen

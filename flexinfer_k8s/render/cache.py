@@ -33,6 +33,11 @@ from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render import cache_dir
 from flexinfer_k8s.render.cache_dir import FLASH_LOADER_SCRIPT, REFUSED_EXIT_CODE, TERMINATION_LOG
 from flexinfer_k8s.render.hf_download import HF_DOWNLOAD
+from flexinfer_k8s.render.local_volume import (
+    HostVolume,
+    cache_volume,
+    host_volume,
+)
 from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.source import Scheme, Source, parse_source
 from flexinfer_k8s.render.tolerations import DEFAULT_ADMIN_POLICY, with_gpu_node_tolerations
@@ -128,6 +133,36 @@ class CacheSpec:
     @property
     def memory_dir(self) -> str:
         return cache_dir.memory_dir(self.namespace, self.name)
+
+    def models_volume(self, policy: AdminPolicy) -> HostVolume:
+        """The namespace's node-cache root on the cache's node (`render.local_volume`)."""
+        return cache_volume(
+            "models", namespace=self.namespace, selector=self.node_selector, policy=policy
+        )
+
+    def memory_volume(self, policy: AdminPolicy) -> HostVolume:
+        return cache_volume(
+            "memory", namespace=self.namespace, selector=self.node_selector, policy=policy
+        )
+
+    def host_volumes(self, policy: AdminPolicy) -> tuple[HostVolume, ...]:
+        """Every host directory a pod of this cache mounts (through a claim): its node
+        roots, and a `file://` source's."""
+        found: list[HostVolume] = []
+        if self.on_node:
+            found.append(self.models_volume(policy))
+        if self.strategy is Strategy.MEMORY:
+            found.append(self.memory_volume(policy))
+        if self.source is not None and self.source.scheme is Scheme.FILE:
+            found.append(self.source_volume(policy)[0])
+        return tuple(found)
+
+    def source_volume(self, policy: AdminPolicy) -> tuple[HostVolume, str]:
+        """A `file://` source's volume and its subPath there."""
+        assert self.source is not None
+        return host_volume(
+            self.source.path, namespace=self.namespace, selector=self.node_selector, policy=policy
+        )
 
     @property
     def on_node(self) -> bool:
@@ -333,15 +368,6 @@ def job_placement(
     return placement
 
 
-def host_path_type(path: str) -> str:
-    """`File` for a path that names a file, `Directory` otherwise, so that a missing path
-    is an error of the pod, never an empty directory the kubelet makes up. A path is a
-    file when its last element has an extension (`model.gguf`, `data.jsonl`) and does
-    not end in `/`."""
-    last = posixpath.basename(path)
-    return "File" if not path.endswith("/") and "." in last.strip(".") else "Directory"
-
-
 # --- the claim -----------------------------------------------------------------------
 
 
@@ -385,16 +411,17 @@ def claim_differs(cache: CacheSpec, live: Mapping[str, Any]) -> str:
 # --- filling it -----------------------------------------------------------------------
 
 
-def _target_volume(cache: CacheSpec) -> tuple[JSON, JSON]:
-    """The (volume, mount) where the download writes the copy, mounted at /target."""
+def _target_volume(cache: CacheSpec, policy: AdminPolicy) -> tuple[JSON, JSON]:
+    """The (volume, mount) where the download writes the copy, mounted at /target: the
+    cache's claim, or its node directory through the namespace's `local` volume."""
     if cache.claim:
         return (
             {"name": "target", "persistentVolumeClaim": {"claimName": cache.claim}},
             {"name": "target", "mountPath": "/target", "subPath": cache.content_dir},
         )
     return (
-        {"name": "target", "hostPath": {"path": cache.node_dir, "type": "DirectoryOrCreate"}},
-        {"name": "target", "mountPath": "/target"},
+        cache.models_volume(policy).volume("target"),
+        {"name": "target", "mountPath": "/target", "subPath": cache.name},
     )
 
 
@@ -432,7 +459,7 @@ def download_job(
     """The Job that fills the cache from its source, under `cache_dir`'s ownership rules;
     without a source, the Job only looks at what is there (adopts it or says so). On a
     node-bound cache's node it tolerates the GPU nodes' taints (`job_placement`)."""
-    target_volume, target_mount = _target_volume(cache)
+    target_volume, target_mount = _target_volume(cache, policy)
     volumes: list[JSON] = [target_volume]
     mounts: list[JSON] = [target_mount]
     env: list[JSON] = [
@@ -461,14 +488,17 @@ def download_job(
     elif source.scheme in (Scheme.FILE, Scheme.PVC):
         image = images.copy
         if source.scheme is Scheme.FILE:
-            volumes.append(
-                {
-                    "name": "source",
-                    "hostPath": {"path": source.path, "type": host_path_type(source.path)},
-                }
-            )
+            volume, sub_path = cache.source_volume(policy)
+            # A source under the namespace's own cache root is on the target's claim: a
+            # pod names one claim once.
+            same = cache.on_node and volume == cache.models_volume(policy)
+            if not same:
+                volumes.append(volume.volume("source", read_only=True))
             inside = f"/source/{source.file_name}"
-            mounts.append({"name": "source", "mountPath": inside, "readOnly": True})
+            mounts.append(
+                {"name": "target" if same else "source", "mountPath": inside, "readOnly": True,
+                 **({"subPath": sub_path} if sub_path else {})}
+            )
         else:
             volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source.repo}})
             mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
@@ -566,14 +596,16 @@ def cleanup_job(
     volumes: list[JSON] = []
     mounts: list[JSON] = []
     inside: list[str] = []
-    for index, directory in enumerate(cache.node_dirs):
-        parent = posixpath.dirname(directory)
-        volume = f"parent-{index}"
-        # The parent (flexinfer's per-namespace directory), so the cache's own
+    roots = [cache.models_volume(policy)] if cache.on_node else []
+    if cache.strategy is Strategy.MEMORY:
+        roots.append(cache.memory_volume(policy))
+    for index, root in enumerate(roots):
+        # The namespace's whole root (its claim, no subPath), so the cache's own
         # directory can be removed, not only emptied.
-        volumes.append({"name": volume, "hostPath": {"path": parent, "type": "DirectoryOrCreate"}})
+        volume = f"root-{index}"
+        volumes.append(root.volume(volume))
         mounts.append({"name": volume, "mountPath": f"/node/{index}"})
-        inside.append(f"/node/{index}/{posixpath.basename(directory)}")
+        inside.append(f"/node/{index}/{cache.name}")
     labels = {**cache_labels(cache), "app.kubernetes.io/component": "model-cleanup"}
     container: JSON = {
         "name": "cleanup",
@@ -620,21 +652,25 @@ class CacheMount:
     mounts: tuple[JSON, ...]
     init_containers: tuple[JSON, ...]
     node_selector: Pairs
-    """Inherited from a node-bound cache: the hostPath exists only on that node."""
+    """Inherited from a node-bound cache: its directory exists only on that node."""
 
 
-def serving_mount(cache: CacheSpec, images: CacheImages) -> CacheMount:
+def serving_mount(
+    cache: CacheSpec, images: CacheImages, policy: AdminPolicy = DEFAULT_ADMIN_POLICY
+) -> CacheMount:
+    """A serving pod's volumes for the cache: claims only, a node directory through the
+    namespace's `local` volume with the cache's name as `subPath`."""
     mount = {"name": "model-cache", "mountPath": cache.serving_mount, "readOnly": True}
     node_bound = cache.on_node or cache.strategy is Strategy.MEMORY
     selector = cache.node_selector if node_bound else ()
     if cache.strategy is Strategy.MEMORY:
-        backing: JSON = (
+        backing = (
             {
                 "name": "cache-source",
                 "persistentVolumeClaim": {"claimName": cache.claim, "readOnly": True},
             }
             if cache.claim
-            else {"name": "cache-source", "hostPath": {"path": cache.node_dir, "type": "Directory"}}
+            else cache.models_volume(policy).volume("cache-source", read_only=True)
         )
         loader = {
             "name": "flash-loader",
@@ -654,24 +690,23 @@ def serving_mount(cache: CacheSpec, images: CacheImages) -> CacheMount:
                     "name": "cache-source",
                     "mountPath": "/cache-source",
                     "readOnly": True,
-                    **({"subPath": cache.content_dir} if cache.claim else {}),
+                    "subPath": cache.content_dir if cache.claim else cache.name,
                 },
-                {"name": "model-cache", "mountPath": cache.serving_mount},
+                {"name": "model-cache", "mountPath": cache.serving_mount,
+                 "subPath": cache.name},
             ],
         }
-        volume = {
-            "name": "model-cache",
-            "hostPath": {"path": cache.memory_dir, "type": "DirectoryOrCreate"},
-        }
-        return CacheMount((volume, backing), (mount,), (loader,), selector)
+        volume = cache.memory_volume(policy).volume("model-cache")
+        served = {**mount, "subPath": cache.name}
+        return CacheMount((volume, backing), (served,), (loader,), selector)
     if cache.claim:
         volume = {
             "name": "model-cache",
             "persistentVolumeClaim": {"claimName": cache.claim, "readOnly": True},
         }
         return CacheMount((volume,), ({**mount, "subPath": cache.content_dir},), (), selector)
-    volume = {"name": "model-cache", "hostPath": {"path": cache.node_dir, "type": "Directory"}}
-    return CacheMount((volume,), (mount,), (), selector)
+    volume = cache.models_volume(policy).volume("model-cache", read_only=True)
+    return CacheMount((volume,), ({**mount, "subPath": cache.name},), (), selector)
 
 
 def cache_model_path(cache: CacheSpec) -> str:

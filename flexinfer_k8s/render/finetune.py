@@ -24,11 +24,11 @@ from flexinfer_k8s.render.cache import (
     CacheSpec,
     cache_labels,
     cache_model_path,
-    host_path_type,
     job_placement,
     owner_reference,
     resources_from,
 )
+from flexinfer_k8s.render.local_volume import HostVolume, host_volume
 from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.tolerations import DEFAULT_ADMIN_POLICY
 from flexinfer_k8s.render.workload import Vendor
@@ -48,6 +48,24 @@ taking the node's serving pods down with it."""
 
 def job_name(cache_name: str) -> str:
     return f"{cache_name}-finetune"
+
+
+def finetune_volumes(
+    cache: CacheSpec, obj: Mapping[str, Any], policy: AdminPolicy
+) -> tuple[HostVolume, ...]:
+    """The host directories the training Job mounts (through claims): the cache's node
+    root, a `file://` dataset's."""
+    found = [] if cache.claim else [cache.models_volume(policy)]
+    dataset = str(get_path(obj, "spec", "finetune", "dataset") or "")
+    if dataset.startswith("file:///"):
+        host = posixpath.normpath(dataset.removeprefix("file://"))
+        found.append(
+            host_volume(
+                host, namespace=cache.namespace, selector=cache.node_selector, policy=policy,
+            field="spec.finetune.dataset",
+            )[0]
+        )
+    return tuple(found)
 
 
 def finetune_job(
@@ -97,17 +115,25 @@ def finetune_job(
         volume: JSON = {"name": "cache", "persistentVolumeClaim": {"claimName": cache.claim}}
         mount: JSON = {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": cache.content_dir}
     else:
-        volume = {"name": "cache", "hostPath": {"path": cache.node_dir, "type": "Directory"}}
-        mount = {"name": "cache", "mountPath": CACHE_MOUNT}
+        volume = cache.models_volume(policy).volume("cache")
+        mount = {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": cache.name}
     volumes, mounts = [volume], [mount]
     dataset = str(finetune.get("dataset") or "")
     if dataset.startswith("file:///"):
         host = posixpath.normpath(dataset.removeprefix("file://"))
         inside = f"/dataset/{posixpath.basename(host)}"
-        volumes.append(
-            {"name": "dataset", "hostPath": {"path": host, "type": host_path_type(dataset)}}
+        data_volume, sub_path = host_volume(
+            host, namespace=cache.namespace, selector=cache.node_selector, policy=policy,
+            field="spec.finetune.dataset",
         )
-        mounts.append({"name": "dataset", "mountPath": inside, "readOnly": True})
+        # On the cache's own claim (the namespace's node root): one volume per claim.
+        same = not cache.claim and data_volume == cache.models_volume(policy)
+        if not same:
+            volumes.append(data_volume.volume("dataset", read_only=True))
+        mounts.append(
+            {"name": "cache" if same else "dataset", "mountPath": inside, "readOnly": True,
+             **({"subPath": sub_path} if sub_path else {})}
+        )
         dataset = inside
     base = cache_model_path(cache).replace(cache.serving_mount, CACHE_MOUNT, 1)
     env = {

@@ -30,6 +30,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render.backend import ModelLocation
 from flexinfer_k8s.render.cache import (
@@ -39,7 +41,10 @@ from flexinfer_k8s.render.cache import (
     cache_model_path,
     serving_mount,
 )
+from flexinfer_k8s.render.local_volume import HostVolume, host_volume
+from flexinfer_k8s.render.policy import AdminPolicy
 from flexinfer_k8s.render.source import Scheme, Source, parse_source
+from flexinfer_k8s.render.tolerations import DEFAULT_ADMIN_POLICY
 from flexinfer_k8s.render.workload import Kind, Workload
 from flexinfer_kube.objects import JSON, get_path, name_of
 
@@ -110,14 +115,19 @@ def _directory_model(
 
 
 def model_location(
-    workload: Workload, cache: CacheSpec | None, images: CacheImages
+    workload: Workload,
+    cache: CacheSpec | None,
+    images: CacheImages,
+    policy: AdminPolicy = DEFAULT_ADMIN_POLICY,
 ) -> ModelLocation:
     """Where the server finds the model: the cache's copy, the source's volume, or an id
-    the backend fetches itself."""
+    the backend fetches itself. Host directories come through claims
+    (`render.local_volume`), never a hostPath."""
     if cache is not None:
-        served = serving_mount(cache, images)
+        served = serving_mount(cache, images, policy)
         model_volume, *backing = served.volumes
         (model_mount,) = served.mounts
+        # The cache's own volumes are the cache reconcile's to make.
         return _directory_model(
             directory=cache.content_dir,
             path=cache_model_path(cache),
@@ -134,14 +144,16 @@ def model_location(
         return plain_model_location(workload)
     if source.scheme is Scheme.FILE:
         name = posixpath.basename(source.path) or "source"
-        kind = "File" if source.is_gguf else "Directory"
-        return _directory_model(
+        host, sub_path = file_source_volume(workload, policy)
+        location = _directory_model(
             directory=name,
             path=f"{MODELS_MOUNT}/{name}",
-            volume={"name": "model-source", "hostPath": {"path": source.path, "type": kind}},
-            mount={"name": "model-source", "mountPath": f"{MODELS_MOUNT}/{name}", "readOnly": True},
+            volume=host.volume("model-source", read_only=True),
+            mount={"name": "model-source", "mountPath": f"{MODELS_MOUNT}/{name}",
+                   "readOnly": True, **({"subPath": sub_path} if sub_path else {})},
             images=images,
         )
+        return attrs.evolve(location, host_volumes=(host,))
     if source.scheme is Scheme.PVC:
         name = source.file_name or source.repo
         mount: JSON = {
@@ -164,6 +176,18 @@ def model_location(
     if source.scheme is Scheme.HUGGINGFACE:
         return ModelLocation(path=source.repo, local=False, remote=source)
     return ModelLocation(path=source.ollama_tag, local=False, remote=source)
+
+
+def file_source_volume(workload: Workload, policy: AdminPolicy) -> tuple[HostVolume, str]:
+    """A `file://` source's `local` volume on the nodes the workload selects, and the
+    path's subPath in it."""
+    assert workload.source is not None
+    return host_volume(
+        workload.source.path,
+        namespace=workload.namespace,
+        selector=tuple(sorted(workload.node_selector)),
+        policy=policy,
+    )
 
 
 # --- a ModelDeployment's plain model ----------------------------------------------------

@@ -27,6 +27,7 @@ from flexinfer_k8s.render import backend_cache
 from flexinfer_k8s.render.backend import PORT, Backend, ModelLocation, ServerPlan
 from flexinfer_k8s.render.cache import CacheImages, CacheSpec
 from flexinfer_k8s.render.llama_cpp import LlamaCpp
+from flexinfer_k8s.render.local_volume import HostVolume
 from flexinfer_k8s.render.mlc_llm import MlcLlm
 from flexinfer_k8s.render.model_files import model_location
 from flexinfer_k8s.render.network_policy import network_policy
@@ -73,6 +74,9 @@ class RenderSettings:
     finetune_image: str = ""
     """`--finetune-image`: only for `rendered_images` (the Job's default is
     `reconcile_cache`'s)."""
+    controller_namespace: str = "flexinfer-system"
+    """The controller's own namespace (`--leader-election-namespace`, else `POD_NAMESPACE`):
+    where the Jobs that mount host paths run (`render.local_volume`)."""
 
     def rendered_images(self) -> frozenset[str]:
         """Every image flexinfer renders unless a resource names one: the backends'
@@ -115,6 +119,9 @@ class RenderedWorkload:
     backend_cache_claim: JSON | None = None
     """The claim the pod mounts for the backend's downloads or compiled libraries
     (`render.backend_cache`), to create when missing; None when it mounts none."""
+    host_volumes: tuple[HostVolume, ...] = ()
+    """Host directories (a `file://` source) the pod reaches through claims on `local`
+    volumes, to create when missing (`render.local_volume`)."""
 
 
 def selector_labels(kind: Kind, name: str) -> dict[str, str]:
@@ -301,7 +308,7 @@ def render_workload(
     administrator's policy does not allow (`render.tenant_policy`)."""
     check_workload(workload, settings.policy, images=settings.rendered_images())
     backend = backend_of(workload)
-    model = model_location(workload, cache, settings.cache_images)
+    model = model_location(workload, cache, settings.cache_images, settings.policy)
     plan = backend.plan(workload, model)
     image = workload.image or settings.image_for(backend, workload.vendor)
     if not image:
@@ -433,4 +440,5 @@ def render_workload(
         endpoint=f"http://{workload.name}.{workload.namespace}.svc:{PORT}/v1",
         vram=vram_check(workload),
         backend_cache_claim=claim,
+        host_volumes=model.host_volumes,
     )

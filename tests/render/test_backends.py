@@ -15,6 +15,7 @@ from flexinfer_k8s.render.cache import cache_from_k8s
 from flexinfer_k8s.render.policy import AdminPolicy, Taint
 from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
+from tests.render.host_dirs import host_dir
 
 # The administrator of these tests allows the host paths and the image they use
 # (tests/render/test_tenant_policy.py checks the default policy).
@@ -260,11 +261,10 @@ def test_llama_cpp_renders_args_only_for_the_image_entrypoint() -> None:
         "--alias", "coder", "--n-gpu-layers", "999", "--ctx-size", "8192",
     ]
     volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
-    # A missing file must not become an empty directory: the hostPath says File.
-    assert volumes["model-source"] == {
-        "name": "model-source",
-        "hostPath": {"path": "/srv/models/coder-q4.gguf", "type": "File"}}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
+    # The file through a claim on the `local` volume of its directory, never a hostPath.
+    assert host_dir(volumes["model-source"], mounts["model-source"],
+                    rendered.host_volumes) == "/srv/models/coder-q4.gguf"
     assert mounts["model-source"]["mountPath"] == "/models/coder-q4.gguf"
     assert mounts["model-source"]["readOnly"] is True
 

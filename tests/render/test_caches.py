@@ -19,7 +19,6 @@ from flexinfer_k8s.render.cache import (
     claim_manifest,
     cleanup_job,
     download_job,
-    host_path_type,
     serving_mount,
 )
 from flexinfer_k8s.render.cache_dir import (
@@ -30,7 +29,10 @@ from flexinfer_k8s.render.cache_dir import (
     DirResult,
     parse_result,
 )
-from flexinfer_k8s.render.finetune import finetune_job
+from flexinfer_k8s.render.finetune import finetune_job, finetune_volumes
+from flexinfer_k8s.render.local_volume import host_path_type
+from flexinfer_k8s.render.policy import AdminPolicy
+from tests.render.host_dirs import host_dir, node_terms
 from tests.render.test_backends import cache, model, pod, render, server
 
 IMAGES = CacheImages()
@@ -67,27 +69,30 @@ def test_node_local_needs_a_node() -> None:
 
 def test_serving_pods_mount_each_strategy_and_pin_to_node_bound_copies() -> None:
     selector = {"kubernetes.io/hostname": "n1"}
-    for strategy, volume in (
-        ("SharedPVC", {"persistentVolumeClaim": {"claimName": "c-models", "readOnly": True}}),
-        ("NodeLocal", {"hostPath": {"path": "/var/lib/flexinfer/models/ns/c",
-                                    "type": "Directory"}}),
-        ("Memory", {"hostPath": {"path": "/dev/shm/flexinfer/ns/c",
-                                 "type": "DirectoryOrCreate"}}),
+    for strategy, where in (
+        ("SharedPVC", None),
+        ("NodeLocal", "/var/lib/flexinfer/models/ns/c"),
+        ("Memory", "/dev/shm/flexinfer/ns/c"),
     ):
-        rendered = render(
-            model(backend="vllm", cache={"modelCacheRef": "c"}),
-            cache("c", storageStrategy=strategy, nodeSelector=selector),
-        )
+        cache_obj = cache("c", storageStrategy=strategy, nodeSelector=selector)
+        rendered = render(model(backend="vllm", cache={"modelCacheRef": "c"}), cache_obj)
         p = pod(rendered)
         volumes = {v["name"]: v for v in p["volumes"]}
-        assert {k: v for k, v in volumes["model-cache"].items() if k != "name"} == volume
         mount = next(m for m in server(rendered)["volumeMounts"] if m["name"] == "model-cache")
         assert mount["mountPath"] == "/models/c" and mount["readOnly"] is True
         assert server(rendered)["args"][1] == "/models/c"
-        if strategy == "SharedPVC":
+        assert all("hostPath" not in v for v in p["volumes"])
+        if where is None:
+            assert volumes["model-cache"]["persistentVolumeClaim"] == {
+                "claimName": "c-models", "readOnly": True}
             assert "nodeSelector" not in p
             assert mount["subPath"] == "c"
         else:
+            # The node directory through the namespace's `local` volume on n1.
+            needed = cache_from_k8s(cache_obj).host_volumes(AdminPolicy())
+            assert host_dir(volumes["model-cache"], mount, needed) == where
+            assert all(node_terms(v) == [("kubernetes.io/hostname", "In", ["n1"])]
+                       for v in needed)
             assert p["nodeSelector"] == selector
 
 
@@ -107,7 +112,13 @@ def test_a_memory_pod_fills_its_ram_copy_with_the_flash_loader_first() -> None:
     assert mounts["/cache-source"]["readOnly"] is True
     assert "readOnly" not in mounts["/models/ram"]
     volumes = {v["name"]: v for v in p["volumes"]}
-    assert volumes["cache-source"]["hostPath"]["path"] == "/var/lib/flexinfer/models/ns/ram"
+    needed = cache_from_k8s(
+        cache("ram", storageStrategy="Memory", nodeSelector={"kubernetes.io/hostname": "n1"})
+    ).host_volumes(AdminPolicy())
+    assert host_dir(volumes["cache-source"], mounts["/cache-source"], needed) == (
+        "/var/lib/flexinfer/models/ns/ram")
+    assert host_dir(volumes["model-cache"], mounts["/models/ram"], needed) == (
+        "/dev/shm/flexinfer/ns/ram")
 
 
 def test_a_cache_on_another_node_than_the_model_asks_for_is_refused() -> None:
@@ -274,13 +285,21 @@ def test_file_host_paths_say_whether_they_are_a_file_or_a_directory() -> None:
     assert host_path_type("/data/tickets.jsonl") == "File"
     assert host_path_type("/srv/models/qwen") == "Directory"
     assert host_path_type("/srv/models/Qwen3-8B-q4f32_1-MLC/") == "Directory"
-    job = download_job(cache_from_k8s(cache("c", source="file:///srv/m/model.gguf")), IMAGES)
-    source = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "source")
-    assert source["hostPath"] == {"path": "/srv/m/model.gguf", "type": "File"}
+    # Under an administrator's prefix: that prefix is the volume, the rest its subPath.
+    policy = AdminPolicy(host_path_prefixes=("/srv", "/data"))
+    spec = cache_from_k8s(cache("c", source="file:///srv/m/model.gguf"))
+    pod_spec = download_job(spec, IMAGES, policy=policy)["spec"]["template"]["spec"]
+    source = next(v for v in pod_spec["volumes"] if v["name"] == "source")
+    mount = next(m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "source")
+    assert mount["subPath"] == "m/model.gguf" and mount["readOnly"] is True
+    assert host_dir(source, mount, spec.host_volumes(policy)) == "/srv/m/model.gguf"
     obj = cache("ft", finetune={"image": "t:1", "dataset": "file:///data/tickets.jsonl"})
-    pod_spec = finetune_job(cache_from_k8s(obj), obj, default_image="")["spec"]["template"]["spec"]
+    spec = cache_from_k8s(obj)
+    pod_spec = finetune_job(spec, obj, default_image="", policy=policy)["spec"]["template"]["spec"]
     dataset = next(v for v in pod_spec["volumes"] if v["name"] == "dataset")
-    assert dataset["hostPath"] == {"path": "/data/tickets.jsonl", "type": "File"}
+    mount = next(m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "dataset")
+    assert host_dir(dataset, mount, finetune_volumes(spec, obj, policy)) == (
+        "/data/tickets.jsonl")
 
 
 def test_a_cache_without_a_source_only_adopts_and_one_that_makes_its_claim_needs_one() -> None:
@@ -464,8 +483,9 @@ def test_a_node_local_download_writes_on_the_cache_node() -> None:
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
     target = next(v for v in pod_spec["volumes"] if v["name"] == "target")
-    assert target["hostPath"] == {"path": "/var/lib/flexinfer/models/ns/c",
-                                  "type": "DirectoryOrCreate"}
+    mount = next(m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "target")
+    assert host_dir(target, mount, spec.host_volumes(AdminPolicy())) == (
+        "/var/lib/flexinfer/models/ns/c")
 
 
 # --- finetune -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from flexinfer_k8s.render.model_files import (
 )
 from flexinfer_k8s.render.source import parse_source
 from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
+from tests.render.host_dirs import host_dir
 from tests.render.test_backends import cache, env, md, model, pod, render, server
 
 SEED_MODEL = "Qwen3-8B-abliterated-q4f32_1-MLC"
@@ -131,8 +132,9 @@ def test_a_directory_source_is_checked_to_be_a_directory() -> None:
     rendered = render(md(backend="mlc-llm", model="file:///srv/models/qwen-mlc",
                          mlcllm={"modelLibPath": "/models/lib.so"}))
     volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
-    assert volumes["model-source"]["hostPath"] == {"path": "/srv/models/qwen-mlc",
-                                                   "type": "Directory"}
+    mount = next(m for m in server(rendered)["volumeMounts"] if m["name"] == "model-source")
+    assert host_dir(volumes["model-source"], mount, rendered.host_volumes) == (
+        "/srv/models/qwen-mlc")
 
 
 # --- a ModelDeployment's plain model, without a matching ModelCache -------------------------

@@ -25,6 +25,7 @@ from flexinfer_k8s.render.tenant_policy import (
 )
 from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
+from tests.render.host_dirs import host_dir
 from tests.render.test_caches import run_download
 
 DEFAULT = RenderSettings()
@@ -81,17 +82,23 @@ def test_another_namespaces_cache_directory_is_not_a_tenants_to_read() -> None:
             "/dev/shm/flexinfer/team-a/" in str(error))
 
 
-def test_a_host_path_in_the_tenants_own_directory_is_mounted_typed() -> None:
+def test_a_host_path_is_reached_through_its_namespace_root_or_the_admin_prefix() -> None:
+    def source(rendered: Any) -> tuple[str, str, str]:
+        pod_spec = rendered.deployment["spec"]["template"]["spec"]
+        volume = next(v for v in pod_spec["volumes"] if v["name"] == "model-source")
+        mount = next(m for m in pod_spec["containers"][0]["volumeMounts"]
+                     if m["name"] == "model-source")
+        (needed,) = rendered.host_volumes
+        return host_dir(volume, mount, rendered.host_volumes), needed.root, mount["subPath"]
+
     rendered = render(model(backend="llama-cpp",
                             source="file:///var/lib/flexinfer/models/team-a/qwen.gguf"))
-    volumes = {v["name"]: v for v in rendered.deployment["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["model-source"]["hostPath"] == {
-        "path": "/var/lib/flexinfer/models/team-a/qwen.gguf", "type": "File"}
+    # The volume is the namespace's own root, never the whole cache directory.
+    assert source(rendered) == ("/var/lib/flexinfer/models/team-a/qwen.gguf",
+                                "/var/lib/flexinfer/models/team-a", "qwen.gguf")
     directory = render(model(backend="vllm", source="file:///srv/models/qwen"),
                        RenderSettings(policy=AdminPolicy(host_path_prefixes=("/srv/models",))))
-    volumes = {v["name"]: v for v in directory.deployment["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["model-source"]["hostPath"] == {"path": "/srv/models/qwen",
-                                                   "type": "Directory"}
+    assert source(directory) == ("/srv/models/qwen", "/srv/models", "qwen")
 
 
 def test_a_caches_file_source_and_a_finetune_dataset_obey_the_same_prefixes() -> None:

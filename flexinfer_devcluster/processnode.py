@@ -845,6 +845,7 @@ class ProcessNode:
 
     def _set_up(self, process: _PodProcess, pod: JSON) -> None:
         volumes = self._volumes(process, pod)
+        _make_sub_paths(pod, volumes)
         relay_port = free_port()
         run = pod_run(
             pod,
@@ -1310,6 +1311,28 @@ def _set_up_host_path(path: Path, kind: str) -> str:
     elif kind == "Directory" and not path.is_dir():
         return "is not a directory"
     return ""
+
+
+def _make_sub_paths(pod: JSON, volumes: Mapping[str, str]) -> None:
+    """A mount's `subPath` that does not exist yet is made a directory (mode 0755), as
+    the kubelet does: a node cache's `<root>/<namespace>/<cache>` on its `local` volume.
+    Never above the volume: a `..` or absolute subPath is refused, as the kubelet
+    refuses it."""
+    containers = [
+        *(get_path(pod, "spec", "initContainers") or []),
+        *(get_path(pod, "spec", "containers") or []),
+    ]
+    for container in containers:
+        for mount in container.get("volumeMounts") or []:
+            sub_path = str(mount.get("subPath") or "")
+            host = volumes.get(str(mount.get("name")))
+            if not sub_path or not host:
+                continue
+            if sub_path.startswith("/") or ".." in sub_path.split("/"):
+                raise _NotYet(f"subPath {sub_path!r} of volume {mount.get('name')!r} is refused")
+            target = Path(host) / sub_path
+            if not target.exists():
+                target.mkdir(mode=0o755, parents=True, exist_ok=True)
 
 
 def _nest_mounts(container: ContainerRun, empty_dirs: set[str]) -> None:

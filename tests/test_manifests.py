@@ -549,10 +549,14 @@ def test_the_admission_policy_allows_the_host_paths_of_the_shipped_policy() -> N
     import re
 
     policy = yaml.safe_load((ROOT / "deploy" / "policy.yaml").read_text())
-    admission = next(
+    admissions = [
         doc for doc in yaml.safe_load_all((ROOT / "deploy" / "controller-policy.yaml").read_text())
-        if doc and doc["metadata"]["name"] == "flexinfer-controller-pods"
+        if doc and doc["metadata"]["name"] in ("flexinfer-controller-pods",
+                                               "flexinfer-controller-volumes")
         and doc["kind"] == "ValidatingAdmissionPolicy"
-    )
-    (variable,) = [v for v in admission["spec"]["variables"] if v["name"] == "hostPathPrefixes"]
-    assert re.findall(r"'([^']+)'", variable["expression"]) == policy["hostPathPrefixes"]
+    ]
+    assert len(admissions) == 2
+    for admission in admissions:
+        (variable,) = [v for v in admission["spec"]["variables"]
+                       if v["name"] == "hostPathPrefixes"]
+        assert re.findall(r"'([^']+)'", variable["expression"]) == policy["hostPathPrefixes"]

@@ -146,11 +146,11 @@ def needed_cluster_wide() -> set[Grant]:
     return needed
 
 
-def granted(path: Path, kind: str) -> set[Grant]:
+def granted(path: Path, kind: str, name: str | None = None) -> set[Grant]:
     rules = [
         rule
         for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc["kind"] == kind
+        if doc and doc["kind"] == kind and name in (None, doc["metadata"]["name"])
         for rule in doc["rules"]
     ]
     return {
@@ -174,9 +174,20 @@ def test_leader_election_gets_creates_and_updates_its_lease_only() -> None:
     source = (ROOT / "flexinfer_k8s" / "leader.py").read_text()
     for call in ("read_namespaced_lease", "create_namespaced_lease", "replace_namespaced_lease"):
         assert call in source
-    assert granted(DEPLOY / "controller-rbac.yaml", "Role") == {
-        ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")
-    }
+    assert granted(
+        DEPLOY / "controller-rbac.yaml", "Role", "flexinfer-controller-leader-election"
+    ) == {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+
+
+def test_in_its_own_namespace_it_only_creates_and_reads_the_directory_jobs() -> None:
+    assert granted(
+        DEPLOY / "controller-rbac.yaml", "Role", "flexinfer-controller-host-directories"
+    ) == {("batch", "jobs", verb) for verb in ("get", "list", "watch", "create")}
+
+
+def test_persistent_volumes_are_created_never_updated_or_deleted() -> None:
+    rbac = granted(DEPLOY / "controller-rbac.yaml", "ClusterRole")
+    assert {v for _, r, v in rbac if r == "persistentvolumes"} == {"get", "create"}
 
 
 def test_config_maps_are_read_only_and_secrets_and_nodes_out_of_reach() -> None:

@@ -31,7 +31,8 @@ NODE = {"kubernetes.io/hostname": "gpu-node-1"}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind")]
+    docs = yaml.safe_load_all(path.read_text())
+    return [d for d in docs if isinstance(d, dict) and d.get("kind")]
 
 
 def manifests() -> list[list[dict[str, Any]]]:

@@ -91,6 +91,15 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/16"
 STATIC_VOLUMES = 32
 """Static hostPath PersistentVolumes (ReadWriteOnce, class `local-path`) the binder hands
 to claims (ModelCache SharedPVC)."""
+CONTROLLER_NAMESPACE = "flexinfer-system"
+CONTROLLER_NAMESPACE_MANIFEST: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Namespace",
+    "metadata": {
+        "name": CONTROLLER_NAMESPACE,
+        "labels": {"pod-security.kubernetes.io/enforce": "privileged"},
+    },
+}
 STATIC_VOLUME_LABEL = "flexinfer.dev/static"
 POPULATED_VOLUME_LABEL = "flexinfer.dev/populated"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -454,6 +463,10 @@ class LocalCluster:
             core: Any = k8s_client.CoreV1Api(self.api_client)
             for node in self._nodes:
                 core.create_node(node.manifest())
+            # The controller's namespace, as docs/security.md asks of an administrator:
+            # the only one where flexinfer's pods mount host paths (the Jobs that make
+            # node cache directories), so Pod Security "privileged".
+            core.create_namespace(CONTROLLER_NAMESPACE_MANIFEST)
             storage: Any = k8s_client.StorageV1Api(self.api_client)
             storage.create_storage_class(STORAGE_CLASS_MANIFEST)
             for index in range(STATIC_VOLUMES):

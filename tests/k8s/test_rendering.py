@@ -32,6 +32,7 @@ from flexinfer_kube.resources import (
     MODEL_DEPLOYMENTS,
     MODELS,
     PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
     PODS,
     SERVICES,
     Resource,
@@ -153,9 +154,6 @@ def test_every_example_applies_and_yields_its_objects(
                          if d["kind"] == "ModelCache" and d["spec"].get("existingClaimName")}):
         # A claim the example says you already have (the share holding compiled models).
         local_cluster.populate_claim(c.namespace, claim, files={})
-    if any(d["kind"] == "ModelCache" and d["spec"].get("storageStrategy") in ("NodeLocal", "Memory")
-           for d in documents):
-        c.allow_host_paths()
     kubectl.ok("apply", "-n", c.namespace, "-f", str(path))
     with controller(local_cluster, c.namespace):
         caches = [d["metadata"]["name"] for d in documents if d["kind"] == "ModelCache"]
@@ -390,7 +388,6 @@ def test_a_failing_download_fails_the_cache_and_says_why_on_the_model(
     local_cluster: Any, cluster: Cluster
 ) -> None:
     c = cluster
-    c.allow_host_paths()  # the NodeLocal cache's Job mounts its node directory
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "broken", podAnnotations={FAIL_ANNOTATION: "401 Unauthorized: the repo is gated"}))
     body = model_body("a")
@@ -422,7 +419,6 @@ def test_a_model_deployment_waits_for_its_cache_too(
     """Standalone ModelDeployments (and GPUGroup members) follow the Models' rule: no
     pod while the cache is incomplete, even when asked for."""
     c = cluster
-    c.allow_host_paths()  # the NodeLocal cache's Job mounts its node directory
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "slow", podAnnotations={COMPLETE_DELAY_ANNOTATION: "8s"}))
     c.api.create(MODEL_DEPLOYMENTS, c.namespace, {
@@ -451,11 +447,30 @@ def test_a_model_deployment_waits_for_its_cache_too(
         wait_until(lambda: c.ready_pods("md"), what="md running once the cache is ready")
 
 
+def local_volume_of(c: Cluster, pod: dict[str, Any], volume: str) -> tuple[str, Any, str]:
+    """(the `local` path, the node affinity, the phase) of the PersistentVolume a pod
+    volume's claim is bound to, read from the cluster: the binder's work, not the
+    render's."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "hostPath" not in volumes[volume], volumes[volume]
+    name = volumes[volume]["persistentVolumeClaim"]["claimName"]
+    claim = wait_until(
+        lambda: (p if (p := c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, name))
+                 .get("status", {}).get("phase") == "Bound" else None),
+        what=f"claim {name} bound")
+    pv = c.api.get(PERSISTENT_VOLUMES, "", claim["spec"]["volumeName"])
+    assert pv["spec"]["claimRef"]["name"] == name
+    assert pv["spec"]["claimRef"]["namespace"] == c.namespace
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    return pv["spec"]["local"]["path"], terms, pv["status"]["phase"]
+
+
 def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
     local_cluster: Any, cluster: Cluster
 ) -> None:
+    """The namespace enforces Pod Security "baseline" (`cluster`): the pod mounts its RAM
+    and node directories through claims bound to `local` volumes on its node."""
     c = cluster
-    c.allow_host_paths()
     c.api.create(MODEL_CACHES, c.namespace, cache_body(
         "ram", storageStrategy="Memory", nodeSelector={"kubernetes.io/hostname": "kwok-gpu-1"}))
     body = model_body("a")
@@ -466,15 +481,54 @@ def test_a_memory_cache_pod_fills_its_ram_copy_with_the_flash_loader(
         pod = template(deployment)
         # The RAM copy is filled first, then /models is laid out over it.
         assert [i["name"] for i in pod["initContainers"]] == ["flash-loader", "models-layout"]
-        volumes = {v["name"]: v for v in pod["volumes"]}
-        assert volumes["model-cache"]["hostPath"]["path"] == f"/dev/shm/flexinfer/{c.namespace}/ram"
-        assert volumes["cache-source"]["hostPath"]["path"] == (
-            f"/var/lib/flexinfer/models/{c.namespace}/ram")
+        node = [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                       "values": ["kwok-gpu-1"]}]}]
+        assert local_volume_of(c, pod, "model-cache") == (
+            f"/dev/shm/flexinfer/{c.namespace}", node, "Bound")
+        assert local_volume_of(c, pod, "cache-source") == (
+            f"/var/lib/flexinfer/models/{c.namespace}", node, "Bound")
         assert pod["nodeSelector"]["kubernetes.io/hostname"] == "kwok-gpu-1"
         c.demand("a")
         ready = wait_until(lambda: next(iter(c.ready_pods("a")), None), what="a's pod",
                            timeout=90)
         assert ready["spec"]["nodeName"] == "kwok-gpu-1"
+        # The directories are made by a Job in the controller's namespace, the only one
+        # whose pods mount a host path.
+        made = c.api.list(JOBS, "flexinfer-system", label_selector=(
+            f"ai.flexinfer/namespace={c.namespace}")).get("items") or []
+        assert {tuple(v["hostPath"]["path"] for v in j["spec"]["template"]["spec"]["volumes"])
+                for j in made} == {("/var/lib/flexinfer/models",), ("/dev/shm/flexinfer",)}
+    level = c.api.get(Resource("", "v1", "namespaces", "Namespace", namespaced=False), "",
+                      c.namespace)["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"]
+    assert level == "baseline"
+
+
+def test_a_node_local_cache_is_served_through_a_bound_local_volume_on_its_node(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    c.api.create(MODEL_CACHES, c.namespace, cache_body("disk"))
+    body = model_body("b")
+    body["spec"]["cache"] = {"modelCacheRef": "disk"}
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "kwok-gpu-0"}
+    c.api.create(MODELS, c.namespace, body)
+    with controller(local_cluster, c.namespace):
+        wait_until(lambda: c.api.get(MODEL_CACHES, c.namespace, "disk").get(
+            "status", {}).get("ready"), what="the cache downloaded", timeout=90)
+        deployment = wait_until(lambda: get_or_none(c, DEPLOYMENTS, "b"), what="b rendered")
+        pod = template(deployment)
+        path, terms, phase = local_volume_of(c, pod, "model-cache")
+        assert (path, phase) == (f"/var/lib/flexinfer/models/{c.namespace}", "Bound")
+        assert terms[0]["matchExpressions"][0]["values"] == ["kwok-gpu-0"]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"]
+                     if m["name"] == "model-cache")
+        assert mount["subPath"] == "disk"
+        c.demand("b")
+        ready = wait_until(lambda: next(iter(c.ready_pods("b")), None), what="b's pod",
+                           timeout=90)
+        assert ready["spec"]["nodeName"] == "kwok-gpu-0"
+        assert all("hostPath" not in v for v in ready["spec"]["volumes"])
 
 
 # --- bad input ---------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from flexinfer_kube.resources import (
     MODELS,
     NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
     PODS,
     SERVICES,
 )
@@ -515,13 +516,13 @@ def test_admission_narrows_the_controllers_writes_to_what_flexinfer_makes(
 @pytest.mark.parametrize(("pod", "message"), [
     (hardened_pod(hostNetwork=True), "network, PID or IPC namespace"),
     (hardened_pod(hostPID=True), "network, PID or IPC namespace"),
+    # Outside the controller's namespace no host path at all, not even flexinfer's own
+    # cache directory (tenants' pods reach it through claims on local volumes).
     (hardened_pod(volumes=[{"name": "root", "hostPath": {"path": "/", "type": "Directory"}}]),
-     "host paths only under the allowed prefixes"),
-    (hardened_pod(volumes=[{"name": "sock", "hostPath": {
-        "path": "/var/lib/flexinfer/models/x"}}]), "as a Directory or File"),
-    (hardened_pod(volumes=[{"name": "beside", "hostPath": {
-        "path": "/var/lib/flexinfer/models-and-more", "type": "Directory"}}]),
-     "host paths only under the allowed prefixes"),
+     "mounts no host path"),
+    (hardened_pod(volumes=[{"name": "cache", "hostPath": {
+        "path": "/var/lib/flexinfer/models/team/x", "type": "DirectoryOrCreate"}}]),
+     "mounts no host path"),
     (hardened_pod(automountServiceAccountToken=True), "without a token"),
     (hardened_pod(serviceAccountName="flexinfer-controller"), "default ServiceAccount"),
     (hardened_pod(securityContext={}), "RuntimeDefault seccomp"),
@@ -550,14 +551,79 @@ def test_admission_keeps_the_controllers_pods_within_baseline_and_the_policy(
                "flexinfer-controller-pods", message)
 
 
+@pytest.mark.parametrize(("volume", "message"), [
+    ({"path": "/", "type": "Directory"}, "host paths only under the allowed prefixes"),
+    ({"path": "/var/lib/flexinfer/models"}, "as a Directory"),
+    ({"path": "/var/lib/flexinfer/models/x.gguf", "type": "File"}, "as a Directory"),
+    ({"path": "/var/lib/flexinfer/models-and-more", "type": "Directory"},
+     "host paths only under the allowed prefixes"),
+])
+def test_in_its_own_namespace_the_controllers_host_paths_stay_under_the_prefixes(
+    controller_api: KubeApi, controller_policy_active: None, volume: dict[str, Any],
+    message: str,
+) -> None:
+    pod = hardened_pod(volumes=[{"name": "parent", "hostPath": volume}])
+    refused_by(lambda: controller_api.create(JOBS, SYSTEM_NAMESPACE,
+                                             workload("Job", "escape", pod=pod)),
+               "flexinfer-controller-pods", message)
+
+
 def test_admission_lets_the_controllers_own_pods_through(
     kubectl: Kubectl, controller_api: KubeApi, namespace: str, controller_policy_active: None
 ) -> None:
-    cache = hardened_pod(volumes=[{"name": "target", "hostPath": {
-        "path": "/var/lib/flexinfer/models/team/x", "type": "DirectoryOrCreate"}}])
-    cache["containers"][0]["securityContext"]["capabilities"]["add"] = ["CHOWN", "FOWNER"]
+    # The directory Job, in the controller's namespace.
+    directory = hardened_pod(volumes=[{"name": "parent", "hostPath": {
+        "path": "/var/lib/flexinfer/models", "type": "DirectoryOrCreate"}}])
+    directory["containers"][0]["securityContext"]["capabilities"]["add"] = ["CHOWN", "FOWNER"]
+    controller_api.create(JOBS, SYSTEM_NAMESPACE,
+                          workload("Job", "allowed-directory", pod=directory))
+    kubectl.ok("delete", "-n", SYSTEM_NAMESPACE, "job", "allowed-directory")
+    # A tenant's download: its node directory is a claim.
+    cache = hardened_pod(volumes=[{"name": "target", "persistentVolumeClaim": {
+        "claimName": "flexinfer-models-x"}}])
     controller_api.create(JOBS, namespace, workload("Job", "allowed-download", pod=cache))
     controller_api.delete(JOBS, namespace, "allowed-download")
+
+
+def local_volume(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+        "local": {"path": "/var/lib/flexinfer/models/team"},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}},
+        "claimRef": {"namespace": "team", "name": "flexinfer-models-x"},
+    }
+    body.update(spec)
+    return {"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "flexinfer"}},
+            "spec": {k: v for k, v in body.items() if v is not None}}
+
+
+def test_the_controllers_volumes_are_local_under_the_prefixes_and_kept(
+    kubectl: Kubectl, controller_api: KubeApi, controller_policy_active: None
+) -> None:
+    volumes = "flexinfer-controller-volumes"
+    refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", local_volume(
+        "pv-root", local={"path": "/"})), volumes, "under the allowed prefixes")
+    refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", local_volume(
+        "pv-host", local=None, hostPath={"path": "/var/lib/flexinfer/models/team"})),
+        volumes, "local volume")
+    refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", local_volume(
+        "pv-delete", persistentVolumeReclaimPolicy="Delete")), volumes, "Retain")
+    refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", local_volume(
+        "pv-system", claimRef={"namespace": "kube-system", "name": "x"})), volumes,
+        "tenant's namespace")
+    unlabelled = local_volume("pv-unlabelled")
+    unlabelled["metadata"]["labels"] = {}
+    refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", unlabelled),
+               "flexinfer-controller-writes", "managed-by=flexinfer")
+    controller_api.create(PERSISTENT_VOLUMES, "", local_volume("pv-allowed"))
+    # Nor may it delete one (RBAC: get and create only).
+    with pytest.raises(Rejected) as refused:
+        controller_api.delete(PERSISTENT_VOLUMES, "", "pv-allowed")
+    assert refused.value.status == 403
+    kubectl.ok("delete", "pv", "pv-allowed", "--wait=false")
 
 
 def pod_manifest() -> dict[str, Any]:

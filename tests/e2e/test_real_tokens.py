@@ -80,7 +80,9 @@ def process_node(local_cluster: LocalCluster, llama_server: Path) -> Iterator[No
 def cluster(local_cluster: LocalCluster, process_node: None) -> Iterator[Cluster]:
     install_crds(local_cluster)
     kubectl = kubectl_for(local_cluster)
-    namespace = create_namespace(kubectl, "tokens", pod_security="privileged")  # file:// model
+    # "baseline": a file:// model and Memory caches reach their host directories
+    # through claims on local volumes, never a hostPath.
+    namespace = create_namespace(kubectl, "tokens")
     try:
         yield Cluster(local_cluster, namespace)
     finally:

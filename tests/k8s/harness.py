@@ -61,7 +61,6 @@ from tests.k8s.kubectl import (
     delete_namespace,
     install_crds,
     kubectl_for,
-    set_pod_security,
 )
 from tests.polling import wait_until
 
@@ -144,12 +143,6 @@ class Cluster:
         self.local = local
         self.namespace = namespace
         self.api = KubeApi(new_api_client(str(local.kubeconfig)))
-
-    def allow_host_paths(self) -> None:
-        """Pod Security "privileged" for this namespace: NodeLocal and Memory caches and
-        `file://` sources still mount host paths, which "baseline" refuses
-        (docs/security.md, What is left)."""
-        set_pod_security(kubectl_for(self.local), self.namespace, "privileged")
 
     def add_model(self, name: str, **spec: Any) -> None:
         """A Model whose pods kwok runs; the controller renders its Deployment and Service."""

@@ -224,7 +224,14 @@ def test_the_namespaced_overlay_binds_rights_per_namespace(kubectl: Kubectl) -> 
         doc for doc in yaml.safe_load_all(kubectl.ok("kustomize", str(ROOT / "deploy-namespaced")))
         if doc
     ]
-    assert not [d for d in rendered if d["kind"] == "ClusterRoleBinding"]
+    # The one cluster-wide binding left: the local volumes, which are cluster-scoped
+    # (get and create only).
+    assert [d["metadata"]["name"] for d in rendered if d["kind"] == "ClusterRoleBinding"] == [
+        "flexinfer-controller-volumes"]
+    (volumes,) = [d for d in rendered if d["kind"] == "ClusterRole"
+                  and d["metadata"]["name"] == "flexinfer-controller-volumes"]
+    assert [(r["resources"], r["verbs"]) for r in volumes["rules"]] == [
+        (["persistentvolumes"], ["get", "create"])]
     bindings = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered
                 if d["kind"] == "RoleBinding"}
     assert {("team-a", "flexinfer-controller"), ("team-a", "flexinfer-proxy")} <= bindings

@@ -15,6 +15,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
+
+from flexinfer_core import reasons
 from flexinfer_k8s.outcome import Wiring
 from flexinfer_k8s.render.local_volume import (
     HostVolume,
@@ -24,7 +27,7 @@ from flexinfer_k8s.render.local_volume import (
 )
 from flexinfer_k8s.render.pod_security import secure_job
 from flexinfer_k8s.render.workloads import RenderSettings
-from flexinfer_kube.kubeapi import NotFound
+from flexinfer_kube.kubeapi import NotFound, Rejected
 from flexinfer_kube.objects import get_path
 from flexinfer_kube.resources import JOBS, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 
@@ -65,6 +68,15 @@ def claim_clash(volume: HostVolume, live: Mapping[str, Any]) -> str:
     return ""
 
 
+@attrs.frozen
+class HostProblem:
+    """Why a host directory cannot be mounted: a clash (`NameClash`), or the API server
+    refused what flexinfer rendered (`InvalidSpec`: an admission policy, 422)."""
+
+    reason: str
+    message: str
+
+
 class HostVolumes:
     """The volumes, claims and directory Jobs of host directories, made on demand."""
 
@@ -74,18 +86,40 @@ class HostVolumes:
         self.api = wiring.api
         self.settings = settings
 
-    def ensure(self, volumes: Iterable[HostVolume]) -> tuple[bool, str]:
-        """Create what is missing; (whether anything was written, the first clash or "")."""
+    def ensure(self, volumes: Iterable[HostVolume]) -> tuple[bool, HostProblem | None]:
+        """Create what is missing; (whether anything was written, the first problem)."""
         wrote = False
         for volume in dict.fromkeys(volumes):
-            made, clash = self._one(volume)
+            try:
+                made, clash = self._one(volume)
+            except Rejected as error:
+                if error.status != 422:  # forbidden and the like are not the spec's fault
+                    raise
+                return wrote, HostProblem(
+                    reasons.INVALID_SPEC,
+                    f"the API server refused what flexinfer rendered for the host directory "
+                    f"{volume.root}: {error}",
+                )
             wrote = wrote or made
             if clash:
-                return wrote, clash
-        return wrote, ""
+                return wrote, HostProblem(reasons.NAME_CLASH, clash)
+        return wrote, None
 
     def _one(self, volume: HostVolume) -> tuple[bool, str]:
         wrote = False
+        # The claim first: a user's claim of that name must never meet a volume
+        # pre-bound to it (the binder would give it ours).
+        pvc = self.cache.get(PERSISTENT_VOLUME_CLAIMS, volume.namespace, volume.claim_name)
+        if pvc is None:
+            try:
+                # The informer sees only flexinfer's claims: a user's is asked for.
+                pvc = self.api.get(PERSISTENT_VOLUME_CLAIMS, volume.namespace, volume.claim_name)
+            except NotFound:
+                pvc = None
+        if pvc is not None:
+            clash = claim_clash(volume, pvc)
+            if clash:
+                return wrote, clash
         try:
             live = self.api.get(PERSISTENT_VOLUMES, "", volume.volume_name)
         except NotFound:
@@ -96,18 +130,9 @@ class HostVolumes:
         clash = volume_clash(volume, live)
         if clash:
             return wrote, clash
-        pvc = self.cache.get(PERSISTENT_VOLUME_CLAIMS, volume.namespace, volume.claim_name)
         if pvc is None:
-            try:
-                # The informer sees only flexinfer's claims: a user's is asked for.
-                pvc = self.api.get(PERSISTENT_VOLUME_CLAIMS, volume.namespace, volume.claim_name)
-            except NotFound:
-                pvc = self.writer.create(PERSISTENT_VOLUME_CLAIMS, volume.namespace, claim(volume))
-                wrote = wrote or pvc is not None
-        if pvc is not None:
-            clash = claim_clash(volume, pvc)
-            if clash:
-                return wrote, clash
+            made = self.writer.create(PERSISTENT_VOLUME_CLAIMS, volume.namespace, claim(volume))
+            wrote = wrote or made is not None
         job = directory_job(
             volume,
             controller_namespace=self.settings.controller_namespace,

@@ -288,14 +288,13 @@ class CacheReconciler:
             return Outcome(None, self._write_status(obj, status, path="", now=now), status.reason)
         # The node directories' `local` volumes and claims, and the Jobs that make the
         # directories (the cleanup mounts them too).
-        made, host_clash = self.host_volumes.ensure(host_volumes)
-        if host_clash and not deleting:
+        made, host_problem = self.host_volumes.ensure(host_volumes)
+        if host_problem is not None and not deleting:
             status = CacheStatus(
                 "Pending",
                 False,
-                reasons.NAME_CLASH,
-                f"{host_clash}: the cache's node directory cannot be mounted; rename or "
-                "remove that object",
+                host_problem.reason,
+                f"{host_problem.message}: the cache's node directory cannot be mounted",
             )
             return Outcome(None, self._write_status(obj, status, path="", now=now) or made,
                            status.reason)

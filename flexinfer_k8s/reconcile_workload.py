@@ -235,11 +235,12 @@ class WorkloadReconciler:
             problem = self._clash(resource, obj)
         if problem is None and rendered is not None and rendered.host_volumes:
             # A file:// source: its `local` volume and claim before the pod asks for them.
-            made, clash = self.host_volumes.ensure(rendered.host_volumes)
+            made, host_problem = self.host_volumes.ensure(rendered.host_volumes)
             wrote = made or wrote
-            if clash:
+            if host_problem is not None:
                 problem = Problem(
-                    reasons.NAME_CLASH, f"{clash}: the model's host directory cannot be mounted"
+                    host_problem.reason,
+                    f"{host_problem.message}: the model's host directory cannot be mounted",
                 )
         if problem is None and rendered is not None and workload is not None:
             claim_wrote, claim_condition = self._backend_cache(workload, rendered)

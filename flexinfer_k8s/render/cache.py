@@ -6,7 +6,8 @@ A cache keeps one copy of a model in its storage:
   `storageClassName` and `accessModes`, owned by the cache), the copy in `modelPath`
   (default: the cache's name) inside it;
 - `NodeLocal`: a node directory (`cache_dir.node_dir`) on the node its `nodeSelector`
-  picks;
+  picks, which every pod reaches through the namespace's claim on a `local` volume
+  (`render.local_volume`) with the cache's name as `subPath`, never a hostPath;
 - `Memory`: a RAM directory (`cache_dir.memory_dir`) on that node, filled at pod start by
   a flash-loader init container from a backing copy (the claim when `existingClaimName`
   is set, else the NodeLocal directory, which the download fills).

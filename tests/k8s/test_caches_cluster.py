@@ -29,6 +29,7 @@ import yaml
 from flexinfer_devcluster.localcluster import COMPLETE_DELAY_ANNOTATION, KwokNode
 from flexinfer_devcluster.policy import dev_policy
 from flexinfer_k8s.reconcile_cache import CacheTimeouts
+from flexinfer_k8s.render.cache import cache_from_k8s
 from flexinfer_k8s.render.policy import Taint
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import NotFound
@@ -265,6 +266,41 @@ def test_seed_002s_claim_is_adopted_byte_for_byte_and_serves(
                            what="the cache and its Job gone", timeout=60)
                 c.api.create(MODEL_CACHES, c.namespace, body)
     assert tree_hashes(share) == before
+
+
+def test_a_claim_of_the_name_flexinfer_would_use_is_a_clash_never_taken_over(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    c = cluster
+    body = {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+            "metadata": {"name": "local", "namespace": c.namespace},
+            "spec": {"source": "HF://test/local", "storageStrategy": "NodeLocal",
+                     "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"}}}
+    name = cache_from_k8s(body).models_volume(dev_policy()).claim_name
+    # A user's claim that happens to have that name (with their data behind it).
+    c.api.create(PERSISTENT_VOLUME_CLAIMS, c.namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": {"team": "theirs"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })
+    before = c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, name)
+    c.api.create(MODEL_CACHES, c.namespace, body)
+    with controller(local_cluster, c.namespace):
+        status = wait_until(
+            lambda: cache_status(c, "local") if condition(
+                c.api.get(MODEL_CACHES, c.namespace, "local"), "Ready").get("reason")
+            == "NameClash" else None,
+            what="the clash reported on the cache")
+        assert f"PersistentVolumeClaim {c.namespace}/{name}" in status["message"]
+        assert "never taken over" in status["message"]
+        assert get_or_none(c, JOBS, "local-download") is None  # nothing else made
+        # Nor a volume that the user's claim could be bound to.
+        assert not c_list(c, PERSISTENT_VOLUMES, f"ai.flexinfer/namespace={c.namespace}")
+    after = c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, name)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["labels"] == {"team": "theirs"}
+    assert after["spec"].get("volumeName") in (None, "", before["spec"].get("volumeName"))
 
 
 def test_a_directory_of_someone_elses_files_is_refused_untouched(

@@ -21,6 +21,7 @@ import pytest
 
 from flexinfer_devcluster.localcluster import FAIL_ANNOTATION, KwokNode, LocalCluster
 from flexinfer_devcluster.policy import dev_policy
+from flexinfer_k8s.render.local_volume import persistent_volume
 from flexinfer_k8s.render.policy import AdminPolicy, admin_policy_from_yaml
 from flexinfer_k8s.render.workload import workload_from_model
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
@@ -34,6 +35,7 @@ from flexinfer_kube.resources import (
     MODELS,
     NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
     PODS,
     SECRETS,
     Resource,
@@ -171,15 +173,17 @@ def as_the_controller(local_cluster: LocalCluster) -> KubeApi:
     return KubeApi(new_api_client(str(local_cluster.kubeconfig), impersonate=CONTROLLER))
 
 
-def rendered_without_the_check(obj: JSON, namespace: str) -> JSON:
-    """What the controller would apply for `obj` if it did not check the policy."""
+def rendered_without_the_check(obj: JSON, namespace: str) -> tuple[JSON, list[JSON]]:
+    """What the controller would apply for `obj` if it did not check the policy: the
+    Deployment and the `local` volumes of its host directories."""
     permissive = AdminPolicy(host_path_prefixes=("/",), image_prefixes=("",),
                              node_selector_keys=("*",), allow_control_plane_nodes=True)
     obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace, "uid": "u"}}
     settings = RenderSettings(policy=permissive)
-    deployment = render_workload(workload_from_model(obj), cache=None,
-                                 settings=settings).deployment
-    return {**deployment, "spec": {**deployment["spec"], "replicas": 0}}
+    rendered = render_workload(workload_from_model(obj), cache=None, settings=settings)
+    deployment = rendered.deployment
+    volumes = [persistent_volume(v) for v in rendered.host_volumes]
+    return {**deployment, "spec": {**deployment["spec"], "replicas": 0}}, volumes
 
 
 # --- node takeover ---------------------------------------------------------------------
@@ -198,14 +202,15 @@ def test_a_host_path_outside_the_policy_is_refused_at_both_layers(
     tenant.create(MODELS, attack)
     with controller(local_cluster, tenant.namespace, impersonate=CONTROLLER, settings=SHIPPED):
         tenant.refused(MODELS, "takeover", field="spec.source", rule="hostPathPrefixes")
-    # Second layer: the manifest an unchecked controller would write.
-    unchecked = rendered_without_the_check(attack, tenant.namespace)
+    # Second layer: what an unchecked controller would write. Its pod mounts no host
+    # path, only a claim; the `local` volume behind that claim is what admission refuses.
+    unchecked, volumes = rendered_without_the_check(attack, tenant.namespace)
+    assert not [v for v in unchecked["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+    (volume,) = volumes
     with pytest.raises(Rejected) as refused:
-        as_the_controller(local_cluster).apply(
-            DEPLOYMENTS, tenant.namespace, "takeover", unchecked,
-            field_manager="flexinfer-controller")
-    assert "flexinfer-controller-pods" in str(refused.value)
-    assert "host paths only under the allowed prefixes" in str(refused.value)
+        as_the_controller(local_cluster).create(PERSISTENT_VOLUMES, "", volume)
+    assert "flexinfer-controller-volumes" in str(refused.value)
+    assert "under the allowed prefixes" in str(refused.value)
 
 
 def test_a_controller_whose_check_lets_a_host_path_through_is_stopped_by_admission(
@@ -220,8 +225,8 @@ def test_a_controller_whose_check_lets_a_host_path_through_is_stopped_by_admissi
         found = wait_until(lambda: tenant.condition(MODELS, "takeover", "Rendered"),
                            what="takeover's Rendered condition", timeout=60)
     assert (found["status"], found["reason"]) == ("False", "InvalidSpec")
-    assert "ValidatingAdmissionPolicy 'flexinfer-controller-pods'" in found["message"]
-    assert "host paths only under the allowed prefixes" in found["message"]
+    assert "ValidatingAdmissionPolicy 'flexinfer-controller-volumes'" in found["message"]
+    assert "under the allowed prefixes" in found["message"]
     with pytest.raises(NotFound):
         tenant.admin.get(DEPLOYMENTS, tenant.namespace, "takeover")
 

@@ -2,9 +2,11 @@
 need (`render.local_volume`), before the pod asks for them.
 
 Owns: creating a missing volume (cluster-scoped) and claim (the tenant's namespace), and
-the directory Job in the controller's namespace. Never updates or deletes any of them:
-a volume or claim of that name that is not flexinfer's, or is bound elsewhere, is a
-clash the caller reports; what a user made is never taken over. Volumes and claims
+the directory Job in the controller's namespace. Never deletes any of them, and changes
+only one thing: a volume of ours `Released` by a deleted claim loses that claim's uid,
+so the claim made again binds. A volume or claim of that name that is not flexinfer's,
+or is bound elsewhere, is a clash the caller reports; what a user made is never taken
+over. Volumes and claims
 outlive the caches and Models that asked for them (they hold no data of their own; the
 directory keeps its files whatever happens to them).
 """
@@ -77,6 +79,15 @@ class HostProblem:
     message: str
 
 
+def _released_from_an_earlier_claim(
+    live: Mapping[str, Any], pvc: Mapping[str, Any] | None
+) -> bool:
+    uid = get_path(live, "spec", "claimRef", "uid")
+    if not uid or get_path(live, "status", "phase") != "Released":
+        return False
+    return pvc is None or get_path(pvc, "metadata", "uid") != uid
+
+
 class HostVolumes:
     """The volumes, claims and directory Jobs of host directories, made on demand."""
 
@@ -130,6 +141,17 @@ class HostVolumes:
         clash = volume_clash(volume, live)
         if clash:
             return wrote, clash
+        if _released_from_an_earlier_claim(live, pvc):
+            # Its claim was deleted (a namespace deleted and made again): the volume keeps
+            # the old claim's uid and would never bind the new one. Dropping the uid
+            # pre-binds it to the claim of that name again; the directory is untouched.
+            self.writer.patch(
+                PERSISTENT_VOLUMES,
+                "",
+                volume.volume_name,
+                {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}},
+            )
+            wrote = True
         if pvc is None:
             made = self.writer.create(PERSISTENT_VOLUME_CLAIMS, volume.namespace, claim(volume))
             wrote = wrote or made is not None

@@ -598,3 +598,34 @@ def test_a_download_on_a_tainted_node_says_so_and_runs_once_tolerated(
             assert tolerations[0]["key"] == "dedicated"  # the GPU nodes' own, in order
     finally:
         c.api.delete(NODES, "", node)
+
+
+def test_a_volume_whose_claim_was_deleted_binds_the_claim_made_again(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    """A namespace's claims gone (as when it is deleted and made again): the `local`
+    volume is Released, keeping the old claim's uid; the controller lets the claim it
+    makes again bind the same volume, which it never deletes."""
+    c = cluster
+    body = {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+            "metadata": {"name": "again", "namespace": c.namespace},
+            "spec": {"source": "HF://test/again", "storageStrategy": "NodeLocal",
+                     "nodeSelector": {"kubernetes.io/hostname": "kwok-gpu-0"}}}
+    wanted = cache_from_k8s(body).models_volume(dev_policy())
+    c.api.create(MODEL_CACHES, c.namespace, body)
+    with controller(local_cluster, c.namespace):
+        wait_until(lambda: cache_status(c, "again").get("ready"), what="downloaded",
+                   timeout=90)
+    first = c.api.get(PERSISTENT_VOLUMES, "", wanted.volume_name)
+    c.api.delete(PERSISTENT_VOLUME_CLAIMS, c.namespace, wanted.claim_name)
+    wait_until(lambda: c.api.get(PERSISTENT_VOLUMES, "", wanted.volume_name)["status"]
+               .get("phase") == "Released", what="the volume Released")
+    with controller(local_cluster, c.namespace):
+        wait_until(lambda: (get_or_none(c, PERSISTENT_VOLUME_CLAIMS, wanted.claim_name) or {})
+                   .get("status", {}).get("phase") == "Bound", what="the new claim bound",
+                   timeout=60)
+    again = c.api.get(PERSISTENT_VOLUMES, "", wanted.volume_name)
+    assert again["metadata"]["uid"] == first["metadata"]["uid"]
+    claim = c.api.get(PERSISTENT_VOLUME_CLAIMS, c.namespace, wanted.claim_name)
+    assert again["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    assert claim["metadata"]["uid"] != first["spec"]["claimRef"]["uid"]

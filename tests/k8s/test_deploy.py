@@ -225,13 +225,13 @@ def test_the_namespaced_overlay_binds_rights_per_namespace(kubectl: Kubectl) -> 
         if doc
     ]
     # The one cluster-wide binding left: the local volumes, which are cluster-scoped
-    # (get and create only).
+    # (get, create, patch; never delete).
     assert [d["metadata"]["name"] for d in rendered if d["kind"] == "ClusterRoleBinding"] == [
         "flexinfer-controller-volumes"]
     (volumes,) = [d for d in rendered if d["kind"] == "ClusterRole"
                   and d["metadata"]["name"] == "flexinfer-controller-volumes"]
     assert [(r["resources"], r["verbs"]) for r in volumes["rules"]] == [
-        (["persistentvolumes"], ["get", "create"])]
+        (["persistentvolumes"], ["get", "create", "patch"])]
     bindings = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered
                 if d["kind"] == "RoleBinding"}
     assert {("team-a", "flexinfer-controller"), ("team-a", "flexinfer-proxy")} <= bindings
@@ -626,7 +626,7 @@ def test_the_controllers_volumes_are_local_under_the_prefixes_and_kept(
     refused_by(lambda: controller_api.create(PERSISTENT_VOLUMES, "", unlabelled),
                "flexinfer-controller-writes", "managed-by=flexinfer")
     controller_api.create(PERSISTENT_VOLUMES, "", local_volume("pv-allowed"))
-    # Nor may it delete one (RBAC: get and create only).
+    # Nor may it delete one (RBAC: get, create and patch only).
     with pytest.raises(Rejected) as refused:
         controller_api.delete(PERSISTENT_VOLUMES, "", "pv-allowed")
     assert refused.value.status == 403

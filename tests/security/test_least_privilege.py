@@ -185,9 +185,9 @@ def test_in_its_own_namespace_it_only_creates_and_reads_the_directory_jobs() -> 
     ) == {("batch", "jobs", verb) for verb in ("get", "list", "watch", "create")}
 
 
-def test_persistent_volumes_are_created_never_updated_or_deleted() -> None:
+def test_persistent_volumes_are_created_and_rebound_never_deleted() -> None:
     rbac = granted(DEPLOY / "controller-rbac.yaml", "ClusterRole")
-    assert {v for _, r, v in rbac if r == "persistentvolumes"} == {"get", "create"}
+    assert {v for _, r, v in rbac if r == "persistentvolumes"} == {"get", "create", "patch"}
 
 
 def test_config_maps_are_read_only_and_secrets_and_nodes_out_of_reach() -> None:

@@ -617,7 +617,13 @@ def test_a_volume_whose_claim_was_deleted_binds_the_claim_made_again(
         wait_until(lambda: cache_status(c, "again").get("ready"), what="downloaded",
                    timeout=90)
     first = c.api.get(PERSISTENT_VOLUMES, "", wanted.volume_name)
+    # What deleting the namespace does: its pods go, then its claims.
+    c.api.delete(JOBS, c.namespace, "again-download")
+    wait_until(lambda: not c.api.list(PODS, c.namespace).get("items"), what="pods gone")
     c.api.delete(PERSISTENT_VOLUME_CLAIMS, c.namespace, wanted.claim_name)
+    # The local cluster runs no pvc-protection controller: its work, by hand.
+    c.api.patch(PERSISTENT_VOLUME_CLAIMS, c.namespace, wanted.claim_name,
+                {"metadata": {"finalizers": None}})
     wait_until(lambda: c.api.get(PERSISTENT_VOLUMES, "", wanted.volume_name)["status"]
                .get("phase") == "Released", what="the volume Released")
     with controller(local_cluster, c.namespace):

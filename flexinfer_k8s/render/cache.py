@@ -454,6 +454,18 @@ fi
 download script checks the result again before its completion marker)."""
 
 
+SOURCE_CHECK = (
+    """\
+if [ ! -e "$3" ] || { [ -d "$3" ] && [ -z "$(ls -A "$3")" ]; }; then
+  report "flexinfer: missing source: $FLEXINFER_SOURCE is missing or empty on the node"
+  exit @REFUSED@
+fi
+"""
+).replace("@REFUSED@", str(REFUSED_EXIT_CODE))
+"""A `file://` source reached through a claim's `subPath`, which the kubelet makes an
+empty directory when the path does not exist: refused, never copied as an empty model."""
+
+
 def download_job(
     cache: CacheSpec, images: CacheImages, *, policy: AdminPolicy = DEFAULT_ADMIN_POLICY
 ) -> JSON:
@@ -506,7 +518,7 @@ def download_job(
             inside = posixpath.join("/source", source.path) if source.path else "/source"
         # A named file or directory keeps its name under the copy; a whole claim is
         # copied as it is (model_entry follows the same rule).
-        body = SIZE_CHECK + (
+        body = (SOURCE_CHECK if source.scheme is Scheme.FILE else "") + SIZE_CHECK + (
             'cp -a "$3"/. "$target"/\n' if inside == "/source" else 'cp -a "$3" "$target"/\n'
         )
         args = [inside]

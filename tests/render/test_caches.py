@@ -557,3 +557,15 @@ def test_the_flash_loader_is_told_when_the_backing_copy_was_adopted() -> None:
     obj["status"] = {"conditions": [{"type": "Adopted", "status": "True"}]}
     adopted = serving_mount(cache_from_k8s(obj), IMAGES).init_containers[0]["command"]
     assert adopted[-2:] == ["/models/c", "adopted"]
+
+
+def test_a_missing_file_source_is_refused_not_copied_as_an_empty_model(tmp_path: Path) -> None:
+    """Through a claim's subPath a missing path arrives as an empty directory the
+    kubelet made: the download refuses it and writes nothing."""
+    (tmp_path / "src" / "model.gguf").mkdir(parents=True)  # what the kubelet made
+    target = tmp_path / "target"
+    result, _ = run_download("file:///srv/m/model.gguf", target, tmp_path)
+    assert result.returncode == REFUSED_EXIT_CODE, result.stdout + result.stderr
+    assert "file:///srv/m/model.gguf is missing or empty on the node" in result.stdout
+    assert not (target / COMPLETE_MARKER).exists()
+    assert not (target / "model.gguf").exists()

@@ -193,8 +193,11 @@ def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed(
     rendered = render_workload(workload_from_model(model), cache=None, settings=settings)
     template = rendered.deployment["spec"]["template"]
     pod = {"metadata": {"namespace": "ns", "name": "tiny-x", **template["metadata"]}, **template}
-    # The process node serves a hostPath volume from the host's own path.
-    volumes = {"model-source": MODEL_FILE, "dshm": "/node/dshm"}
+    # The process node serves the claim from its local volume's path (the policy's
+    # prefix, the temporary directory); the mount's subPath leads to the file.
+    (source,) = [v for v in template["spec"]["volumes"] if v["name"] == "model-source"]
+    assert "hostPath" not in source
+    volumes = {"model-source": tempfile.gettempdir(), "dshm": "/node/dshm"}
     command = server_command(pod, address="127.0.0.4", volumes=volumes)
     assert command.argv == (
         str(BINARY), "-m", MODEL_FILE, "--host", "127.0.0.4", "--port", "8000",
@@ -269,8 +272,9 @@ def test_the_flash_loader_runs_as_its_script_with_container_paths_mapped() -> No
         {"source": f"file://{MODEL_FILE}", "storageStrategy": "Memory",
          "nodeSelector": {"kubernetes.io/hostname": "process-node"}},
     )
-    volumes = {"cache-source": "/root/var/lib/flexinfer/models/ns/c",
-               "model-cache": "/root/dev/shm/flexinfer/ns/c", "dshm": "/node/dshm"}
+    # The namespace's local volumes; the mounts' subPath is the cache's name.
+    volumes = {"cache-source": "/root/var/lib/flexinfer/models/ns",
+               "model-cache": "/root/dev/shm/flexinfer/ns", "dshm": "/node/dshm"}
     run = pod_run(pod, binaries=BINARIES, volumes=volumes, address="127.0.0.6")
     [loader] = run.init_containers
     assert loader.name == "flash-loader"

@@ -20,7 +20,10 @@ containers one after the other, then its one server container. What each runs:
   script, with every container path under a mount (in the script text and in its
   arguments) replaced by the host directory behind it. The image is not used: the
   script runs with the machine's tools (the renderer's scripts use only POSIX shell
-  and coreutils), and the server binaries are on `PATH` under their image names.
+  and coreutils), and the server binaries are on `PATH` under their image names;
+- a **Job's one container** whose command is a shell script (a pod with `restartPolicy`
+  `Never` or `OnFailure`, as the Job that makes a node cache's directory is rendered):
+  run as an init container is, listening on no port; the pod ends when it exits.
 
 Paths: a container path under a volumeMount whose volume the node resolved to a host
 directory (`volumes`: a hostPath, a PersistentVolumeClaim's bound volume, an emptyDir)
@@ -379,6 +382,11 @@ def server_run(
         port, relayed = _ollama_port(env.get("OLLAMA_HOST", "")), True
         env["OLLAMA_HOST"] = f"0.0.0.0:{relay_port}"
         argv = (binaries.ollama, *(map_path(a, mounts) for a in args))
+    elif _is_script(container) and get_path(pod, "spec", "restartPolicy") in ("Never", "OnFailure"):
+        # A Job's one container that is a shell script (the Jobs that make a node cache's
+        # directory): run as an init container is, listening nowhere.
+        script = init_run(pod, 0, container, volumes=volumes)
+        argv, port, relayed = script.argv, 0, False
     else:
         raise UnsupportedPod(
             f"pod {name}: container {container.get('name')!r} has image {image!r}, which is "
@@ -395,6 +403,11 @@ def server_run(
         **_probes(container),
     )
     return run, port, relayed
+
+
+def _is_script(container: Mapping[str, Any]) -> bool:
+    command = [str(part) for part in container.get("command") or []]
+    return len(command) >= 3 and posixpath.basename(command[0]) in SHELLS and command[1] == "-c"
 
 
 def init_run(

@@ -141,9 +141,14 @@ class CacheSpec:
             "models", namespace=self.namespace, selector=self.node_selector, policy=policy
         )
 
-    def memory_volume(self, policy: AdminPolicy) -> HostVolume:
+    def memory_volume(self, policy: AdminPolicy, pod_selector: Pairs = ()) -> HostVolume:
+        """The RAM root on the cache's node; a cache that names none (a Memory cache on
+        a claim) keeps its RAM copies on the nodes its serving pods select."""
         return cache_volume(
-            "memory", namespace=self.namespace, selector=self.node_selector, policy=policy
+            "memory",
+            namespace=self.namespace,
+            selector=self.node_selector or tuple(sorted(pod_selector)),
+            policy=policy,
         )
 
     def host_volumes(self, policy: AdminPolicy) -> tuple[HostVolume, ...]:
@@ -152,7 +157,8 @@ class CacheSpec:
         found: list[HostVolume] = []
         if self.on_node:
             found.append(self.models_volume(policy))
-        if self.strategy is Strategy.MEMORY:
+        if self.strategy is Strategy.MEMORY and self.node_selector:
+            # Without a node the RAM volume follows the serving pods (`serving_mount`).
             found.append(self.memory_volume(policy))
         if self.source is not None and self.source.scheme is Scheme.FILE:
             found.append(self.source_volume(policy)[0])
@@ -666,13 +672,22 @@ class CacheMount:
     init_containers: tuple[JSON, ...]
     node_selector: Pairs
     """Inherited from a node-bound cache: its directory exists only on that node."""
+    host_volumes: tuple[HostVolume, ...] = ()
+    """What the serving pod's reconcile makes (the cache's reconcile makes the rest): a
+    Memory cache's RAM volume, on the pod's nodes when the cache names none."""
 
 
 def serving_mount(
-    cache: CacheSpec, images: CacheImages, policy: AdminPolicy = DEFAULT_ADMIN_POLICY
+    cache: CacheSpec,
+    images: CacheImages,
+    policy: AdminPolicy = DEFAULT_ADMIN_POLICY,
+    *,
+    pod_selector: Pairs = (),
 ) -> CacheMount:
     """A serving pod's volumes for the cache: claims only, a node directory through the
-    namespace's `local` volume with the cache's name as `subPath`."""
+    namespace's `local` volume with the cache's name as `subPath`. `pod_selector`: the
+    serving pod's own nodeSelector, where a Memory cache without one keeps its RAM
+    copy."""
     mount = {"name": "model-cache", "mountPath": cache.serving_mount, "readOnly": True}
     node_bound = cache.on_node or cache.strategy is Strategy.MEMORY
     selector = cache.node_selector if node_bound else ()
@@ -709,9 +724,11 @@ def serving_mount(
                  "subPath": cache.name},
             ],
         }
-        volume = cache.memory_volume(policy).volume("model-cache")
+        ram = cache.memory_volume(policy, pod_selector)
         served = {**mount, "subPath": cache.name}
-        return CacheMount((volume, backing), (served,), (loader,), selector)
+        return CacheMount(
+            (ram.volume("model-cache"), backing), (served,), (loader,), selector, (ram,)
+        )
     if cache.claim:
         volume = {
             "name": "model-cache",

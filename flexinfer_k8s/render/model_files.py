@@ -124,11 +124,14 @@ def model_location(
     the backend fetches itself. Host directories come through claims
     (`render.local_volume`), never a hostPath."""
     if cache is not None:
-        served = serving_mount(cache, images, policy)
+        served = serving_mount(
+            cache, images, policy, pod_selector=tuple(sorted(workload.node_selector))
+        )
         model_volume, *backing = served.volumes
         (model_mount,) = served.mounts
-        # The cache's own volumes are the cache reconcile's to make.
-        return _directory_model(
+        # The cache's own volumes are the cache reconcile's to make, but for a RAM
+        # volume on the pod's nodes (`CacheMount.host_volumes`).
+        location = _directory_model(
             directory=cache.content_dir,
             path=cache_model_path(cache),
             volume=model_volume,
@@ -139,6 +142,7 @@ def model_location(
             node_selector=served.node_selector,
             cached=True,
         )
+        return attrs.evolve(location, host_volumes=served.host_volumes)
     source = workload.source
     if source is None:
         return plain_model_location(workload)

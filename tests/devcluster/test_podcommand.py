@@ -23,6 +23,7 @@ from flexinfer_devcluster.podcommand import (
 from flexinfer_devcluster.policy import dev_policy
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_k8s.render.cache import cache_from_k8s
+from flexinfer_k8s.render.local_volume import HostVolume, directory_job
 from flexinfer_k8s.render.workload import workload_from_model
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
 
@@ -300,3 +301,25 @@ def test_mount_paths_are_mapped_in_scripts_only_as_whole_path_components() -> No
     assert map_text(script, mounts) == (
         'cd /h/src; cp "/h/src/a" /h/dst/; ls /cache-sources a/cache-source /models/cx'
     )
+
+
+def test_the_directory_job_runs_as_its_script_and_a_server_pod_still_needs_a_server() -> None:
+    """The Job that makes a node cache's directory: its one container is a shell script,
+    run with its mount mapped; a pod that restarts Always with such a container is not
+    a server and is refused."""
+    volume = HostVolume(namespace="ns", root="/var/lib/flexinfer/models/ns", kind="models",
+                        selector=(("kubernetes.io/hostname", "process-node"),),
+                        capacity="1Gi")
+    job = directory_job(volume, controller_namespace="flexinfer-system", policy=dev_policy())
+    assert job is not None
+    pod = {"metadata": {"namespace": "flexinfer-system", "name": "dir-x"},
+           **job["spec"]["template"]}
+    run = pod_run(pod, binaries=BINARIES, volumes={"parent": "/root/var/lib/flexinfer/models"},
+                  address="127.0.0.9")
+    assert run.port == 0 and not run.relayed
+    shell, flag, _script, arg0, target = run.server.argv
+    assert (shell, flag, arg0) == ("/bin/sh", "-c", "directory")
+    assert target == "/root/var/lib/flexinfer/models/ns"
+    forever = {**pod, "spec": {**pod["spec"], "restartPolicy": "Always"}}
+    with pytest.raises(UnsupportedPod, match=r"neither a llama\.cpp server image"):
+        pod_run(forever, binaries=BINARIES, volumes={}, address="127.0.0.9")

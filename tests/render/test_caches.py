@@ -569,3 +569,19 @@ def test_a_missing_file_source_is_refused_not_copied_as_an_empty_model(tmp_path:
     assert "file:///srv/m/model.gguf is missing or empty on the node" in result.stdout
     assert not (target / COMPLETE_MARKER).exists()
     assert not (target / "model.gguf").exists()
+
+
+def test_a_memory_cache_without_a_node_keeps_its_ram_copy_on_the_serving_pods_nodes() -> None:
+    """A Memory cache on a claim may name no node: its RAM volume is then made for the
+    nodes the Model selects (the Model's reconcile makes it), never for "any node"."""
+    selector = {"flexinfer.ai/ram": "big"}
+    cache_obj = cache("ram", storageStrategy="Memory", existingClaimName="models")
+    rendered = render(model(cache={"modelCacheRef": "ram"}, nodeSelector=selector), cache_obj)
+    (ram,) = rendered.host_volumes
+    assert node_terms(ram) == [("flexinfer.ai/ram", "In", ["big"])]
+    volumes = {v["name"]: v for v in pod(rendered)["volumes"]}
+    mount = next(m for m in server(rendered)["volumeMounts"] if m["name"] == "model-cache")
+    assert host_dir(volumes["model-cache"], mount, rendered.host_volumes) == (
+        "/dev/shm/flexinfer/ns/ram")
+    # The cache's own reconcile makes no RAM volume for "any node".
+    assert cache_from_k8s(cache_obj).host_volumes(AdminPolicy()) == ()

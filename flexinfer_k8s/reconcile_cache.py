@@ -1,6 +1,10 @@
 """Reconcile one ModelCache: its storage, the download that fills it, the finetune that
 follows, the GPU lease around that finetune, and the cleanup when it goes.
 
+0. A node-bound cache's (and a `file://` source's or dataset's) host directories: the
+   namespace's `local` volumes, claims and directory Jobs (`host_volumes`), before any
+   pod needs them; a volume or claim of that name that is not flexinfer's is
+   `NameClash`, one the API server refuses `InvalidSpec`.
 1. The claim of a SharedPVC cache (`<cache>-models`, unless `existingClaimName`),
    server-side applied, owned by the cache; a claim that stays Pending says why in the
    binder's or provisioner's words (the claim's Events), with a Warning Event; a Pending

@@ -173,8 +173,8 @@ def test_base_renders_with_kubectls_kustomize(kubectl: Kubectl) -> None:
     assert kinds.count("CustomResourceDefinition") == 5
     assert kinds.count("Deployment") == 2
     assert kinds.count("ServiceAccount") == 3  # controller, proxy, the keys Job
-    assert kinds.count("ClusterRole") == 2
-    assert kinds.count("ValidatingAdmissionPolicy") == 4
+    assert kinds.count("ClusterRole") == 3  # controller, its volumes, proxy
+    assert kinds.count("ValidatingAdmissionPolicy") == 5
     assert kinds.count("NetworkPolicy") == 2
     assert kinds.count("Job") == 1
     assert "Namespace" in kinds

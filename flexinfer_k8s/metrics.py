@@ -82,8 +82,8 @@ class ControllerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        # Observed by `flexinfer_k8s.ready_times` from the cluster's timestamps. (The
-        # drain before a preemption will add its own histogram beside these.)
+        # Observed by `flexinfer_k8s.ready_times` (the first two) and
+        # `flexinfer_k8s.drain_times` from the cluster's timestamps.
         self.swap_seconds = Histogram(
             "flexinfer_swap_seconds",
             "From the moment a model was handed the card to its pod being Ready",
@@ -95,6 +95,13 @@ class ControllerMetrics:
             "flexinfer_cold_start_seconds",
             "From a model pod's creation to its being Ready",
             ["namespace", "model"],
+            buckets=SWAP_BUCKETS,
+            registry=registry,
+        )
+        self.drain_seconds = Histogram(
+            "flexinfer_drain_seconds",
+            "From a replaced holder's drain start to its being scaled to 0",
+            ["namespace", "model", "outcome"],
             buckets=SWAP_BUCKETS,
             registry=registry,
         )

@@ -26,6 +26,8 @@ import logging
 from datetime import datetime
 
 from flexinfer_core import (
+    DeploymentPhase,
+    GpuGroupDecision,
     InvalidFieldError,
     Membership,
     Scope,
@@ -40,6 +42,7 @@ from flexinfer_k8s.convert_gpugroups import (
     unreadable_group_status,
 )
 from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
+from flexinfer_k8s.drain_times import DrainTimes
 from flexinfer_k8s.outcome import Applied, Outcome, Refusals, Wiring, recheck_soon
 from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.ready_times import ReadyTimes
@@ -53,7 +56,7 @@ from flexinfer_k8s.write_plan import (
     write_spec_problem,
 )
 from flexinfer_kube.kubeapi import JSON
-from flexinfer_kube.objects import get_path, name_of
+from flexinfer_kube.objects import get_path, name_of, namespace_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
@@ -66,6 +69,7 @@ class GpuGroupReconciler:
         self.writer = wiring.writer
         self.refusals = Refusals(wiring, kind="gpugroup")
         self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
+        self.drain_times = DrainTimes(wiring.metrics)
 
     def reconcile(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """One GPUGroup. `insist`: this key's last attempts all ended in a status
@@ -93,6 +97,7 @@ class GpuGroupReconciler:
                 handed_over_at=swapped_at if member == active else None,
             )
         decision = decide_gpu_group(state, now=now)
+        self._observe_drains(snapshot, decision, swapped_at=swapped_at, now=now)
 
         wanted = gpu_group_status(group, decision, now=now)
         statuses: list[StatusWrite] = []
@@ -167,6 +172,34 @@ class GpuGroupReconciler:
                 },
             )
         return Outcome(next_at, wrote, decision.reason)
+
+    def _observe_drains(
+        self,
+        snapshot: observe.GpuGroupSnapshot,
+        decision: GpuGroupDecision,
+        *,
+        swapped_at: datetime | None,
+        now: datetime,
+    ) -> None:
+        """A member whose status says it drains (written while the decision kept it up
+        after the swap at `swapped_at`) and that the decision now scales to 0: its drain
+        ended now (docs/election.md 1.6)."""
+        if swapped_at is None:
+            return
+        wanted = dict(decision.desired_replicas)
+        for member, md in snapshot.model_deployments.items():
+            if (
+                get_path(md, "status", "phase") == DeploymentPhase.DRAINING.value
+                and snapshot.replicas.get(member)
+                and wanted.get(member) == 0
+            ):
+                self.drain_times.drain_ended(
+                    namespace=namespace_of(md),
+                    model=member,
+                    since=swapped_at,
+                    deadline=swapped_at + snapshot.state.drain_timeout,
+                    ended=now,
+                )
 
     def _member_status(
         self,

@@ -43,6 +43,7 @@ from flexinfer_core import (
     GroupDecision,
     LeaseSource,
     ModelState,
+    Phase,
     Policy,
     Scope,
     decide_group,
@@ -59,6 +60,7 @@ from flexinfer_k8s.convert_models import (
     model_status,
     unreadable_model_status,
 )
+from flexinfer_k8s.drain_times import DrainTimes
 from flexinfer_k8s.outcome import (
     RECHECK_AFTER,
     Applied,
@@ -110,6 +112,7 @@ class SharedGroupReconciler:
         self._progress_since: dict[tuple[str, str, str], dict[str, datetime]] = {}
         self.refusals = Refusals(wiring, kind="shared")
         self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
+        self.drain_times = DrainTimes(wiring.metrics)
 
     def reconcile_standalone(self, namespace: str, name: str, *, insist: bool = False) -> Outcome:
         """A Model outside any shared group, decided as a group of one. `insist`: see
@@ -176,6 +179,7 @@ class SharedGroupReconciler:
             policy=self.policy,
             running=snapshot.running,
         )
+        self._observe_drains(namespace, states, decision, now=now)
         # Left out of the election; their pods (in `running`) still hold the card.
         unreadable = [name_of(member.obj) for member in snapshot.unreadable]
         if group:
@@ -344,6 +348,31 @@ class SharedGroupReconciler:
                 namespace=namespace,
                 model=name,
                 handed_over_at=condition_since(obj, "Active"),
+            )
+
+    def _observe_drains(
+        self,
+        namespace: str,
+        observed: Sequence[ModelState],
+        decision: GroupDecision,
+        *,
+        now: datetime,
+    ) -> None:
+        """A member whose status says it drains and that the decision scales to 0: its
+        drain ended now (docs/election.md 1.6)."""
+        for state in observed:
+            since = state.draining_since
+            if state.phase is not Phase.DRAINING or since is None:
+                continue
+            member = decision.member(state.name)
+            if member.phase is Phase.DRAINING or member.desired_replicas != 0:
+                continue
+            self.drain_times.drain_ended(
+                namespace=namespace,
+                model=state.name,
+                since=since,
+                deadline=since + state.drain_timeout,
+                ended=now,
             )
 
     def _report_fail_open(

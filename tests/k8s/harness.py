@@ -579,6 +579,18 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def drains_observed(text: str, namespace: str, model: str) -> dict[str, tuple[float, float]]:
+    """`flexinfer_drain_seconds` of one model by outcome: (count, sum of seconds)."""
+    out = {}
+    for outcome in ("drained", "deadline"):
+        labels = {"namespace": namespace, "model": model, "outcome": outcome}
+        count = metric_value(text, "flexinfer_drain_seconds_count", **labels)
+        seconds = metric_value(text, "flexinfer_drain_seconds_sum", **labels)
+        if count is not None:
+            out[outcome] = (count, seconds or 0.0)
+    return out
+
+
 # --- fixtures (imported by the controller test modules) ---------------------------------------
 
 

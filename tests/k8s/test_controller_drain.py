@@ -26,6 +26,7 @@ from .harness import (  # noqa: F401  (fixtures)
     cluster,
     controller,
     crds,
+    drains_observed,
     kubectl,
 )
 
@@ -49,7 +50,7 @@ def test_preemption_waits_for_the_requests_in_flight_then_proceeds_at_zero(
     c.add_model("low", priority=100, drain_timeout="10m")
     c.add_model("high", priority=300)
     c.demand("low")
-    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+    with controller(local_cluster, c.namespace) as ctl:  # type: ignore[arg-type]
         c.wait_serving("low")
         c.in_flight("low", 2)
         c.demand("high")
@@ -90,6 +91,11 @@ def test_preemption_waits_for_the_requests_in_flight_then_proceeds_at_zero(
         assert low_status["sharedGroup"]["preemptedBy"] == "high"
         assert not low_status["sharedGroup"].get("drainingSince")
         assert c.replicas("low") == 0
+        # One drain, from drainingSince to the scale-down, ended by the count.
+        drains = drains_observed(ctl.scrape(), c.namespace, "low")
+        assert list(drains) == ["drained"]
+        count, seconds = drains["drained"]
+        assert count == 1 and 4 <= seconds < 600
     timeline.stop()
     assert timeline.violations == []
     assert timeline.created_apps() == ["low", "high"]
@@ -139,7 +145,7 @@ def test_a_stuck_count_is_scaled_down_at_the_drain_timeout(
     c.add_model("low", priority=100, drain_timeout="3s")
     c.add_model("high", priority=300)
     c.demand("low")
-    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+    with controller(local_cluster, c.namespace) as ctl:  # type: ignore[arg-type]
         c.wait_serving("low")
         c.in_flight("low", 5)  # and never again: a proxy whose answers hang
         c.demand("high")
@@ -157,6 +163,11 @@ def test_a_stuck_count_is_scaled_down_at_the_drain_timeout(
         # Evicted by the deadline, not before it: the count never dropped.
         assert (preempted_at - since).total_seconds() >= 3
         assert c.status("low")["inFlight"]["count"] == 5
+        # One drain, ended by its deadline.
+        drains = drains_observed(ctl.scrape(), c.namespace, "low")
+        assert list(drains) == ["deadline"]
+        count, seconds = drains["deadline"]
+        assert count == 1 and seconds >= 3
     timeline.stop()
     assert timeline.violations == []
     assert timeline.created_apps() == ["low", "high"]

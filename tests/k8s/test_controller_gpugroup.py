@@ -22,6 +22,7 @@ from .harness import (  # noqa: F401  (fixtures)
     cluster,
     controller,
     crds,
+    drains_observed,
     kubectl,
     now_text,
     on_kwok,
@@ -283,7 +284,7 @@ def test_graceful_keeps_a_member_answering_requests_until_they_end(
     add_member(c, "m1")
     add_member(c, "m2")
     add_group(c, policy="Graceful", drain=60)
-    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+    with controller(local_cluster, c.namespace) as ctl:  # type: ignore[arg-type]
         start_with_m1(c)
         in_flight(c, "m1", 2)
         queue(c, "m2", 1)
@@ -307,6 +308,11 @@ def test_graceful_keeps_a_member_answering_requests_until_they_end(
         in_flight(c, "m1", 0)  # its last answer ended
         wait_until(lambda: active(c, "m2"), what="m2 active after m1 drained")
         assert c.replicas("m1") == 0
+        # One drain, from the swap to the scale-down, ended by the count (not the 60 s).
+        drains = drains_observed(ctl.scrape(), c.namespace, "m1")
+        assert list(drains) == ["drained"]
+        count, seconds = drains["drained"]
+        assert count == 1 and 3 <= seconds < 60
     timeline.stop()
     assert timeline.violations == []
     assert timeline.created_apps() == ["m1", "m2"]

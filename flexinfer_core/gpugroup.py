@@ -335,7 +335,7 @@ def explain_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupTrace:
         ),
     ]
     if decision.phase is GpuGroupPhase.DRAINING:
-        rules.append(_gpu_note(11, True, decision.message))
+        rules.append(_gpu_note(11, True, _drain_says(state, decision)))
     elif decision.active_model is None:
         rules.append(_gpu_note(11, False, "no member is to hold the GPU"))
     elif state.preemption_policy is PreemptionPolicy.IMMEDIATE:
@@ -343,6 +343,34 @@ def explain_gpu_group(state: GpuGroupState, *, now: datetime) -> GpuGroupTrace:
     else:
         rules.append(_gpu_note(11, False, "no other member's pods are in the way"))
     return GpuGroupTrace(decision, tuple(rules))
+
+
+def _drain_says(state: GpuGroupState, decision: GpuGroupDecision) -> str:
+    """Step 11 while the holder waits: who drains, how much is in flight, and the
+    deadline (the drain timeout after the swap), as the shared groups' drain says it."""
+    swapped = decision.last_swap_time
+    if swapped is None:  # no drain without a recorded swap (see `_finish`)
+        return decision.message
+    deadline = (swapped + state.drain_timeout).isoformat()
+    timeout = format_duration(state.drain_timeout)
+    # The members the decision keeps up beside a holder that is not them: the drainers.
+    drainers = [
+        (name, member.in_flight)
+        for name, replicas in decision.desired_replicas
+        if replicas > 0
+        and name != decision.active_model
+        and (member := state.member(name)) is not None
+    ]
+    if drainers:
+        return "; ".join(
+            f"{name} drains its requests in flight before it is scaled to 0 ({count} in "
+            f"flight, deadline {deadline}: the {timeout} drain timeout after the swap)"
+            for name, count in drainers
+        )
+    return (
+        f"{decision.message}, at the latest until {deadline} "
+        f"(the {timeout} drain timeout after the swap)"
+    )
 
 
 def record_gpu_group_decision(state: GpuGroupState, decision: GpuGroupDecision) -> GpuGroupState:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import attrs
 import pytest
 
 from flexinfer_core import (
@@ -285,3 +286,31 @@ def test_anti_thrashing_off_says_so_for_every_gate() -> None:
     state = _gpu_state(members=members, anti_thrashing=AntiThrashing(enabled=False))
     trace = explain_gpu_group(state, now=T0)
     assert {trace.rules[n].why for n in range(5, 9)} == {"anti-thrashing is disabled"}
+
+
+def test_the_drain_step_names_the_drainer_and_its_deadline() -> None:
+    # b was swapped in 20 s ago; a still answers 2 requests (docs/election.md 1.6).
+    members = (
+        GpuGroupMember(
+            name="a", has_pods=True, ready=True, in_flight=2, reported_at=ago(1),
+            preempted_at=ago(20),
+        ),
+        GpuGroupMember(name="b", queued=1, oldest_waiting=ago(30), reported_at=ago(1)),
+    )  # fmt: skip
+    state = _gpu_state(members=members, current_model="b", last_swap_time=ago(20))
+    trace = explain_gpu_group(state, now=T0)
+    drain = trace.rules[10]
+    assert (drain.number, drain.name, drain.applied) == (11, "drain", True)
+    deadline = (ago(20) + timedelta(seconds=60)).isoformat()
+    assert drain.why == (
+        f"a drains its requests in flight before it is scaled to 0 (2 in flight, deadline "
+        f"{deadline}: the 1m drain timeout after the swap)"
+    )
+    # Its answers ended, its pod still terminating: the wait has the same deadline.
+    gone = (attrs.evolve(members[0], in_flight=0, ready=False), members[1])
+    trace = explain_gpu_group(attrs.evolve(state, members=gone), now=T0)
+    assert trace.rules[10].applied
+    assert trace.rules[10].why.endswith(
+        f"at the latest until {deadline} (the 1m drain timeout after the swap)"
+    )
+    assert "the pods of a" in trace.rules[10].why

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +31,7 @@ from flexinfer_core import Policy
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_kube.resources import MODELS
-from tests.k8s.harness import Cluster, PodTimeline, controller
+from tests.k8s.harness import Cluster, PodTimeline, controller, drains_observed
 from tests.k8s.kubectl import create_namespace, delete_namespace, install_crds, kubectl_for
 
 pytestmark = pytest.mark.k8s
@@ -228,7 +229,8 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
     # The default demand window: the proxy refreshes a waiting request's demand once a
     # minute, so with the short windows above high would stop being demanded while it
     # waits, and the election would (rightly) give the card back to the draining low.
-    with controller(local_cluster, c.namespace, policy=Policy(default_swap_cooldown=timedelta(0))):
+    policy = Policy(default_swap_cooldown=timedelta(0))
+    with controller(local_cluster, c.namespace, policy=policy) as ctl:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
             status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
             assert status == 200, text
@@ -251,7 +253,9 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
                     # being relayed, so in flight, long after high was asked for.
                     await asyncio.sleep(0.005)
             status, text, _ = await high
+        drains = drains_observed(ctl.scrape(), c.namespace, "low")
     timeline.stop()
+    print(f"flexinfer_drain_seconds of low: {drains}")
     assert events[-1] == "data: [DONE]", events[-3:]
     chunks = [json.loads(e.removeprefix("data:")) for e in events[:-1] if e.startswith("data:")]
     assert not [x for x in chunks if "error" in x], "the stream was cut"
@@ -259,5 +263,115 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
     assert finish[-1] == "length"  # it ran to its max_tokens
     assert status == 200 and text.strip(), text
     assert "Draining" in phases, phases  # low drained while its answer ran
+    assert list(drains) == ["drained"] and drains["drained"][0] == 1, drains  # once, by its count
+    assert timeline.violations == []
+    assert timeline.created_apps()[:2] == ["low", "high"]
+
+
+async def stream_raw(
+    base: str, body: dict[str, Any], *, after_first: Callable[[], object]
+) -> tuple[list[str], bool]:
+    """The lines of one streamed answer, read straight off the socket, and whether it was
+    cut (the connection ended before the last chunk).
+
+    Not aiohttp: once a connection breaks, its reader raises at once and drops what it
+    had buffered, the error event with it when the reader was behind.
+    """
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps(body).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (host.encode(), len(payload), payload)
+    )
+    lines: list[str] = []
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert b"transfer-encoding: chunked" in head.lower(), head
+        pending = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            if size == 0:
+                return lines, False
+            pending += await reader.readexactly(size)
+            await reader.readexactly(2)
+            *complete_lines, pending = pending.split(b"\n")
+            for line in complete_lines:
+                if line.strip():
+                    lines.append(line.decode().strip())
+                    if len(lines) == 1:
+                        after_first()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return lines, True
+    finally:
+        writer.close()
+
+
+@async_test
+async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+) -> None:
+    # docs/election.md 1.6, the deadline: low's drain timeout (3 s) is far shorter than
+    # its answer, so at the deadline low is scaled to 0, the proxy ends its stream with
+    # the explicit error event (never a silent cut, never [DONE]), and high answers.
+    # Never two servers at once. The answer is long in tokens, not in reading: the
+    # kernel's socket buffers would let the proxy hand a slow reader a whole short
+    # answer at once (its count 0, the drain over before its deadline), and the tiny
+    # model on an idle machine generates some 1000 tokens a second.
+    c = cluster
+    for name, priority in (("low", 100), ("high", 300)):
+        body = tiny_model_body(name, tiny_model)
+        body["spec"]["gpu"]["priority"] = priority
+        body["spec"]["llamacpp"] = {"ctxSize": 16384}
+        if name == "low":
+            body["spec"]["gpu"]["drainTimeout"] = "3s"
+        await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)
+    timeline = PodTimeline(c)
+    # The default demand window, as in the test above: high stays demanded while it waits.
+    policy = Policy(default_swap_cooldown=timedelta(0))
+    with controller(local_cluster, c.namespace, policy=policy) as ctl:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
+            status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
+            assert status == 200, text
+            long = {**chat("low", stream=True, max_tokens=16000), "ignore_eos": True}
+            asked: list[asyncio.Task[tuple[int, str, dict[str, str]]]] = []
+            times: dict[str, float] = {}
+
+            def ask_high() -> None:
+                times["asked"] = time.monotonic()
+                task = asyncio.create_task(complete(session, proxy, "high", stream=False))
+                task.add_done_callback(lambda _: times.setdefault("answered", time.monotonic()))
+                asked.append(task)
+
+            events, cut = await stream_raw(proxy, long, after_first=ask_high)
+            times["cut"] = time.monotonic()
+            (high,) = asked
+            status, text, _ = await high
+            # Not asserted (timings): the 3 s drain, then low's server stopping
+            # (docs/proxy.md, Preemption: one that hangs on SIGTERM goes at its 33 s grace
+            # period) and high's load.
+            print(
+                f"low's stream cut {times['cut'] - times['asked']:.1f} s and high answered "
+                f"{times['answered'] - times['asked']:.1f} s after high was asked"
+            )
+        low = await asyncio.to_thread(c.status, "low")
+        drains = drains_observed(ctl.scrape(), c.namespace, "low")
+    timeline.stop()
+    print(f"flexinfer_drain_seconds of low: {drains}")
+    assert "data: [DONE]" not in events, "the stream ran to its end: no deadline was hit"
+    assert cut, "the stream ended cleanly without [DONE]"
+    last = json.loads(events[-1].removeprefix("data:"))
+    assert last["error"]["code"] == "stream_cut", events[-3:]
+    assert "was stopped" in last["error"]["message"], last
+    assert "scaled to zero" in last["error"]["message"], last
+    tokens = [e for e in events[:-1] if e.startswith("data:")]
+    assert len(tokens) > 1  # it streamed before it was cut
+    # low drained, once, until its deadline (flexinfer_drain_seconds).
+    assert list(drains) == ["deadline"], drains
+    assert drains["deadline"][0] == 1 and drains["deadline"][1] >= 3, drains
+    assert low["phase"] == "Preempted" and low["sharedGroup"]["preemptedBy"] == "high", low
+    assert status == 200 and text.strip(), text
     assert timeline.violations == []
     assert timeline.created_apps()[:2] == ["low", "high"]

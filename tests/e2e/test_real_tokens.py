@@ -271,8 +271,8 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
 async def stream_raw(
     base: str, body: dict[str, Any], *, after_first: Callable[[], object]
 ) -> tuple[list[str], bool]:
-    """The lines of one streamed answer, read straight off the socket, and whether it was
-    cut (the connection ended before the last chunk).
+    """The lines of one streamed answer, read straight off the socket as they come, and
+    whether it was cut (the connection ended before the last chunk).
 
     Not aiohttp: once a connection breaks, its reader raises at once and drops what it
     had buffered, the error event with it when the reader was behind.
@@ -316,15 +316,15 @@ async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
     # docs/election.md 1.6, the deadline: low's drain timeout (3 s) is far shorter than
     # its answer, so at the deadline low is scaled to 0, the proxy ends its stream with
     # the explicit error event (never a silent cut, never [DONE]), and high answers.
-    # Never two servers at once. The answer is long in tokens, not in reading: the
-    # kernel's socket buffers would let the proxy hand a slow reader a whole short
-    # answer at once (its count 0, the drain over before its deadline), and the tiny
-    # model on an idle machine generates some 1000 tokens a second.
+    # Never two servers at once. The answer must still be generating at the deadline:
+    # the tiny model on an idle machine writes 4000 tokens in some 2.5 s, and an answer
+    # the proxy has whole is relayed to its end, not cut, so it is 16000 tokens long
+    # (a 64k context: llama-server gives each of its parallel slots a share).
     c = cluster
     for name, priority in (("low", 100), ("high", 300)):
         body = tiny_model_body(name, tiny_model)
         body["spec"]["gpu"]["priority"] = priority
-        body["spec"]["llamacpp"] = {"ctxSize": 16384}
+        body["spec"]["llamacpp"] = {"ctxSize": 65536}
         if name == "low":
             body["spec"]["gpu"]["drainTimeout"] = "3s"
         await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)

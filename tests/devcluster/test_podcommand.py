@@ -206,7 +206,8 @@ def test_the_renderers_llama_cpp_pod_runs_with_only_host_and_model_path_changed(
     )  # fmt: skip
     assert (command.readiness.kind, command.readiness.port) == ("http", 8000)
     assert command.readiness.path == "/health"
-    assert command.startup.failure_threshold == 6  # coldStartTimeout 60s / 10s
+    # The whole coldStartTimeout (60s) in probes of the rendered period.
+    assert (command.startup.period, command.startup.failure_threshold) == (2.0, 30)
     assert template["spec"]["nodeSelector"] == PROCESS_NODE_SELECTOR
     assert template["spec"]["tolerations"][0] == PROCESS_NODE_TOLERATION
 

@@ -114,3 +114,10 @@ FINETUNE_UNSCHEDULABLE: Final = "FinetuneUnschedulable"
 DELETING: Final = "Deleting"
 CLEANED_UP: Final = "CleanedUp"
 CLEANUP_FAILED: Final = "CleanupFailed"
+
+# VRAM co-residency (docs/election.md 1.7): why a member is or is not packed beside
+# the leader, and why a group with a budget is not packed.
+CO_RESIDENT: Final = "CoResident"
+WAITING_FOR_VRAM: Final = "WaitingForVram"
+EVICTED_FOR_VRAM: Final = "EvictedForVram"
+VRAM_BUDGET_CONFLICT: Final = "VramBudgetConflict"

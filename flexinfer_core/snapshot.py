@@ -114,6 +114,21 @@ def int_between(low: int, high: int | None) -> Any:
     return check
 
 
+def positive_bytes_or_none(
+    instance: Any, attribute: attrs.Attribute[Any], value: int | None
+) -> None:
+    """A memory size in bytes: None (not given) or a positive integer."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidFieldError(
+            _qualified(instance, attribute),
+            value,
+            "must be a positive number of bytes",
+            attribute=attribute.name,
+        )
+
+
 def non_empty_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidFieldError(f"{type(instance).__name__}.{attribute.name}", value, "is empty")
@@ -342,6 +357,11 @@ class ModelState:
     in_flight_at: datetime | None = attrs.field(default=None, validator=aware_or_none)
     # `status.sharedGroup.drainingSince`: when it started draining (None: it is not).
     draining_since: datetime | None = attrs.field(default=None, validator=aware_or_none)
+    # docs/election.md 1.7: `spec.gpu.vramBudget` (bytes; None: not set, no packing)
+    # and the member's footprint, its `spec.gpu.vramEstimate` or the adapter's
+    # estimate (bytes; None: unknown, it takes the whole card).
+    vram_budget: int | None = attrs.field(default=None, validator=positive_bytes_or_none)
+    vram_estimate: int | None = attrs.field(default=None, validator=positive_bytes_or_none)
     # Why its server is failing (None: it is not); what a Failed member's Ready
     # condition and message say (flexinfer_core.phases).
     failure: ServerFailure | None = None

@@ -46,7 +46,9 @@ def budgeted_groups(draw: st.DrawFn) -> tuple[ModelState, ...]:
 def arrivals(draw: st.DrawFn, members: tuple[ModelState, ...]) -> list[tuple[datetime, set[str]]]:
     names = [m.name for m in members]
     steps = draw(st.lists(st.sets(st.sampled_from(names)), min_size=1, max_size=40))
-    gaps = draw(st.lists(st.integers(1, 12), min_size=len(steps), max_size=len(steps)))
+    gaps = draw(
+        st.lists(st.sampled_from((1, 1, 2, 3, 12)), min_size=len(steps), max_size=len(steps))
+    )
     out, at = [], T0
     for asked, gap in zip(steps, gaps, strict=True):
         at += STEP * gap
@@ -134,9 +136,14 @@ def test_a_member_that_fits_alone_does_not_wait_for_ever(data: st.DataObject) ->
     assert served, f"{waiter} waited more than {bound} alone: {step.packing.seat(waiter)}"
 
 
-@given(group_scenarios(min_size=1))
-def test_with_no_budget_the_set_is_todays_holder(sc: GroupScenario) -> None:
-    # The current code path decides; packing must add nobody beside its holder.
+@given(group_scenarios(min_size=1), st.data())
+def test_with_no_budget_the_set_is_todays_holder(sc: GroupScenario, data: st.DataObject) -> None:
+    # The current code path decides; packing must add nobody beside its holder, however
+    # small the members' footprints.
+    sizes = st.one_of(st.none(), st.integers(1, 8).map(lambda n: n * HALF_GIB))
+    sc = attrs.evolve(
+        sc, models=tuple(attrs.evolve(m, vram_estimate=data.draw(sizes)) for m in sc.models)
+    )
     decision = sc.decide()
     ballot = Ballot.of(
         sc.models,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import attrs
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from flexinfer_core.election import Ballot, elect, group_cooldown
@@ -43,6 +43,24 @@ def budgeted_groups(draw: st.DrawFn) -> tuple[ModelState, ...]:
 
 
 @st.composite
+def crowded_groups(draw: st.DrawFn) -> tuple[ModelState, ...]:
+    """Known footprints of a third to a half of the card and distinct priorities: a
+    newcomer often outranks a seated member and does not fit (evictions happen)."""
+    names = NAMES[: draw(st.integers(3, len(NAMES)))]
+    priorities = draw(st.permutations((50, 100, 150, 200, 250)))
+    return tuple(
+        ModelState(
+            name=name,
+            group="gpu",
+            priority=priority,
+            vram_budget=24 * GIB,
+            vram_estimate=draw(st.integers(12, 24)) * HALF_GIB,
+        )
+        for name, priority in zip(names, priorities, strict=False)
+    )
+
+
+@st.composite
 def arrivals(draw: st.DrawFn, members: tuple[ModelState, ...]) -> list[tuple[datetime, set[str]]]:
     names = [m.name for m in members]
     steps = draw(st.lists(st.sets(st.sampled_from(names)), min_size=1, max_size=40))
@@ -58,8 +76,20 @@ def arrivals(draw: st.DrawFn, members: tuple[ModelState, ...]) -> list[tuple[dat
 
 @st.composite
 def histories(draw: st.DrawFn) -> tuple[tuple[ModelState, ...], list[Step]]:
-    members = draw(budgeted_groups())
+    members = draw(st.one_of(budgeted_groups(), crowded_groups()))
     return members, run(members, draw(arrivals(members)))
+
+
+def _two_newcomers_in_a_row() -> tuple[tuple[ModelState, ...], list[Step]]:
+    """c, then d a step later, each outranks a seated member and does not fit: only the
+    cooldown keeps d from evicting b right after c evicted a."""
+    members = tuple(
+        ModelState(name=n, group="gpu", priority=p, vram_budget=24 * GIB, vram_estimate=8 * GIB)
+        for n, p in (("lead", 250), ("a", 50), ("b", 100), ("c", 150), ("d", 200))
+    )
+    seated = {"lead", "a", "b"}
+    asked = [seated, seated, {"c", *seated}, {"d", "c", *seated}, {"d"}]
+    return members, run(members, [(T0 + STEP * (i + 1), names) for i, names in enumerate(asked)])
 
 
 def _on_card(members: tuple[ModelState, ...], step: Step) -> tuple[int | None, int]:
@@ -87,6 +117,7 @@ def test_the_pods_on_the_card_never_exceed_the_budget(
 
 
 @given(histories())
+@example(_two_newcomers_in_a_row())
 def test_no_member_is_evicted_twice_within_a_cooldown(
     history: tuple[tuple[ModelState, ...], list[Step]],
 ) -> None:

@@ -39,6 +39,7 @@ from flexinfer_core.election import (
     next_instant,
 )
 from flexinfer_core.leases import lease_holder_label
+from flexinfer_core.packing import Packing, memory_gate, pack
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     Condition,
@@ -330,7 +331,12 @@ def decide_group(
     )
     election = elect(ballot)
     default = ballot.default.name if ballot.default is not None else None
-    members = _member_decisions(models, election, now=now, running=running, default=default)
+    # docs/election.md 1.7: only a group whose members set a VRAM budget is packed; any
+    # other decides exactly as before packing existed.
+    packing = pack(ballot, election) if any(m.vram_budget for m in models) else None
+    members = _member_decisions(
+        models, election, now=now, running=running, default=default, packing=packing
+    )
     if election.leader is not None:
         # The leader's condition gives the reason it holds the card once this decision
         # is applied. Applying can itself change the live rule (a fresh preemption
@@ -342,7 +348,7 @@ def decide_group(
             again = elect(settled)
             if again.leader_name == election.leader_name:
                 members = tuple(
-                    _held_because(member, again) if member.is_leader else member
+                    _held_because(member, again) if member.name == election.leader_name else member
                     for member in members
                 )
     if ballot.ignored_defaults:
@@ -491,28 +497,45 @@ def _member_decisions(
     now: datetime,
     running: Collection[str],
     default: str | None,
+    packing: Packing | None = None,
 ) -> tuple[MemberDecision, ...]:
     """Per-member targets as `election` decides them (`default`: the group's default
-    member, which stays warm while it leads)."""
+    member, which stays warm while it leads; `packing`: the members that hold the card
+    beside the leader, docs/election.md 1.7)."""
     leader = election.leader
     lease = election.lease
     leader_name = leader.name if leader is not None else None
     by_name = sorted(models, key=_NAME)
     # Queue positions: priority first, then name (a stable sort of the name order).
     others = sorted((m for m in by_name if m.name != leader_name), key=_PRIORITY, reverse=True)
+    beside = set(packing.holders[1:]) if packing is not None else set()
     positions = {m.name: i for i, m in enumerate(others, start=1)}
     holder_label = lease_holder_label(lease) if lease is not None else leader_name or ""
     parked = _Parked(election, holder_label=holder_label, now=now)
     # One Event a handover: the member that loses the card while serving gets
     # `Preempted` naming the new holder; `Promoted` only when nobody is evicted.
-    evicting = lease is None and any(m.phase is _READY for m in others)
+    evicting = lease is None and any(m.phase is _READY and m.name not in beside for m in others)
     # The members that lose (or lost) the card and drain their requests in flight
     # first (docs/election.md 1.6): the leader says it waits for them.
     draining = [
         m
         for m in others
-        if starts_draining(m, now) or (m.phase is _DRAINING and keeps_draining(m, now))
+        if m.name not in beside
+        and (starts_draining(m, now) or (m.phase is _DRAINING and keeps_draining(m, now)))
     ]
+    if packing is not None and packing.budget.size is not None and leader is not None:
+        return _packed_decisions(
+            models,
+            election,
+            packing,
+            now=now,
+            running=running,
+            parked=parked,
+            positions=positions,
+            announce=not evicting,
+            default=default,
+            draining=draining,
+        )
     members = []
     for model in by_name:
         if model.name == leader_name:
@@ -538,6 +561,61 @@ _NAME = operator.attrgetter("name")
 _PRIORITY = operator.attrgetter("priority")
 
 
+def _packed_decisions(
+    models: Sequence[ModelState],
+    election: Election,
+    packing: Packing,
+    *,
+    now: datetime,
+    running: Collection[str],
+    parked: _Parked,
+    positions: Mapping[str, int],
+    announce: bool,
+    default: str | None,
+    draining: Sequence[ModelState],
+) -> tuple[MemberDecision, ...]:
+    """The targets of a budgeted group (docs/election.md 1.7): every holder is sized as
+    the leader is, and starts only when `memory_gate` lets it, in the order of the set
+    (leader first), each start counted before the next is gated."""
+    by_name = {m.name: m for m in models}
+    live = set(running)
+    size = packing.budget.size
+    decided: dict[str, MemberDecision] = {}
+    for name in packing.holders:
+        model = by_name[name]
+        seat = packing.seat(name)
+        held = (
+            election
+            if name == election.leader_name
+            else attrs.evolve(
+                election,
+                leader=model,
+                reason=reasons.CO_RESIDENT,
+                message=f"{name} shares the card with {election.leader_name}: {seat.message}",
+            )
+        )
+        may_start, why = memory_gate(name, members=models, running=live, budget=size)
+        decision = _leader_decision(
+            model,
+            held,
+            occupied=() if may_start else sorted(n for n in live if n != name),
+            memory_wait=why,
+            now=now,
+            services=",".join(model.service_labels),
+            has_pods=name in running,
+            announce=announce,
+            warm=name == default,
+            draining=draining,
+        )
+        if decision.desired_replicas > 0:
+            live.add(name)
+        decided[name] = decision
+    return tuple(
+        decided[m.name] if m.name in decided else parked.decision(m, positions[m.name])
+        for m in sorted(models, key=_NAME)
+    )
+
+
 def _leader_decision(
     model: ModelState,
     election: Election,
@@ -549,6 +627,7 @@ def _leader_decision(
     announce: bool = True,
     warm: bool = False,
     draining: Sequence[ModelState] = (),
+    memory_wait: str = "",
 ) -> MemberDecision:
     # A member that drained and is elected again simply goes on serving.
     phase = _READY if model.phase is _DRAINING else model.phase
@@ -573,7 +652,9 @@ def _leader_decision(
         want = 0
         reason = reasons.WAITING_FOR_GPU
         message = (
-            f"{model.name} holds the GPU and waits for the pods of "
+            f"{model.name} holds the GPU and {memory_wait}"
+            if memory_wait
+            else f"{model.name} holds the GPU and waits for the pods of "
             f"{', '.join(occupied)} to be gone before scaling up"
         )
     # Preemption ended: a member that is Ready again no longer carries its stamp.

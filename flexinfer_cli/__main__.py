@@ -192,6 +192,7 @@ def timeline_json(timeline: Timeline, start: object) -> dict[str, object]:
             {
                 "at": _offset(step.at, start),
                 "leader": step.leader,
+                "holders": list(step.holders),
                 "reason": step.reason,
                 "message": step.message,
                 "events": [
@@ -223,6 +224,8 @@ def render_timeline(timeline: Timeline, start: object) -> str:
             f"{_offset(step.at, start):>8}  {step.leader or '-':<14} {step.reason:<17} "
             f"{pods or '-':<19} {step.message}"
         )
+        if len(step.holders) > 1:
+            lines.append(f"{'':>8}  holders: {', '.join(step.holders)}")
         for event in step.events:
             lines.append(f"{'':>8}  event {event.reason} on {event.model}: {event.message}")
     waited = [o for o in timeline.requests if o.served_at != o.request.at]

@@ -38,6 +38,7 @@ from flexinfer_core.simulate import (
     Timeline,
     simulate,
 )
+from flexinfer_k8s.render.policy import quantity_bytes
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -198,7 +199,16 @@ def _model(item: Any, where: str, *, group: str, namespace: str) -> ModelState:
             ),
         ),
         service_labels=tuple(str(s) for s in item.get("serviceLabels", ())),
+        # docs/election.md 1.7, as a Model's spec.gpu.vramBudget and .vramEstimate.
+        vram_budget=_bytes(item, "vramBudget", where),
+        vram_estimate=_bytes(item, "vramEstimate", where),
     )
+
+
+def _bytes(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    if data.get(key) is None:
+        return None
+    return quantity_bytes(str(data[key]), field=_field(where, key))
 
 
 def _lease(item: Any, where: str, *, group: str, namespace: str) -> LeaseWindow:

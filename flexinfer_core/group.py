@@ -610,10 +610,22 @@ def _packed_decisions(
         if decision.desired_replicas > 0:
             live.add(name)
         decided[name] = decision
-    return tuple(
-        decided[m.name] if m.name in decided else parked.decision(m, positions[m.name])
-        for m in sorted(models, key=_NAME)
-    )
+    for model in models:
+        if model.name in decided:
+            continue
+        seat = packing.seat(model.name)
+        if model.name in packing.evicted:
+            # Its eviction says why: who needed how much room.
+            words = attrs.evolve(election, message=seat.message)
+            evicting = _Parked(words, holder_label=parked.holder_label, now=now)
+            decided[model.name] = evicting.decision(model, positions[model.name])
+        elif model.shared_state is _ACTIVE and model.phase is _READY:
+            # It gives its seat up because it idled out: no preemption, no cooldown.
+            idle = attrs.evolve(model, phase=Phase.IDLE)
+            decided[model.name] = parked.decision(idle, positions[model.name])
+        else:
+            decided[model.name] = parked.decision(model, positions[model.name])
+    return tuple(decided[m.name] for m in sorted(models, key=_NAME))
 
 
 def _leader_decision(

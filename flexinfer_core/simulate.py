@@ -126,6 +126,9 @@ class Step:
     message: str
     events: tuple[Event, ...]
     pods: tuple[tuple[str, int, int], ...]  # (model, pods, ready pods)
+    # Every member that holds the card, the leader first (more than one only in a
+    # packed group, docs/election.md 1.7).
+    holders: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -324,10 +327,11 @@ def simulate(
         if (
             not steps
             or step.events
-            or (step.leader, step.pods)
+            or (step.leader, step.pods, step.holders)
             != (
                 steps[-1].leader,
                 steps[-1].pods,
+                steps[-1].holders,
             )
         ):
             steps.append(step)
@@ -401,4 +405,8 @@ def _step(now: datetime, decision: GroupDecision, *, pods: dict[str, list[Pod]])
         )
         for name, ps in sorted(pods.items())
     )
-    return Step(now, decision.leader, decision.reason, decision.message, decision.events, counts)
+    beside = tuple(m.name for m in decision.members if m.is_leader and m.name != decision.leader)
+    holders = (decision.leader, *beside) if decision.leader is not None else beside
+    return Step(
+        now, decision.leader, decision.reason, decision.message, decision.events, counts, holders
+    )

@@ -150,3 +150,41 @@ def test_the_card_returns_to_the_default_once_coder_is_idle(
     timeline = run_json(capsys, plain)
     leaders = [s["leader"] for s in timeline["steps"] if s["events"]]
     assert "chat" not in leaders[1:], leaders
+
+
+def test_packed_group_scenario_holds_a_set_within_its_budget(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """examples/scenarios/packed-group.yaml (docs/election.md 1.7): chat and embed hold
+    the card together from the start; vision evicts just enough; the pods on the card
+    never sum to more than the budget; without the budget, one member at a time."""
+    path = SCENARIOS / "packed-group.yaml"
+    data = yaml.safe_load(path.read_text())
+    gib = {"5632Mi": 5.5, "4Gi": 4, "12Gi": 12, "10Gi": 10}
+    sizes = {m["name"]: gib[m["vramEstimate"]] for m in data["models"]}
+    packed = run_json(capsys, path)
+    assert packed["steps"][0]["holders"] == ["chat", "embed"]
+    for step in packed["steps"]:
+        on_card = sum(sizes[name] for name, pods in step["pods"].items() if pods["pods"])
+        assert on_card <= 24, step
+    served = {(r["model"], r["at"]): r["served"] for r in packed["requests"]}
+    assert served[("chat", "0s")] == served[("embed", "0s")] == "30s"
+    at_six = next(s for s in packed["steps"] if s["at"] == "6m")
+    assert at_six["holders"] == ["coder", "vision"]
+    evicted = {e["model"] for e in at_six["events"] if e["reason"] == "Preempted"}
+    assert evicted == {"chat", "embed"}
+    assert packed["max_members_with_pods"] == 3
+    for model in data["models"]:
+        del model["vramBudget"]
+    alone = tmp_path / "one-at-a-time.yaml"
+    alone.write_text(yaml.safe_dump(data))
+    assert run_json(capsys, alone)["max_members_with_pods"] == 1
+
+
+def test_a_bad_vram_quantity_names_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "chat", "vramBudget": "lots"}]}))
+    assert main(["simulate", str(path)]) != 0
+    assert "models[0].vramBudget" in capsys.readouterr().err

@@ -523,7 +523,9 @@ def _member_decisions(
         if m.name not in beside
         and (starts_draining(m, now) or (m.phase is _DRAINING and keeps_draining(m, now)))
     ]
-    if packing is not None and packing.budget.size is not None and leader is not None:
+    # Only a leader of known footprint within the budget is packed (`Packing.used`);
+    # any other holds the card alone exactly as without a budget.
+    if packing is not None and packing.used and leader is not None:
         return _packed_decisions(
             models,
             election,

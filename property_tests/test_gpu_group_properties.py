@@ -144,8 +144,9 @@ def contested_states(draw: st.DrawFn) -> Case:
     anti = attrs.evolve(
         state.anti_thrashing,
         enabled=True,
-        request_queue_threshold=3 if target == "queue below threshold" else draw(
-            st.sampled_from((1, 2, 3))),
+        request_queue_threshold=3
+        if target == "queue below threshold"
+        else draw(st.sampled_from((1, 2, 3))),
         hysteresis_window=timedelta(seconds=10),
         minimum_run_duration=timedelta(seconds=30),
         cooldown_after_preemption=timedelta(seconds=60),
@@ -155,15 +156,25 @@ def contested_states(draw: st.DrawFn) -> Case:
         return window * draw(_JUST_UNDER)
 
     def outside(window: timedelta) -> timedelta:
-        return window + draw(st.sampled_from((timedelta(0), timedelta(seconds=1),
-                                              timedelta(minutes=5))))
+        return window + draw(
+            st.sampled_from((timedelta(0), timedelta(seconds=1), timedelta(minutes=5)))
+        )
 
-    queued = draw(st.sampled_from((1, 2))) if target == "queue below threshold" else max(
-        anti.request_queue_threshold, draw(st.sampled_from((3, 5))))
-    waited = inside(anti.hysteresis_window) if target == "hysteresis" else outside(
-        anti.hysteresis_window)
-    swapped = inside(anti.minimum_run_duration) if target == "minimum run" else outside(
-        anti.minimum_run_duration)
+    queued = (
+        draw(st.sampled_from((1, 2)))
+        if target == "queue below threshold"
+        else max(anti.request_queue_threshold, draw(st.sampled_from((3, 5))))
+    )
+    waited = (
+        inside(anti.hysteresis_window)
+        if target == "hysteresis"
+        else outside(anti.hysteresis_window)
+    )
+    swapped = (
+        inside(anti.minimum_run_duration)
+        if target == "minimum run"
+        else outside(anti.minimum_run_duration)
+    )
     preempted = (
         now - inside(anti.cooldown_after_preemption)
         if target == "cooldown after preemption"

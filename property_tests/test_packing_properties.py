@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from flexinfer_core.election import Ballot, elect, group_cooldown
 from flexinfer_core.packing import GIB, pack
+from flexinfer_core.simulate import Request, simulate
 from flexinfer_core.snapshot import ModelState, Phase
 from flexinfer_core.testing.packing_world import LIVE, PackingWorld, Step, run
 from flexinfer_core.testing.strategies import GroupScenario, group_scenarios
@@ -199,3 +200,42 @@ def test_members_that_disagree_on_the_budget_are_not_packed(sc: GroupScenario, g
     packing = pack(ballot, election)
     assert packing.budget.conflict
     assert len(packing.holders) <= 1
+
+
+@given(st.data())
+def test_the_simulated_card_never_holds_more_than_the_budget(data: st.DataObject) -> None:
+    # Through the controller's own decision (decide_group) and the simulator's pods,
+    # which take 30 s to load and 5 s to go: at every step, terminating pods included.
+    members = data.draw(st.one_of(budgeted_groups(), crowded_groups()))
+    budget = members[0].vram_budget
+    assert budget is not None
+    asked = data.draw(arrivals(members))
+    requests = [Request(at, name) for at, names in asked for name in sorted(names)]
+    timeline = simulate(
+        members, start=T0, until=asked[-1][0] + timedelta(minutes=10), requests=requests
+    )
+    sizes = {m.name: m.vram_estimate for m in members}
+    for step in timeline.steps:
+        on = [sizes[name] for name, pods, _ in step.pods if pods]
+        if len(on) > 1:
+            assert None not in on, f"{step.at}: a member of unknown footprint shares the card"
+            total = sum(s or 0 for s in on)
+            assert total <= budget, f"{step.at}: {total / GIB} GiB on {budget / GIB}: {step.pods}"
+
+
+@given(group_scenarios(min_size=1), st.integers(1, 48))
+def test_a_budget_with_unknown_footprints_decides_as_today(sc: GroupScenario, gib: int) -> None:
+    today = sc.decide()
+    budgeted = attrs.evolve(
+        sc, models=tuple(attrs.evolve(m, vram_budget=gib * GIB) for m in sc.models)
+    )
+    decided = budgeted.decide()
+    # The election carries the leader's snapshot, which now has the budget: compare what
+    # it decides, not the input it holds.
+    assert decided.members == today.members
+    assert (decided.leader, decided.reason, decided.message, decided.next_change_at) == (
+        today.leader,
+        today.reason,
+        today.message,
+        today.next_change_at,
+    )

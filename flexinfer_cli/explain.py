@@ -402,6 +402,7 @@ def shared_data(
         "message": decision.message,
         "rules": rules_json(explanation.rules),
         "drain": explanation.drain,
+        "packing": explanation.packing,
         "members": members,
         "lease": None
         if lease is None
@@ -449,6 +450,8 @@ def shared_text(data: dict[str, Any], *, at: datetime) -> str:
     lines.append(f"Holder: {leader} ({data['reason']}): {data['message']}")
     if data.get("drain"):
         lines.append(f"Drain (docs/election.md 1.6): {data['drain']}")
+    if data.get("packing"):
+        lines.append(f"Packing (docs/election.md 1.7): {data['packing']}")
     lease = data["lease"]
     if lease is not None:
         expires = parse_rfc3339(lease["expiresAt"])

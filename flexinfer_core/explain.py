@@ -35,6 +35,7 @@ from flexinfer_core.group import (
     next_change_at,
     thresholds,
 )
+from flexinfer_core.packing import PACKING
 from flexinfer_core.snapshot import DEFAULT_POLICY, GpuLease, ModelState, Phase, Policy
 
 # How many thresholds to look past for the changes ahead (each is one decision).
@@ -68,6 +69,9 @@ class GroupExplanation:
     # The drain stage's words once the decision is written (docs/election.md 1.6):
     # who drains, how many requests are in flight and until when; None: nobody drains.
     drain: str | None = None
+    # The packing stage's words (docs/election.md 1.7): each member's seat beside the
+    # leader ("embed: fits: 9.5 of 24 GiB used"); None: no member sets a VRAM budget.
+    packing: str | None = None
 
     @property
     def next_change(self) -> NextChange | None:
@@ -105,6 +109,7 @@ def explain_group(
         decision=decision,
         rules=trace.rules,
         drain=_drain(models, decision, now=now, policy=policy),
+        packing=_packing(models, now=now, leases=leases, policy=policy),
         upcoming=_upcoming(
             models,
             decision,
@@ -115,6 +120,15 @@ def explain_group(
             limit=limit,
         ),
     )
+
+
+def _packing(
+    models: Sequence[ModelState], *, now: datetime, leases: Sequence[GpuLease], policy: Policy
+) -> str | None:
+    if not any(m.vram_budget for m in models):
+        return None
+    said = PACKING.decide(Ballot.of(models, now=now, leases=leases, policy=policy))
+    return said() if callable(said) else None
 
 
 def _drain(

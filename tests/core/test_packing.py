@@ -203,3 +203,41 @@ def test_the_memory_gate_treats_an_unknown_footprint_as_the_whole_card() -> None
         False,
         "waits for the pods of chat to be gone (footprint unknown)",
     )
+
+
+def test_explain_says_each_seat_of_a_budgeted_group() -> None:
+    from flexinfer_core.explain import explain_group
+
+    models = (
+        holding("lead", 8, priority=300),
+        holding("coder", 12, priority=50),
+        budgeted("chat", 12, priority=100, last_active=ago(5)),
+    )
+    said = explain_group(models, now=T0).packing
+    assert said is not None
+    assert "chat: evicts coder: needs 12 GiB, 4 free; fits: 20 of 24 GiB used" in said
+    assert "coder: evicted by chat: it needs 12 GiB, 4 free" in said
+    unbudgeted = [member(m.name, priority=m.priority) for m in models]
+    assert explain_group(unbudgeted, now=T0).packing is None
+
+
+def test_a_co_holder_is_sized_as_a_leader_and_waits_for_room() -> None:
+    from flexinfer_core.group import decide_group
+
+    models = (
+        holding("chat", 12, priority=300),
+        budgeted("embed", 4, last_active=ago(5)),
+        budgeted("coder", 10, phase="Preempted", preempted_at=ago(minutes=10)),
+    )
+    # coder's pod is still terminating: 12 + 10 held, embed's 4 do not fit yet.
+    decision = decide_group(models, now=T0, running={"chat", "coder"})
+    embed = decision.member("embed")
+    assert embed.is_leader and embed.desired_replicas == 0
+    assert embed.reason == reasons.WAITING_FOR_GPU
+    assert embed.message == (
+        "embed holds the GPU and waits for 4 GiB: 22 of 24 GiB held by the pods of chat, coder"
+    )
+    started = decide_group(models, now=T0, running={"chat"}).member("embed")
+    assert started.desired_replicas == 1
+    assert started.reason == reasons.CO_RESIDENT
+    assert started.message == "embed shares the card with chat: fits: 16 of 24 GiB used"

@@ -239,3 +239,24 @@ def test_a_budget_with_unknown_footprints_decides_as_today(sc: GroupScenario, gi
         today.message,
         today.next_change_at,
     )
+
+
+@given(st.data())
+def test_a_member_that_fits_alone_is_served_in_the_simulator(data: st.DataObject) -> None:
+    # The same liveness through the controller's own decision: after any arrivals, a
+    # member that fits the card alone and keeps being asked for is served.
+    members = data.draw(st.one_of(budgeted_groups(), crowded_groups()))
+    budget = members[0].vram_budget
+    assert budget is not None
+    fits = [m for m in members if m.vram_estimate is not None and m.vram_estimate <= budget]
+    if not fits:
+        members = (attrs.evolve(members[0], vram_estimate=budget), *members[1:])
+        fits = [members[0]]
+    waiter = data.draw(st.sampled_from(fits)).name
+    asked = data.draw(arrivals(members))
+    requests = [Request(at, name) for at, names in asked for name in sorted(names)]
+    since = asked[-1][0]
+    later = [Request(since + STEP * (i + 1), waiter) for i in range(30)]
+    timeline = simulate(members, start=T0, until=since + STEP * 31, requests=[*requests, *later])
+    served = [o for o in timeline.requests if o.request in later and o.served_at is not None]
+    assert served, f"{waiter}, asked every 30 s for 15 minutes, was never served"

@@ -346,6 +346,22 @@ def decide_group(
         settled = ballot.settled(members)
         if settled is not None:
             again = elect(settled)
+            if (
+                packing is not None
+                and packing.used
+                and again.leader is not None
+                and again.leader_name != election.leader_name
+                and again.leader_name in packing.holders
+            ):
+                # A packed group: once written, another of the same holders leads
+                # (several are Active; a loading one leads by rule 5). Name it leader
+                # now, so the next reconcile finds nothing to rewrite; the set is the
+                # same.
+                election = again
+                packing = pack(ballot, election)
+                members = _member_decisions(
+                    models, election, now=now, running=running, default=default, packing=packing
+                )
             if again.leader_name == election.leader_name:
                 members = tuple(
                     _held_because(member, again) if member.name == election.leader_name else member

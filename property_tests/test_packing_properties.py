@@ -16,7 +16,7 @@ from flexinfer_core.election import Ballot, elect, group_cooldown
 from flexinfer_core.packing import GIB, pack
 from flexinfer_core.simulate import Request, Timeline, simulate
 from flexinfer_core.snapshot import ModelState
-from flexinfer_core.testing import GroupScenario
+from flexinfer_core.testing import GroupScenario, check_fixed_point
 from flexinfer_core.testing.strategies import group_scenarios
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -229,3 +229,19 @@ def test_a_member_that_fits_alone_is_served_in_the_simulator(data: st.DataObject
     timeline = simulate(members, start=T0, until=since + STEP * 31, requests=[*requests, *later])
     served = [o for o in timeline.requests if o.request in later and o.served_at is not None]
     assert served, f"{waiter}, asked every 30 s for 15 minutes, was never served"
+
+
+@given(group_scenarios(min_size=1), st.data())
+def test_a_packed_decision_is_a_fixed_point(sc: GroupScenario, data: st.DataObject) -> None:
+    # Applying a budgeted group's decision and deciding again at the same instant
+    # writes nothing: a packing does not rewrite every status at every reconcile.
+    budget = data.draw(st.integers(8, 48)) * GIB
+    sizes = st.one_of(st.none(), st.integers(1, 24).map(lambda n: n * GIB))
+    sc = attrs.evolve(
+        sc,
+        models=tuple(
+            attrs.evolve(m, vram_budget=budget, vram_estimate=data.draw(sizes)) for m in sc.models
+        ),
+    )
+    decision = sc.decide()
+    check_fixed_point(sc, decision)

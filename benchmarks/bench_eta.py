@@ -26,21 +26,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
 
+from flexinfer_cli import demo
 from flexinfer_core import Policy
 from flexinfer_core.durations import parse_duration
 from flexinfer_devcluster.localcluster import LocalCluster
@@ -83,34 +80,12 @@ def model_manifest(name: str, model_file: Path) -> JSON:
     }
 
 
-@contextlib.contextmanager
-def proxy_process(cluster: LocalCluster) -> Iterator[str]:
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "flexinfer_proxy",
-            "--host", "127.0.0.1", "--port", "0",
-            "--kubeconfig", str(cluster.kubeconfig),
-            "--namespace", NAMESPACE,
-            "--resolve-file", str(cluster.hosts_file),
-            "--min-queue-wait", "3m",
-            "--wait-comment-interval", "60s",
-        ],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    try:
-        if not line.startswith("listening on 127.0.0.1:"):
-            raise SystemExit(f"the proxy did not start: {line!r}")
-        yield f"http://127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+def proxy_process(cluster: LocalCluster) -> contextlib.AbstractContextManager[str]:
+    """The demo's proxy process, for this namespace, holding requests up to 3m and
+    sending its waiting-stream comments only after a minute (none in these swaps)."""
+    return demo.proxy_process(
+        cluster, NAMESPACE, flags=("--min-queue-wait", "3m", "--wait-comment-interval", "60s")
+    )
 
 
 def ask(proxy: str, model: str) -> tuple[float, float, int]:

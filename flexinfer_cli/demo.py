@@ -93,7 +93,7 @@ def run_demo(*, keep: bool = False, out: TextIO = sys.stdout) -> int:
             render_settings=RenderSettings(policy=dev_policy()),
         ).start(sync_timeout=30)
         say("The flexinfer controller is running (demand window 20s, swap cooldown 5s).")
-        with _proxy(cluster) as proxy:
+        with proxy_process(cluster) as proxy:
             say(f"The flexinfer proxy listens on {proxy} (OpenAI API).")
             say(f"Watch the card change hands: open {proxy}/ui in a browser.\n")
             _story(cluster, api, proxy, models, say)
@@ -130,18 +130,24 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def _proxy(cluster: LocalCluster) -> Iterator[str]:
-    """`python -m flexinfer_proxy` on a free loopback port (not 8000: that is the models'
-    port on their own loopback addresses), resolving Services through the hosts file
-    the process node keeps (this machine has no cluster DNS)."""
+def proxy_process(
+    cluster: LocalCluster,
+    namespace: str = NAMESPACE,
+    *,
+    flags: tuple[str, ...] = ("--min-queue-wait", "2m"),
+) -> Iterator[str]:
+    """`python -m flexinfer_proxy` for `namespace` on a free loopback port (not 8000: that
+    is the models' port on their own loopback addresses), resolving Services through the
+    hosts file the process node keeps (this machine has no cluster DNS); yields its URL
+    and stops it (SIGTERM, then SIGKILL) on the way out. The ETA benchmark uses it too."""
     process = subprocess.Popen(
         [
             sys.executable, "-m", "flexinfer_proxy",
             "--host", "127.0.0.1", "--port", "0",
             "--kubeconfig", str(cluster.kubeconfig),
-            "--namespace", NAMESPACE,
+            "--namespace", namespace,
             "--resolve-file", str(cluster.hosts_file),
-            "--min-queue-wait", "2m",
+            *flags,
         ],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -156,7 +162,7 @@ def _proxy(cluster: LocalCluster) -> Iterator[str]:
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)

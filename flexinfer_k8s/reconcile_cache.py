@@ -355,6 +355,13 @@ class CacheReconciler:
         next_at: datetime | None = None
         if phase is JobPhase.FAILED:
             status = self._download_failed(spec, download, pods)
+        elif phase is JobPhase.ACTIVE and not pods and (
+            # First: a claim that binds on its first consumer waits for this very pod.
+            refused := self._job_refused(obj, spec.namespace, spec.download_job_name, now=now)
+        ):
+            status, wrote_event = refused
+            wrote = wrote_event or wrote
+            next_at = now + CLAIM_RECHECK
         elif phase is JobPhase.ACTIVE and self._claim_unbound(spec):
             status, wrote_event = self._claim_pending(obj, spec, now=now)
             wrote = wrote_event or wrote
@@ -722,17 +729,21 @@ class CacheReconciler:
     def _claim_events(self, spec: CacheSpec) -> tuple[bool, str]:
         """The newest Event on the claim, Warnings first: whether it is a Warning, and
         the binder's or the provisioner's own words ("" when none or unreadable)."""
+        return self._newest_event(spec.namespace, "PersistentVolumeClaim", spec.claim)
+
+    def _newest_event(self, namespace: str, kind: str, name: str) -> tuple[bool, str]:
+        """The newest Event on an object, Warnings first: whether it is a Warning, and
+        its reason and message ("" when none or unreadable)."""
         try:
             listed = self.api.request(
                 "GET",
-                EVENTS.path(spec.namespace),
-                query={
-                    "fieldSelector": f"involvedObject.kind=PersistentVolumeClaim,"
-                    f"involvedObject.name={spec.claim}"
-                },
+                EVENTS.path(namespace),
+                query={"fieldSelector": f"involvedObject.kind={kind},involvedObject.name={name}"},
             )
         except KubeError as error:
-            log.debug("claim events unreadable", extra={"fields": {"error": str(error)}})
+            log.debug(
+                "events unreadable", extra={"fields": {"kind": kind, "error": str(error)}}
+            )
             return False, ""
 
         def when(event: JSON) -> str:
@@ -771,6 +782,27 @@ class CacheReconciler:
             )
             wrote = True
         return status, wrote
+
+    def _job_refused(
+        self, obj: JSON, namespace: str, job: str, *, now: datetime
+    ) -> tuple[CacheStatus, bool] | None:
+        """A Job that has no pod because the API server refuses to create it (a
+        ResourceQuota, a Pod Security level, an admission policy): the Job controller
+        says so only in a `FailedCreate` Event on the Job, and the Job stays active for
+        ever. The status quotes it (a Warning Event on the cache when it changes), so the
+        user sees what to fix rather than a copy that never starts. None when the Job's
+        newest Warning is not that."""
+        warning, said = self._newest_event(namespace, "Job", job)
+        if not warning or not said.startswith("FailedCreate"):
+            return None
+        message = f"the Job {job} cannot create its pod: {said}"
+        status = CacheStatus("Pending", False, reasons.JOB_POD_REFUSED, message, job)
+        if get_path(obj, "status", "message") == message:
+            return status, False
+        self.writer.event(
+            obj, reason=reasons.JOB_POD_REFUSED, message=message, type="Warning", now=now
+        )
+        return status, True
 
     # -- finetune --------------------------------------------------------------------
 
@@ -815,6 +847,16 @@ class CacheReconciler:
         release_at: datetime | None = None
         if phase is JobPhase.ACTIVE and not parked:
             stuck = unschedulable(pods)
+            if stuck is None and not pods:
+                # No pod at all: the API server may be refusing it (a quota, the
+                # namespace's Pod Security level). The lease would park serving for
+                # nothing just the same; the bound counts from the Job's creation.
+                warning, said = self._newest_event(namespace, "Job", job_name(name))
+                if warning and said.startswith("FailedCreate"):
+                    stuck = (
+                        f"the API server refuses its pod: {said}",
+                        parse_rfc3339(get_path(job, "metadata", "creationTimestamp")),
+                    )
             resource = _gpu_resource(finetune)
             if stuck is not None and not waits_for_gpu(stuck[0], resource):
                 waiting = stuck[0]
@@ -881,7 +923,8 @@ class CacheReconciler:
                 f"for {limit} (--finetune-unschedulable-timeout) for a reason other than the "
                 f"GPU: {parked}"
                 + (f"; GPU lease {finetune_lease_name(name)} released" if group else "")
-                + "; fix spec.nodeSelector or spec.tolerations, then delete the Job "
+                + "; fix what that names (spec.nodeSelector, spec.tolerations, the "
+                "namespace's quota), then delete the Job "
                 f"{job_name(name)} to train again",
                 job_name(name),
             )

@@ -537,6 +537,84 @@ def test_a_pending_claim_says_the_binders_words_and_a_fixed_spec_rebinds(
         assert ready["path"] == "pvc://w-models/w"
 
 
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
+
+
+def no_pods_quota(c: Cluster) -> None:
+    """A ResourceQuota of no pods: the API server's quota admission refuses every new
+    pod ("exceeded quota"), which the Job controller reports as `FailedCreate`. This
+    control plane runs no quota controller, so the test writes the quota's status (hard
+    and used) as that controller would: admission reads only the status."""
+    hard = {"pods": "0"}
+    c.api.create(RESOURCE_QUOTAS, c.namespace, {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"}, "spec": {"hard": hard}})
+    c.api.patch(RESOURCE_QUOTAS, c.namespace, "no-pods",
+                {"status": {"hard": hard, "used": {"pods": "0"}}}, subresource="status")
+
+
+def test_a_download_whose_pod_the_api_server_refuses_says_so_not_downloading(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    # The Job stays active with no pod for ever; its FailedCreate Event is the only
+    # place the refusal is said. The cache quotes it instead of "is copying".
+    c = cluster
+    no_pods_quota(c)
+    c.api.create(MODEL_CACHES, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+        "metadata": {"name": "q"},
+        "spec": {"source": "HF://test/q", "storageSize": "1Gi",
+                 "accessModes": ["ReadWriteOnce"]},
+    })
+    with controller(local_cluster, c.namespace):
+        refused = wait_until(
+            lambda: (s if (s := cache_status(c, "q")).get("phase") == "Pending"
+                     and "FailedCreate" in s.get("message", "") else None),
+            what="the cache to quote the Job's FailedCreate", timeout=90)
+        assert condition({"status": refused}, "Ready")["reason"] == "JobPodRefused"
+        assert "q-download cannot create its pod" in refused["message"]
+        assert "quota" in refused["message"]
+        warnings = wait_until(
+            lambda: [e for e in c.events("q") if e["reason"] == "JobPodRefused"],
+            what="a Warning Event on the cache", timeout=30)
+        assert warnings[0]["type"] == "Warning"
+
+
+def test_a_finetune_whose_pod_the_api_server_refuses_releases_its_lease_within_the_bound(
+    local_cluster: Any, cluster: Cluster
+) -> None:
+    # Without the bound, the lease would park the group until the Job's deadline while
+    # no training pod can even be created.
+    c = cluster
+    bound = timedelta(seconds=3)
+    c.api.create(MODEL_CACHES, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+        "metadata": {"name": "ft"},
+        "spec": {"source": "HF://test/base", "storageSize": "1Gi",
+                 "accessModes": ["ReadWriteOnce"]},
+    })
+    c.add_model("server", group="g")
+    with controller(local_cluster, c.namespace,
+                    cache_timeouts=CacheTimeouts(finetune_unschedulable=bound)):
+        c.demand("server")
+        c.wait_serving("server", timeout=90)
+        wait_until(lambda: cache_status(c, "ft").get("ready"), what="ft downloaded",
+                   timeout=90)
+        no_pods_quota(c)
+        c.api.patch(MODEL_CACHES, c.namespace, "ft", {"spec": {
+            "finetune": {"image": "trainer.local/qlora:1", "gpuLease": {"group": "g"}},
+        }})
+        failed = wait_until(
+            lambda: (s if (s := cache_status(c, "ft")).get("phase") == "Failed" else None),
+            what="the finetune given up", timeout=bound.total_seconds() + 90)
+        assert condition({"status": failed}, "Ready")["reason"] == "FinetuneUnschedulable"
+        assert "the API server refuses its pod: FailedCreate" in failed["message"]
+        assert "GPU lease ft-gpu-lease released" in failed["message"]
+        wait_until(lambda: get_or_none(c, GPU_LEASES, "ft-gpu-lease") is None,
+                   what="the lease released")
+        assert c.api.get(JOBS, c.namespace, "ft-finetune")["spec"]["suspend"] is True
+
+
 def test_download_resources_the_api_server_refuses_are_a_condition_naming_the_field(
     local_cluster: Any, cluster: Cluster
 ) -> None:

@@ -17,6 +17,7 @@ require_extra("controller", what="the controller (python -m flexinfer_k8s)")
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -139,6 +140,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--video-group-id", type=int, default=44, help="gid of the host's `video` group"
     )
     parser.add_argument(
+        "--gpu-device-class",
+        default="",
+        metavar="NAME",
+        help="the DeviceClass of the cluster's Dynamic Resource Allocation driver for its AMD "
+        "GPUs (gpu.amd.com with AMD's driver): the members of a group with a VRAM budget "
+        "then share one card through one ResourceClaim; default empty: no DRA driver, such a "
+        "group runs one member at a time (docs/rendering.md)",
+    )
+    parser.add_argument(
         "--cache-image",
         action="append",
         default=[],
@@ -212,6 +222,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+"""A Kubernetes object name such as a DeviceClass's."""
+
+
 def render_settings(
     images: Sequence[str], cache_images: Sequence[str], args: argparse.Namespace
 ) -> RenderSettings:
@@ -247,7 +263,15 @@ def render_settings(
             raise ValueError(f"--policy {args.policy}: {error.strerror}") from None
         except InvalidFieldError as error:
             raise ValueError(f"--policy {args.policy}: {error}") from None
+    device_class = args.gpu_device_class
+    if device_class and not DNS_SUBDOMAIN.fullmatch(device_class):
+        raise ValueError(
+            f"--gpu-device-class {device_class!r}: must be a DeviceClass name (a DNS "
+            "subdomain: lowercase letters, digits, '-' and '.', at most 253 characters), "
+            "e.g. gpu.amd.com"
+        )
     return RenderSettings(
+        gpu_device_class=device_class,
         policy=policy,
         images=by_backend,
         video_gid=args.video_group_id,

@@ -8,6 +8,8 @@ those taints when it belongs on a GPU node, that is when
 - one of its containers (init containers included) requests or limits a GPU
   (`amd.com/gpu`, `nvidia.com/gpu`): a serving pod with `gpu.count` > 0, a finetune
   Job's pod; or
+- it references a ResourceClaim: the serving pod of a group whose members share one
+  card through the group's claim (`render.gpu_claim`), which stands for its GPU; or
 - it is pinned to nodes by a `nodeSelector`: a serving pod with `spec.nodeSelector` or
   one inherited from a node-bound ModelCache, the download Job of a NodeLocal or
   Memory cache, any Job that must run where a node's directory is.
@@ -45,9 +47,14 @@ def _requests_gpu(containers: Iterable[Mapping[str, Any]]) -> bool:
 
 
 def belongs_on_gpu_node(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod spec requests a GPU or is pinned to nodes by a nodeSelector."""
+    """Whether a pod spec requests a GPU (a GPU resource or a ResourceClaim) or is
+    pinned to nodes by a nodeSelector."""
     containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
-    return _requests_gpu(containers) or bool(pod.get("nodeSelector"))
+    return (
+        _requests_gpu(containers)
+        or bool(pod.get("resourceClaims"))
+        or bool(pod.get("nodeSelector"))
+    )
 
 
 def with_gpu_node_tolerations(

@@ -6,8 +6,10 @@ reference, so deleting it collects them), labelled with the `app.kubernetes.io/*
 set plus `ai.flexinfer/model`, `ai.flexinfer/kind`, `ai.flexinfer/backend` (and
 `ai.flexinfer/group` on pods of a group member, so a member's pods are found even
 after the member is gone); the server container on port 8000 named `http` with the
-backend's probes, GPUs as requests = limits, the ROCm device groups, an in-memory
-/dev/shm, and the model's volumes; a ClusterIP Service on port 8000.
+backend's probes, GPUs as requests = limits (or, for a member of a group whose members
+share one card, a reference to the group's ResourceClaim: `render.gpu_claim`), the ROCm
+device groups, an in-memory /dev/shm, and the model's volumes; a ClusterIP Service on
+port 8000.
 
 `spec.replicas` is not rendered: replicas belong to the election. The controller
 creates a Deployment with `replicas: 0` and hands the field to its scale writes
@@ -23,7 +25,7 @@ import attrs
 
 from flexinfer_core import InvalidFieldError
 from flexinfer_core.vram import QWEN_7B_KV_BYTES_PER_TOKEN, kv_cache_bytes, mlc_mode_settings
-from flexinfer_k8s.render import backend_cache
+from flexinfer_k8s.render import backend_cache, gpu_claim
 from flexinfer_k8s.render.backend import PORT, Backend, ModelLocation, ServerPlan
 from flexinfer_k8s.render.cache import CacheImages, CacheSpec
 from flexinfer_k8s.render.llama_cpp import LlamaCpp
@@ -77,6 +79,10 @@ class RenderSettings:
     controller_namespace: str = "flexinfer-system"
     """The controller's own namespace (`--leader-election-namespace`, else `POD_NAMESPACE`):
     where the Jobs that mount host paths run (`render.local_volume`)."""
+    gpu_device_class: str = ""
+    """`--gpu-device-class`: the DeviceClass of the cluster's Dynamic Resource Allocation
+    driver for its AMD GPUs (`gpu.amd.com` with AMD's driver); empty: none, and a
+    budgeted group runs one member at a time (`render.gpu_claim`)."""
 
     def rendered_images(self) -> frozenset[str]:
         """Every image flexinfer renders unless a resource names one: the backends'
@@ -122,6 +128,9 @@ class RenderedWorkload:
     host_volumes: tuple[HostVolume, ...] = ()
     """Host directories (a `file://` source) the pod reaches through claims on `local`
     volumes, to create when missing (`render.local_volume`)."""
+    gpu_claim: JSON | None = None
+    """The group's shared ResourceClaim the pod references instead of requesting a GPU
+    (`render.gpu_claim`), to apply; None when the pod requests its GPU itself."""
 
 
 def selector_labels(kind: Kind, name: str) -> dict[str, str]:
@@ -168,11 +177,11 @@ def _env(plan: ServerPlan, workload: Workload) -> list[JSON]:
     return list(merged.values())
 
 
-def _resources(workload: Workload) -> JSON:
+def _resources(workload: Workload, *, shares_card: bool) -> JSON:
     requests = dict(workload.requests)
     limits = dict(workload.limits)
     gpu = workload.vendor.resource
-    if gpu and workload.gpu_count > 0:
+    if gpu and workload.gpu_count > 0 and not shares_card:
         # Extended resources must be requested and limited alike.
         requests[gpu] = limits[gpu] = str(workload.gpu_count)
     resources: JSON = {}
@@ -180,6 +189,8 @@ def _resources(workload: Workload) -> JSON:
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
+    if shares_card:
+        resources["claims"] = gpu_claim.container_claims()
     return resources
 
 
@@ -301,12 +312,24 @@ draining, kept on top of the drain timeout."""
 
 
 def render_workload(
-    workload: Workload, *, cache: CacheSpec | None, settings: RenderSettings
+    workload: Workload,
+    *,
+    cache: CacheSpec | None,
+    settings: RenderSettings,
+    shared_card: gpu_claim.SharedCard | None = None,
 ) -> RenderedWorkload:
     """The Deployment (without `replicas`), Service and NetworkPolicy of one Model or
     ModelDeployment; `InvalidFieldError` for a field that cannot work or that the
-    administrator's policy does not allow (`render.tenant_policy`)."""
+    administrator's policy does not allow (`render.tenant_policy`).
+
+    `shared_card` is given for a member of a group with a VRAM budget: when the cluster
+    has a DRA device class (`settings.gpu_device_class`) and the member is on one AMD
+    GPU, its pod references the group's ResourceClaim (`gpu_claim`, returned to apply)
+    instead of requesting `amd.com/gpu`; otherwise it is rendered exactly as without."""
     check_workload(workload, settings.policy, images=settings.rendered_images())
+    shares_card = shared_card is not None and not gpu_claim.sharing_problem(
+        workload, settings.gpu_device_class
+    )
     backend = backend_of(workload)
     model = model_location(workload, cache, settings.cache_images, settings.policy)
     plan = backend.plan(workload, model)
@@ -341,7 +364,7 @@ def render_workload(
     }
     if plan.command:
         container["command"] = list(plan.command)
-    resources = _resources(workload)
+    resources = _resources(workload, shares_card=shares_card)
     if resources:
         container["resources"] = resources
     init_containers = [
@@ -366,6 +389,8 @@ def render_workload(
     }
     if init_containers:
         pod["initContainers"] = init_containers
+    if shares_card:
+        pod["resourceClaims"] = gpu_claim.pod_claims(workload)
     if workload.drain_seconds > 0:
         # A Model scaled down at its drain deadline may still be answering: its server
         # gets the drain timeout on top of Kubernetes' usual stop margin before SIGKILL
@@ -425,6 +450,16 @@ def render_workload(
         if plan.backend_cache
         else None
     )
+    card_claim = (
+        gpu_claim.claim_manifest(
+            workload,
+            shared_card,
+            device_class=settings.gpu_device_class,
+            labels={**MANAGED_BY, GROUP_LABEL: workload.group, KIND_LABEL: workload.kind.value},
+        )
+        if shares_card and shared_card is not None
+        else None
+    )
     return RenderedWorkload(
         deployment=deployment,
         service=service,
@@ -441,4 +476,5 @@ def render_workload(
         vram=vram_check(workload),
         backend_cache_claim=claim,
         host_volumes=model.host_volumes,
+        gpu_claim=card_claim,
     )

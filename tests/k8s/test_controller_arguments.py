@@ -71,3 +71,16 @@ def test_a_bad_election_policy_flag_is_refused_naming_it(
         parse_args([f"{flag}={value}"])
     assert exit_.value.code == 2
     assert f"{flag}: {value!r}" in capsys.readouterr().err
+
+
+def test_the_gpu_device_class_is_empty_by_default_and_checked_when_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_args([]).render_settings.gpu_device_class == ""  # no DRA driver
+    given = parse_args(["--gpu-device-class", "gpu.amd.com"])
+    assert given.render_settings.gpu_device_class == "gpu.amd.com"
+    with pytest.raises(SystemExit):
+        parse_args(["--gpu-device-class", "GPU.AMD.com"])
+    assert "--gpu-device-class 'GPU.AMD.com': must be a DeviceClass name" in (
+        capsys.readouterr().err
+    )

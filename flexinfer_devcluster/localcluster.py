@@ -13,7 +13,8 @@ It looks like the homelab clusters flexinfer runs on (k3s, kind): the GPU nodes 
 CPU node takes everything else, and the only StorageClass is the default `local-path`
 (ReadWriteOnce, WaitForFirstConsumer) whose static hostPath volumes the binder hands to
 claims. `populate_claim` pre-binds a volume holding given files to a claim, as a user's
-existing storage would be.
+existing storage would be. A fake DRA driver (`gpudriver`) publishes AMD's DeviceClass
+and a ResourceSlice per GPU node, so the scheduler allocates ResourceClaims for real.
 
 Opt-in (`process_node=True` or `add_process_node()`): one process-backed node whose pods
 run as real local `llama-server` and `ollama` processes (`processnode`), with the hosts
@@ -51,7 +52,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from flexinfer_devcluster import localpki
+from flexinfer_devcluster import gpudriver, localpki
 from flexinfer_devcluster.assets import (
     AssetsError,
     ensure_assets,
@@ -60,6 +61,7 @@ from flexinfer_devcluster.assets import (
 )
 from flexinfer_devcluster.processes import die_with_thread_hook, terminate_group
 from flexinfer_devcluster.processnode import ProcessNode
+from flexinfer_kube.kubeapi import KubeApi
 
 READY_DELAY_ANNOTATION = "flexinfer.test/ready-delay"
 """Pod annotation: Go duration ("3s") from container start to Ready. Default 0s."""
@@ -116,6 +118,9 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "ttl-after-finished-controller",
     "persistentvolume-binder-controller",
+    # Releases a ResourceClaim's reservation for a pod that is gone, and its device
+    # once no pod uses it (the scheduler only allocates and reserves).
+    "resourceclaim-controller",
 )
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -145,7 +150,8 @@ def _default_taints(node: KwokNode) -> tuple[Mapping[str, str], ...]:
 
 @attrs.frozen
 class KwokNode:
-    """A simulated node; `gpus` becomes `amd.com/gpu` capacity and allocatable.
+    """A simulated node; `gpus` becomes `amd.com/gpu` capacity and allocatable, and as
+    many devices in the fake DRA driver's ResourceSlice for it (`gpudriver`).
 
     A GPU node is tainted `GPU_NODE_TAINT` unless `taints` says otherwise (`taints=()`
     for an untainted one); a node without GPUs is untainted.
@@ -345,12 +351,15 @@ class LocalCluster:
         )
         node.start()
         self._process_node = node
+        gpudriver.publish(self._kube_api(), name, gpus)
         return node
 
     def remove_process_node(self) -> None:
         """Stop every server the process node started and delete the node."""
         node, self._process_node = self._process_node, None
         if node is not None:
+            with contextlib.suppress(Exception):
+                gpudriver.withdraw(self._kube_api(), node.name)
             node.stop()
 
     def audit_events(self) -> list[dict[str, Any]]:
@@ -404,9 +413,11 @@ class LocalCluster:
         return names
 
     def add_node(self, node: KwokNode, *, wait: bool = True, timeout: float = 30.0) -> None:
-        """Register a kwok node; with `wait`, return once kwok has marked it Ready."""
+        """Register a kwok node and publish its GPUs' devices; with `wait`, return once
+        kwok has marked it Ready."""
         core: Any = k8s_client.CoreV1Api(self.api_client)
         core.create_node(node.manifest())
+        gpudriver.publish(self._kube_api(), node.name, node.gpus)
         if wait:
             self._wait(
                 lambda: _node_is_ready(core, node.name),
@@ -461,8 +472,10 @@ class LocalCluster:
         try:
             self._start_processes(assets)
             core: Any = k8s_client.CoreV1Api(self.api_client)
+            gpudriver.install(self._kube_api())
             for node in self._nodes:
                 core.create_node(node.manifest())
+                gpudriver.publish(self._kube_api(), node.name, node.gpus)
             # The controller's namespace, as docs/security.md asks of an administrator:
             # the only one where flexinfer's pods mount host paths (the Jobs that make
             # node cache directories), so Pod Security "privileged".
@@ -515,6 +528,9 @@ class LocalCluster:
         if self._assets_dir is None:
             self._assets_dir = ensure_assets()
         return self._assets_dir
+
+    def _kube_api(self) -> KubeApi:
+        return KubeApi(self.api_client)
 
     @staticmethod
     def _require(value: _T | None, what: str) -> _T:

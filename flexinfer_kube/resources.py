@@ -48,6 +48,8 @@ EVENTS = Resource("", "v1", "events", "Event")
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
+"""A budgeted group's one card (`flexinfer_k8s.render.gpu_claim`)."""
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(

@@ -4,7 +4,8 @@ A hand-written Deployment and Service shaped like the llama.cpp renderer's (args
 port 8000 named http, /health readiness, the model from a hostPath File volume) is
 scheduled by the real scheduler onto the process node; the pod turns Ready from the
 real server's /health, the hosts file names its Service, and a chat completion sent to
-that address returns tokens. Scaling to zero stops the server within its grace period;
+that address returns tokens; two servers sharing one ResourceClaim both run on the
+node's one GPU and both answer. Scaling to zero stops the server within its grace period;
 a flag the server rejects leaves the pod crash-looping, never Ready; an image that is
 not llama.cpp's server fails the pod. The probes run as the kubelet runs them: the
 startup probe holds liveness back and kills a server it never passes, a failing
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from flexinfer_core.timestamps import parse_rfc3339
+from flexinfer_devcluster.gpudriver import DEVICE_CLASS, RESOURCE_SLICES, slice_name
 from flexinfer_devcluster.localcluster import (
     GPU_NODE_TAINT,
     GPU_NODE_TOLERATION,
@@ -40,7 +42,14 @@ from flexinfer_devcluster.processnode import (
 from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
 from flexinfer_kube.objects import get_path
-from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, PODS, SERVICES, Resource
+from flexinfer_kube.resources import (
+    DEPLOYMENTS,
+    EVENTS,
+    PODS,
+    RESOURCE_CLAIMS,
+    SERVICES,
+    Resource,
+)
 from tests.devcluster.chat import chat
 from tests.k8s.kubectl import create_namespace, delete_namespace, kubectl_for
 from tests.polling import wait_until
@@ -305,6 +314,46 @@ def test_a_rendered_llama_cpp_deployment_serves_real_tokens_and_stops_at_zero(
     finished = parse_rfc3339(terminated["finishedAt"])
     deadline = parse_rfc3339(get_path(last, "metadata", "deletionTimestamp"))
     assert finished is not None and deadline is not None and finished <= deadline
+
+
+def test_two_servers_share_the_nodes_one_gpu_through_one_claim(
+    api: KubeApi,
+    namespace: str,
+    process_node: ProcessNode,
+    local_cluster: LocalCluster,
+    tiny_model: Path,
+) -> None:
+    """`amd.com/gpu: 1` lets one pod of the one-GPU process node hold its card; a shared
+    ResourceClaim for the node's one fake device (docs/local-cluster.md) lets two."""
+    devices = api.get(RESOURCE_SLICES, "", slice_name(process_node.name))["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu-0-128"]
+    api.create(RESOURCE_CLAIMS, namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "card"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1}}]}},
+    })  # fmt: skip
+    for name in ("left", "right"):
+        spec = pod_spec(name, tiny_model)
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "card"}]
+        api.create(PODS, namespace, bare_pod(name, spec))
+        api.create(SERVICES, namespace, service(name))
+
+    def both_ready() -> list[JSON] | None:
+        pods = [api.get(PODS, namespace, n) for n in ("left", "right")]
+        return pods if all(is_ready(p) for p in pods) else None
+
+    pods = wait_until(both_ready, what="both servers Ready", timeout=120)
+    assert {get_path(p, "spec", "nodeName") for p in pods} == {process_node.name}
+    status = api.get(RESOURCE_CLAIMS, namespace, "card")["status"]
+    [result] = status["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (process_node.name, "gpu-0-128")
+    addresses = hosts(local_cluster.hosts_file)
+    for name in ("left", "right"):
+        answer = chat(f"http://{addresses[f'{name}.{namespace}.svc']}:8000", name,
+                      stream=False, max_tokens=4)
+        assert answer["content"].strip() and answer["model"] == name
 
 
 def test_a_flag_the_server_rejects_fails_the_pod_visibly_and_never_ready(

@@ -233,3 +233,35 @@ def test_rendered_members_of_a_budgeted_group_are_admitted_and_share_one_card(
     status = api.get(RESOURCE_CLAIMS, namespace, name)["status"]
     assert len(status["allocation"]["devices"]["results"]) == 1
     assert len(status["reservedFor"]) == 2
+
+
+def test_a_class_naming_amd_gpu_serves_its_requests_on_a_node_with_only_the_driver() -> None:
+    """What docs/rendering.md advises where only the DRA driver runs: a DeviceClass with
+    `extendedResourceName: amd.com/gpu` lets today's `amd.com/gpu: 1` pods (groups without
+    a budget) use the driver's devices. A cluster of its own: the class would change how
+    the shared cluster's nodes are counted."""
+    with LocalCluster(name="flexinfer-dra-extended", nodes=[]) as cluster:
+        api = KubeApi(cluster.new_api_client())
+        extended = copy.deepcopy(dict(gpudriver.DEVICE_CLASS_MANIFEST))
+        extended["metadata"] = {"name": "gpu-extended.example"}
+        extended["spec"]["extendedResourceName"] = "amd.com/gpu"
+        api.create(gpudriver.DEVICE_CLASSES, "", extended)
+        # No amd.com/gpu capacity (no device plugin); one device of the driver.
+        cluster.add_node(KwokNode(name="dra-only", gpus=0))
+        gpudriver.publish(api, "dra-only", 1)
+        wait_until(
+            lambda: get_path(api.get(gpudriver.RESOURCE_SLICES, "", "dra-only-gpu.amd.com"),
+                             "spec", "devices"),
+            what="the slice",
+        )
+        for name in ("first", "second"):
+            api.create(PODS, "default", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"containers": [{"name": "c", "image": "registry.local/none",
+                                         "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+            })  # fmt: skip
+        assert wait_until(lambda: scheduled(api, "default", "first"), what="first") == "dra-only"
+        # The one device is the first pod's alone: the second waits.
+        message = wait_until(lambda: unschedulable(api, "default", "second"), what="second")
+        assert "cannot allocate all claims" in message, message
+        assert not scheduled(api, "default", "second")

@@ -41,7 +41,7 @@ image: $(STAMP)
 	$(BIN)/python -m flexinfer_devcluster.image
 
 unit: $(STAMP) assets assets-ollama
-	$(BIN)/pytest -q tests property_tests
+	$(BIN)/pytest -q --durations=40 tests property_tests
 
 test: lint typecheck contracts assets unit
 

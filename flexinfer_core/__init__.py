@@ -84,6 +84,7 @@ from flexinfer_core.snapshot import (
     ServerFailure,
     Serverless,
     SharedState,
+    VramUse,
     policy_flags,
     policy_from_flags,
 )
@@ -151,6 +152,7 @@ __all__ = [
     "StandaloneDecision",
     "StandaloneDeployment",
     "VramEstimate",
+    "VramUse",
     "apply_decision",
     "better",
     "decide_gpu_group",

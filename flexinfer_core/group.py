@@ -49,11 +49,15 @@ from flexinfer_core.snapshot import (
     Policy,
     ServerFailure,
     SharedState,
+    VramUse,
 )
 from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
 CONDITION_ACTIVE = "Active"
 CONDITION_READY = "Ready"
+# Whether the member holds the card beside others, and why (docs/election.md 1.7):
+# written only in a group whose members set a VRAM budget (or once did).
+CONDITION_PACKED = "Packed"
 _TICK = timedelta(microseconds=1)
 # Enum members as module constants: on Python 3.11 reading one off its class goes
 # through the metaclass's attribute hook, some twenty times slower than a global, and
@@ -141,6 +145,18 @@ class MemberChanges:
         return self.replicas_from is not None and self.replicas_to > self.replicas_from
 
 
+@attrs.frozen
+class PackedStatus:
+    """What a member of a budgeted group is told of the packing (docs/election.md 1.7):
+    its `Packed` condition and its `status.vram`. Apart from its members' decisions,
+    which are exactly those of a group without packing whenever the group is not
+    packed."""
+
+    name: str
+    condition: Condition
+    vram: VramUse | None
+
+
 @attrs.frozen(slots=False)
 class GroupDecision:
     """The whole decision for one group."""
@@ -150,6 +166,12 @@ class GroupDecision:
     election: Election
     members: tuple[MemberDecision, ...]
     next_change_at: datetime | None
+    # Every member's packing words, by name order; empty when no member sets a VRAM
+    # budget and none was told of one before.
+    packed: tuple[PackedStatus, ...] = ()
+
+    def packed_status(self, name: str) -> PackedStatus | None:
+        return next((p for p in self.packed if p.name == name), None)
 
     @property
     def leader(self) -> str | None:
@@ -177,9 +199,12 @@ class GroupDecision:
         """What an adapter must write to go from `models` (as observed) to this decision."""
         observed = {m.name: m for m in models}
         out = []
+        packed = {p.name: p for p in self.packed}
         for target in self.members:
             model = observed[target.name]
-            status = status_differs(model, target)
+            status = status_differs(model, target) or _packed_differs(
+                model, packed.get(target.name)
+            )
             replicas = model.replicas != target.desired_replicas
             services = model.active_services != target.active_services
             if status or replicas or services or target.events:
@@ -196,6 +221,12 @@ class GroupDecision:
                     )
                 )
         return tuple(out)
+
+
+def _packed_differs(model: ModelState, packed: PackedStatus | None) -> bool:
+    if packed is None:
+        return False
+    return (model.recorded_packed, model.recorded_vram) != (packed.condition, packed.vram)
 
 
 def status_differs(model: ModelState, target: MemberDecision) -> bool:
@@ -382,6 +413,11 @@ def decide_group(
             else member
             for member in members
         )
+    packed = (
+        _packed_statuses(models, ballot, members)
+        if packing is not None or any(_was_packed(m) for m in models)
+        else ()
+    )
     if from_the_future:
         members = tuple(
             _from_the_future(member, from_the_future[member.name], now=now)
@@ -395,7 +431,50 @@ def decide_group(
         election=election,
         members=members,
         next_change_at=_next_change(ballot),
+        packed=packed,
     )
+
+
+def _was_packed(model: ModelState) -> bool:
+    """Whether the member's status says its group had a VRAM budget (so that its words
+    say there is none now rather than stay as written)."""
+    return model.recorded_vram is not None or model.recorded_packed is not None
+
+
+def _packed_statuses(
+    models: Sequence[ModelState], ballot: Ballot, members: tuple[MemberDecision, ...]
+) -> tuple[PackedStatus, ...]:
+    """Each member's `Packed` condition and `status.vram` (docs/election.md 1.7), as the
+    packing reads once the decision is written: what they say is then not rewritten on
+    the next reconcile with no news."""
+    settled = ballot.settled(members) or ballot
+    final = pack(settled, elect(settled))
+    budget = final.budget
+    out = []
+    for model in sorted(models, key=_NAME):
+        vram: VramUse | None = VramUse(
+            model.vram_estimate, budget.size, final.used or None, final.holders
+        )
+        if budget.conflict:
+            condition = Condition(
+                CONDITION_PACKED,
+                False,
+                reasons.VRAM_BUDGET_CONFLICT,
+                f"{budget.conflict}: the group runs one member at a time",
+            )
+        elif budget.size is None:
+            vram = None
+            condition = Condition(
+                CONDITION_PACKED,
+                False,
+                reasons.NO_VRAM_BUDGET,
+                "the group sets no VRAM budget: it runs one member at a time",
+            )
+        else:
+            seat = final.seat(model.name)
+            condition = Condition(CONDITION_PACKED, seat.admitted, seat.reason, seat.message)
+        out.append(PackedStatus(model.name, condition, vram))
+    return tuple(out)
 
 
 @attrs.frozen
@@ -996,9 +1075,12 @@ def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tup
     out = []
     for model in models:
         target = decision.member(model.name)
+        packed = decision.packed_status(model.name)
         out.append(
             attrs.evolve(
                 model,
+                recorded_packed=packed.condition if packed is not None else model.recorded_packed,
+                recorded_vram=packed.vram if packed is not None else model.recorded_vram,
                 shared_state=target.state,
                 queue_position=target.queue_position,
                 preempted_by=target.preempted_by,

@@ -122,3 +122,5 @@ CO_RESIDENT: Final = "CoResident"
 WAITING_FOR_VRAM: Final = "WaitingForVram"
 EVICTED_FOR_VRAM: Final = "EvictedForVram"
 VRAM_BUDGET_CONFLICT: Final = "VramBudgetConflict"
+# The `Packed` condition of a member whose group set a budget once and no longer does.
+NO_VRAM_BUDGET: Final = "NoVramBudget"

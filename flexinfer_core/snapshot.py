@@ -302,6 +302,19 @@ class Condition:
 
 
 @attrs.frozen
+class VramUse:
+    """`status.vram` of a member of a budgeted group (docs/election.md 1.7), in bytes:
+    its footprint (None: unknown, it takes the whole card), the group's budget (None:
+    its members disagree), what the holders' footprints take of it (None: the group
+    is not packed) and the holders, leader first."""
+
+    footprint: int | None
+    budget: int | None
+    used: int | None
+    holders: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+
+
+@attrs.frozen
 class Serverless:
     """`Model.spec.serverless` with the spec's defaults."""
 
@@ -378,6 +391,9 @@ class ModelState:
     )
     recorded_message: str | None = None
     recorded_group: str | None = None
+    # `status.vram` and the `Packed` condition as written last (None: absent).
+    recorded_vram: VramUse | None = None
+    recorded_packed: Condition | None = None
     generation: int | None = None
     observed_generation: int | None = None
 

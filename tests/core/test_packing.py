@@ -241,3 +241,81 @@ def test_a_co_holder_is_sized_as_a_leader_and_waits_for_room() -> None:
     assert started.desired_replicas == 1
     assert started.reason == reasons.CO_RESIDENT
     assert started.message == "embed shares the card with chat: fits: 16 of 24 GiB used"
+
+
+# --- What each member is told: the `Packed` condition and `status.vram` -------------
+
+
+def test_a_budget_conflict_reaches_every_members_status() -> None:
+    from flexinfer_core import apply_decision
+    from flexinfer_core.group import CONDITION_PACKED, decide_group
+
+    models = (
+        holding("chat", 4),
+        budgeted("embed", 4, vram_budget=16 * GIB, last_active=ago(5)),
+        budgeted("coder", 4, vram_budget=None),
+    )
+    decision = decide_group(models, now=T0)
+    assert [p.name for p in decision.packed] == ["chat", "coder", "embed"]
+    for told in decision.packed:
+        assert told.condition.type == CONDITION_PACKED
+        assert told.condition.status is False
+        assert told.condition.reason == reasons.VRAM_BUDGET_CONFLICT
+        assert told.condition.message == (
+            "members disagree on spec.gpu.vramBudget (chat: 24 GiB, coder: unset, "
+            "embed: 16 GiB): the group runs one member at a time"
+        )
+        assert told.vram is not None and told.vram.budget is None and told.vram.used is None
+    assert decision.packed_status("embed").vram.footprint == 4 * GIB  # type: ignore[union-attr]
+    # Once written, deciding again writes nothing more.
+    again = decide_group(apply_decision(models, decision), now=T0)
+    assert again.changes(apply_decision(models, decision)) == ()
+
+
+def test_each_member_is_told_its_seat_and_the_budget_use() -> None:
+    from flexinfer_core.group import decide_group
+
+    models = (
+        holding("chat", 5.5, priority=200),
+        budgeted("embed", 4, priority=150, last_active=ago(5)),
+        budgeted("coder", 16, last_active=ago(5)),
+    )
+    decision = decide_group(models, now=T0)
+    embed = decision.packed_status("embed")
+    coder = decision.packed_status("coder")
+    assert embed is not None and coder is not None
+    assert (embed.condition.status, embed.condition.reason) == (True, reasons.CO_RESIDENT)
+    assert embed.condition.message == "fits: 9.5 of 24 GiB used"
+    assert (coder.condition.status, coder.condition.reason) == (False, reasons.WAITING_FOR_VRAM)
+    assert coder.condition.message.startswith("coder needs 16 GiB, 14.5 free")
+    assert embed.vram is not None
+    assert (embed.vram.footprint, embed.vram.budget, embed.vram.used) == (
+        4 * GIB,
+        BUDGET,
+        int(9.5 * GIB),
+    )
+    assert embed.vram.holders == ("chat", "embed")
+
+
+def test_without_a_budget_nothing_is_told_unless_it_was_before() -> None:
+    from flexinfer_core.group import CONDITION_PACKED, decide_group
+    from flexinfer_core.snapshot import Condition, VramUse
+
+    plain = (member("chat", shared_state="Active", phase="Ready", last_active=ago(1)),)
+    assert decide_group(plain, now=T0).packed == ()
+    # A group whose budget was removed: its words say so instead of staying as written.
+    was = (
+        member(
+            "chat",
+            shared_state="Active",
+            phase="Ready",
+            last_active=ago(1),
+            recorded_vram=VramUse(4 * GIB, BUDGET, 4 * GIB, ("chat",)),
+            recorded_packed=Condition(CONDITION_PACKED, True, "RecentDemand", "leader"),
+        ),
+    )
+    decision = decide_group(was, now=T0)
+    told = decision.packed_status("chat")
+    assert told is not None and told.vram is None
+    assert (told.condition.status, told.condition.reason) == (False, reasons.NO_VRAM_BUDGET)
+    assert decision.members == decide_group(plain, now=T0).members

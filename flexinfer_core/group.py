@@ -453,7 +453,7 @@ def _packed_statuses(
     out = []
     for model in sorted(models, key=_NAME):
         vram: VramUse | None = VramUse(
-            model.vram_estimate, budget.size, final.used or None, final.holders
+            model.vram_estimate, budget.size, final.used or None
         )
         if budget.conflict:
             condition = Condition(

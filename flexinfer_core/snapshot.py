@@ -305,13 +305,12 @@ class Condition:
 class VramUse:
     """`status.vram` of a member of a budgeted group (docs/election.md 1.7), in bytes:
     its footprint (None: unknown, it takes the whole card), the group's budget (None:
-    its members disagree), what the holders' footprints take of it (None: the group
-    is not packed) and the holders, leader first."""
+    its members disagree) and what the holders' footprints take of it (None: the
+    group is not packed; the members that hold the card are those Active)."""
 
     footprint: int | None
     budget: int | None
     used: int | None
-    holders: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
 
 
 @attrs.frozen

@@ -17,19 +17,24 @@ from typing import Any
 
 from flexinfer_core import (
     ACTIVE_SERVICES_ANNOTATION,
+    Condition,
+    InvalidFieldError,
     MemberDecision,
     ModelState,
     Phase,
     Policy,
     Serverless,
     SpecProblem,
+    VramUse,
     observed_phase,
     parse_duration,
 )
 from flexinfer_core.annotations import IN_FLIGHT_FIELD, parse_in_flight
+from flexinfer_core.group import CONDITION_PACKED, PackedStatus
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import deployment_replicas, live_pods, pod_is_ready, server_failure
+from flexinfer_k8s.render.policy import quantity_bytes
 from flexinfer_k8s.status_diff import generation_of, merge_conditions, recorded_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
@@ -48,6 +53,8 @@ MODEL_FIELDS = {
     "in_flight": "status.inFlight.count",
     "in_flight_at": "status.inFlight.reportedAt",
     "draining_since": "status.sharedGroup.drainingSince",
+    "vram_budget": "spec.gpu.vramBudget",
+    "vram_estimate": "spec.gpu.vramEstimate",
 }
 
 
@@ -55,6 +62,38 @@ def _duration(value: Any, default: timedelta, *, field: str) -> timedelta:
     if value is None or value == "":
         return default
     return parse_duration(str(value), field=field)
+
+
+def _bytes(gpu: Mapping[str, Any], key: str) -> int | None:
+    """`spec.gpu.<key>`, a quantity of bytes (docs/election.md 1.7); None when absent."""
+    value = gpu.get(key)
+    if value is None or value == "":
+        return None
+    return quantity_bytes(str(value), field=f"spec.gpu.{key}")
+
+
+def format_quantity(size: int) -> str:
+    """Bytes as the exact quantity with the largest binary unit that divides them
+    (`9728Mi`, `24Gi`; plain bytes otherwise): what `status.vram` records."""
+    for power, unit in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        if size and size % 1024**power == 0:
+            return f"{size // 1024**power}{unit}"
+    return str(size)
+
+
+def _recorded_vram(status: Mapping[str, Any]) -> VramUse | None:
+    """`status.vram` as written (None: absent or unreadable, so it is written again)."""
+    vram = status.get("vram")
+    if not isinstance(vram, Mapping):
+        return None
+    try:
+        sizes = [
+            None if vram.get(k) is None else quantity_bytes(str(vram[k]), field=f"status.vram.{k}")
+            for k in ("footprint", "budget", "used")
+        ]
+        return VramUse(*sizes)
+    except InvalidFieldError:
+        return None
 
 
 def model_state_from_k8s(
@@ -114,6 +153,8 @@ def model_state_from_k8s(
             in_flight=in_flight.count if in_flight is not None else 0,
             in_flight_at=in_flight.reported_at if in_flight is not None else None,
             draining_since=parse_rfc3339(shared.get("drainingSince")),
+            vram_budget=_bytes(gpu, "vramBudget"),
+            vram_estimate=_bytes(gpu, "vramEstimate"),
             default_member=gpu.get("default", Policy.DEFAULT_MEMBER) is True,
             serverless=Serverless(
                 enabled=bool(serverless.get("enabled", Policy.SERVERLESS_ENABLED)),
@@ -144,6 +185,8 @@ def model_state_from_k8s(
             recorded_phase=recorded,
             recorded_message=_str_or_none(status.get("message")),
             recorded_group=_str_or_none(shared.get("groupName")),
+            recorded_vram=_recorded_vram(status),
+            recorded_packed=next(iter(recorded_conditions(model, (CONDITION_PACKED,))), None),
             generation=generation_of(model),
             observed_generation=_int_or_none(status.get("observedGeneration")),
         )
@@ -178,16 +221,26 @@ def model_state_group(model: Mapping[str, Any]) -> str:
 
 
 def model_status(
-    model: Mapping[str, Any], member: MemberDecision, *, group: str, now: datetime
+    model: Mapping[str, Any],
+    member: MemberDecision,
+    *,
+    group: str,
+    now: datetime,
+    packed: PackedStatus | None = None,
 ) -> JSON:
-    """The status fields the controller owns on a Model, as a merge patch body."""
+    """The status fields the controller owns on a Model, as a merge patch body; with
+    `packed` (a group with a VRAM budget, docs/election.md 1.7) its `Packed` condition
+    and `status.vram` too."""
     generation = generation_of(model)
+    conditions: tuple[Condition, ...] = member.conditions
+    if packed is not None:
+        conditions = (*conditions, packed.condition)
     status: JSON = {
         "phase": member.phase.value,
         "message": member.message,
         "conditions": merge_conditions(
             get_path(model, "status", "conditions"),
-            member.conditions,
+            conditions,
             now=now,
             generation=generation,
         ),
@@ -201,6 +254,20 @@ def model_status(
             "drainingSince": format_rfc3339(member.draining_since),
         },
     }
+    if packed is not None:
+        # None removes it: the group no longer sets a budget. Each absent size too.
+        status["vram"] = (
+            None
+            if packed.vram is None
+            else {
+                key: None if size is None else format_quantity(size)
+                for key, size in (
+                    ("footprint", packed.vram.footprint),
+                    ("budget", packed.vram.budget),
+                    ("used", packed.vram.used),
+                )
+            }
+        )
     if member.rewrite_last_active is not None:
         status["lastActiveTime"] = format_rfc3339(member.rewrite_last_active)
     if generation is not None:

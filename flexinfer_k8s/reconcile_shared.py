@@ -269,7 +269,13 @@ class SharedGroupReconciler:
                     StatusWrite(
                         MODELS,
                         obj,
-                        model_status(obj, member, group=plan.group, now=now),
+                        model_status(
+                            obj,
+                            member,
+                            group=plan.group,
+                            now=now,
+                            packed=decision.packed_status(change.name),
+                        ),
                         events=tuple((obj, event) for event in change.events),
                     )
                 )

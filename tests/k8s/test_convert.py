@@ -697,3 +697,132 @@ def test_a_failing_model_deployment_says_why_and_writes_nothing_twice() -> None:
     member = member_status(md, membership, replicas=1, pods=pods, now=NOW)
     assert member["phase"] == "Failed"
     assert REJECTED in member["conditions"][0]["message"]
+
+
+# --- VRAM co-residency (docs/election.md 1.7) ------------------------------------------
+
+GIB = 2**30
+
+
+def budgeted_model(name: str, budget: Any, estimate: Any, **status: Any) -> dict[str, Any]:
+    obj = model(name, status={"lastActiveTime": format_rfc3339(NOW), **status})
+    obj["spec"]["gpu"].update(vramBudget=budget, vramEstimate=estimate)
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [("24Gi", 24 * GIB), ("5632Mi", 5632 * 2**20), ("1.5Gi", 3 * GIB // 2), (24_000_000_000, 24 * 10**9), ("8G", 8 * 10**9)],
+)  # fmt: skip
+def test_vram_quantities_are_read_as_bytes(given: Any, size: int) -> None:
+    state = model_state_from_k8s(
+        budgeted_model("a", given, given), deployment=None, pods=[], service=None
+    )
+    assert (state.vram_budget, state.vram_estimate) == (size, size)
+
+
+def test_no_vram_fields_read_as_none() -> None:
+    state = model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
+    assert (state.vram_budget, state.vram_estimate, state.recorded_vram) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("vramBudget", "24 GB"), ("vramEstimate", "-4Gi"), ("vramEstimate", "100m")],
+)
+def test_a_bad_vram_quantity_names_the_field_and_the_value(field: str, value: str) -> None:
+    obj = budgeted_model("a", "24Gi", "4Gi")
+    obj["spec"]["gpu"][field] = value
+    with pytest.raises(InvalidFieldError) as raised:
+        model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    assert raised.value.field == f"spec.gpu.{field}"
+    assert value in str(raised.value)
+
+
+def _decide_and_write(objs: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    states = [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in objs]
+    decision = decide_group(states, now=NOW)
+    written = [
+        store_status(
+            o,
+            model_status(
+                o,
+                decision.member(name_of(o)),
+                group="g",
+                now=NOW,
+                packed=decision.packed_status(name_of(o)),
+            ),
+        )
+        for o in objs
+    ]
+    again = decide_group(
+        [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in written],
+        now=NOW,
+    )
+    changes = again.changes(
+        [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in written]
+    )
+    assert [c.name for c in changes if c.status] == [], "a second reconcile rewrites the status"
+    return decision, written
+
+
+def packed_condition(obj: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in obj["status"]["conditions"] if c["type"] == "Packed")
+
+
+def test_a_packed_group_writes_each_footprint_and_the_budget_use_once() -> None:
+    objs = [
+        budgeted_model("chat", "24Gi", "5632Mi"),
+        budgeted_model("embed", "24Gi", "4Gi"),
+        budgeted_model("coder", "24Gi", "16Gi"),
+    ]
+    objs[0]["spec"]["gpu"]["priority"] = 200
+    objs[1]["spec"]["gpu"]["priority"] = 150
+    decision, written = _decide_and_write(objs)
+    by_name = {name_of(o): o for o in written}
+    assert by_name["embed"]["status"]["vram"] == {
+        "footprint": "4Gi",
+        "budget": "24Gi",
+        "used": "9728Mi",
+    }
+    assert by_name["chat"]["status"]["vram"]["footprint"] == "5632Mi"
+    embed = packed_condition(by_name["embed"])
+    assert (embed["status"], embed["reason"]) == ("True", reasons.CO_RESIDENT)
+    assert embed["message"] == "fits: 9.5 of 24 GiB used"
+    coder = packed_condition(by_name["coder"])
+    assert (coder["status"], coder["reason"]) == ("False", reasons.WAITING_FOR_VRAM)
+    assert coder["message"].startswith("coder needs 16 GiB, 14.5 free")
+
+
+def test_members_that_disagree_on_the_budget_are_told_so_in_their_status() -> None:
+    objs = [budgeted_model("a", "24Gi", "4Gi"), budgeted_model("b", "16Gi", "4Gi")]
+    decision, written = _decide_and_write(objs)
+    assert [m.name for m in decision.members if m.is_leader] == ["a"]
+    for obj in written:
+        condition = packed_condition(obj)
+        assert (condition["status"], condition["reason"]) == ("False", "VramBudgetConflict")
+        assert "members disagree on spec.gpu.vramBudget (a: 24 GiB, b: 16 GiB)" in (
+            condition["message"]
+        )
+        assert obj["status"]["vram"] == {"footprint": "4Gi"}
+
+
+def test_a_budget_taken_away_removes_status_vram_and_says_so() -> None:
+    _, written = _decide_and_write([budgeted_model("a", "24Gi", "4Gi")])
+    assert written[0]["status"]["vram"]["budget"] == "24Gi"
+    for key in ("vramBudget", "vramEstimate"):
+        del written[0]["spec"]["gpu"][key]
+    _, again = _decide_and_write(written)
+    assert "vram" not in again[0]["status"]
+    assert packed_condition(again[0])["reason"] == "NoVramBudget"
+
+
+def test_a_group_without_a_budget_writes_no_vram_status() -> None:
+    obj = model("a", status={"lastActiveTime": format_rfc3339(NOW)})
+    decision = decide_group(
+        [model_state_from_k8s(obj, deployment=None, pods=[], service=None)], now=NOW
+    )
+    assert decision.packed == ()
+    status = model_status(obj, decision.member("a"), group="g", now=NOW, packed=None)
+    assert "vram" not in status
+    assert all(c["type"] != "Packed" for c in status["conditions"])

@@ -35,6 +35,7 @@ from flexinfer_core.snapshot import (
     int_between,
     non_empty_name,
     non_negative_duration,
+    positive_bytes_or_none,
 )
 from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
@@ -116,6 +117,11 @@ class GpuGroupMember:
     # The report's `inFlight`: requests its server is answering (docs/election.md 1.6);
     # 0 once the report is stale, as its queue.
     in_flight: int = attrs.field(default=0, validator=int_between(0, None), kw_only=True)
+    # `spec.models[].vramEstimate` in bytes (None: unknown); shown in status only: the
+    # v1alpha1 decision runs one member at a time (docs/election.md 1.7).
+    vram_estimate: int | None = attrs.field(
+        default=None, validator=positive_bytes_or_none, kw_only=True
+    )
 
     @property
     def eligible(self) -> bool:
@@ -155,6 +161,9 @@ class GpuGroupState:
         default=timedelta(seconds=60), validator=non_negative_duration
     )
     anti_thrashing: AntiThrashing = AntiThrashing()
+    # `spec.vramBudget` in bytes (None: not set); shown in status with the holder's
+    # footprint, never read by the decision (docs/election.md 1.7).
+    vram_budget: int | None = attrs.field(default=None, validator=positive_bytes_or_none)
 
     def member(self, name: str) -> GpuGroupMember | None:
         return next((m for m in self.members if m.name == name), None)

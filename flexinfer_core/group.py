@@ -452,9 +452,7 @@ def _packed_statuses(
     budget = final.budget
     out = []
     for model in sorted(models, key=_NAME):
-        vram: VramUse | None = VramUse(
-            model.vram_estimate, budget.size, final.used or None
-        )
+        vram: VramUse | None = VramUse(model.vram_estimate, budget.size, final.used or None)
         if budget.conflict:
             condition = Condition(
                 CONDITION_PACKED,

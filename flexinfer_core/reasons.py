@@ -124,3 +124,5 @@ EVICTED_FOR_VRAM: Final = "EvictedForVram"
 VRAM_BUDGET_CONFLICT: Final = "VramBudgetConflict"
 # The `Packed` condition of a member whose group set a budget once and no longer does.
 NO_VRAM_BUDGET: Final = "NoVramBudget"
+# A GPUGroup with a budget: its members still take turns (scalingPolicy Exclusive).
+EXCLUSIVE: Final = "Exclusive"

@@ -26,12 +26,16 @@ from flexinfer_core import (
     SpecProblem,
     demand_annotation_key,
     parse_demand,
+    reasons,
 )
 from flexinfer_core.durations import seconds_window
+from flexinfer_core.group import CONDITION_PACKED
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_model_deployments import idle_timeout_of
+from flexinfer_k8s.convert_models import format_quantity
 from flexinfer_k8s.field_names import user_fields
 from flexinfer_k8s.pods import live_pods, pod_is_ready
+from flexinfer_k8s.render.policy import quantity_bytes
 from flexinfer_k8s.status_diff import generation_of, merge_conditions
 from flexinfer_kube.objects import JSON, get_path, int_or, name_of, namespace_of
 
@@ -95,6 +99,9 @@ def gpu_group_state_from_k8s(
                     cache_ready=name not in caches_not_ready,
                     has_pods=bool(pods),
                     ready=any(pod_is_ready(p) for p in pods),
+                    vram_estimate=_bytes(
+                        entry.get("vramEstimate"), f"spec.models[{index}].vramEstimate"
+                    ),
                 )
             )
         except InvalidFieldError as error:
@@ -106,6 +113,7 @@ def gpu_group_state_from_k8s(
             name=name_of(group),
             namespace=namespace_of(group) or "default",
             members=tuple(members),
+            vram_budget=_bytes(spec.get("vramBudget"), "spec.vramBudget"),
             current_model=str(status.get("activeModel") or "") or None,
             last_swap_time=parse_rfc3339(status.get("lastSwapTime")),
             last_swap_reason=str(status.get("lastSwapReason") or ""),
@@ -147,6 +155,13 @@ GPU_GROUP_FIELDS = {
 }
 
 
+def _bytes(value: Any, field: str) -> int | None:
+    """A quantity of bytes (docs/election.md 1.7); None when absent."""
+    if value is None or value == "":
+        return None
+    return quantity_bytes(str(value), field=field)
+
+
 def _seconds(block: Mapping[str, Any], path: str, default: timedelta) -> timedelta:
     value = block.get(path.rsplit(".", 1)[1])
     if isinstance(value, bool) or not isinstance(value, int):
@@ -168,11 +183,52 @@ def unreadable_members(
     return problems
 
 
+def _packed(
+    group: Mapping[str, Any], decision: GpuGroupDecision, state: GpuGroupState | None
+) -> tuple[list[Condition], JSON | None, dict[str, str | None]]:
+    """The `Packed` condition, `status.vram` and each member's footprint of a GPUGroup
+    that sets `spec.vramBudget` (or once did): its members still take turns one at a
+    time (docs/election.md 1.7), which the condition says; the holder's footprint is
+    the budget's use. Nothing for a group that never set one."""
+    budget = state.vram_budget if state is not None else None
+    had = any(
+        isinstance(c, Mapping) and c.get("type") == CONDITION_PACKED
+        for c in get_path(group, "status", "conditions") or []
+    )
+    if budget is None or state is None:
+        if not had:
+            return [], None, {}
+        said = "the GPUGroup sets no spec.vramBudget: its members take turns one at a time"
+        return [Condition(CONDITION_PACKED, False, reasons.NO_VRAM_BUDGET, said)], None, {}
+    footprints = {
+        m.name: None if m.vram_estimate is None else format_quantity(m.vram_estimate)
+        for m in state.members
+    }
+    holder = state.member(decision.active_model) if decision.active_model else None
+    used = holder.vram_estimate if holder is not None else None
+    said = (
+        f"the GPUGroup's members take turns one at a time (scalingPolicy.strategy "
+        f"Exclusive): {format_quantity(used) if used else 'nothing'} of the "
+        f"{format_quantity(budget)} budget is held"
+    )
+    vram: JSON = {
+        "budget": format_quantity(budget),
+        "used": format_quantity(used) if used else None,
+    }
+    return [Condition(CONDITION_PACKED, False, reasons.EXCLUSIVE, said)], vram, footprints
+
+
 def gpu_group_status(
-    group: Mapping[str, Any], decision: GpuGroupDecision, *, now: datetime
+    group: Mapping[str, Any],
+    decision: GpuGroupDecision,
+    *,
+    now: datetime,
+    state: GpuGroupState | None = None,
 ) -> JSON:
-    """The GPUGroup status the decision describes (everything the controller owns)."""
+    """The GPUGroup status the decision describes (everything the controller owns);
+    `state`: the group as read, for its VRAM budget and footprints."""
     generation = generation_of(group)
+    packed, vram, footprints = _packed(group, decision, state)
     draining = decision.phase is GpuGroupPhase.DRAINING
     ready = decision.phase is GpuGroupPhase.ACTIVE
     status: JSON = {
@@ -192,16 +248,19 @@ def gpu_group_status(
                 "queuedSince": format_rfc3339(s.queued_since),
                 "preemptedAt": format_rfc3339(s.preempted_at),
                 "preemptedBy": s.preempted_by or None,
+                **({"footprint": footprints.get(s.name)} if footprints else {}),
             }
             for s in decision.member_statuses
         ],
         "conditions": merge_conditions(
             get_path(group, "status", "conditions"),
-            [Condition("Ready", ready, decision.reason, decision.message)],
+            [Condition("Ready", ready, decision.reason, decision.message), *packed],
             now=now,
             generation=generation,
         ),
     }
+    if vram is not None or packed:
+        status["vram"] = vram
     if generation is not None:
         status["observedGeneration"] = generation
     return status

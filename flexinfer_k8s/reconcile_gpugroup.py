@@ -99,7 +99,7 @@ class GpuGroupReconciler:
         decision = decide_gpu_group(state, now=now)
         self._observe_drains(snapshot, decision, swapped_at=swapped_at, now=now)
 
-        wanted = gpu_group_status(group, decision, now=now)
+        wanted = gpu_group_status(group, decision, now=now, state=state)
         statuses: list[StatusWrite] = []
         if status_differs(group.get("status"), wanted):
             # The Events of a swap are the decision's: recorded only once the status

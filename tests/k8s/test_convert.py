@@ -712,8 +712,14 @@ def budgeted_model(name: str, budget: Any, estimate: Any, **status: Any) -> dict
 
 @pytest.mark.parametrize(
     ("given", "size"),
-    [("24Gi", 24 * GIB), ("5632Mi", 5632 * 2**20), ("1.5Gi", 3 * GIB // 2), (24_000_000_000, 24 * 10**9), ("8G", 8 * 10**9)],
-)  # fmt: skip
+    [
+        ("24Gi", 24 * GIB),
+        ("5632Mi", 5632 * 2**20),
+        ("1.5Gi", 3 * GIB // 2),
+        (24_000_000_000, 24 * 10**9),
+        ("8G", 8 * 10**9),
+    ],
+)
 def test_vram_quantities_are_read_as_bytes(given: Any, size: int) -> None:
     state = model_state_from_k8s(
         budgeted_model("a", given, given), deployment=None, pods=[], service=None
@@ -778,7 +784,7 @@ def test_a_packed_group_writes_each_footprint_and_the_budget_use_once() -> None:
     ]
     objs[0]["spec"]["gpu"]["priority"] = 200
     objs[1]["spec"]["gpu"]["priority"] = 150
-    decision, written = _decide_and_write(objs)
+    _, written = _decide_and_write(objs)
     by_name = {name_of(o): o for o in written}
     assert by_name["embed"]["status"]["vram"] == {
         "footprint": "4Gi",
@@ -826,3 +832,74 @@ def test_a_group_without_a_budget_writes_no_vram_status() -> None:
     status = model_status(obj, decision.member("a"), group="g", now=NOW, packed=None)
     assert "vram" not in status
     assert all(c["type"] != "Packed" for c in status["conditions"])
+
+
+def budgeted_group(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gg", "namespace": "ns", "generation": 1},
+        "spec": {
+            "models": [
+                {"name": "a", "priority": 200, "vramEstimate": "5632Mi"},
+                {"name": "b", "priority": 100},
+            ],
+            **spec,
+        },
+        "status": {},
+    }
+
+
+def test_a_gpu_group_budget_is_shown_and_its_members_take_turns() -> None:
+    group = budgeted_group(vramBudget="24Gi")
+    mds = {"a": {"metadata": {"name": "a"}, "spec": {}}, "b": {"metadata": {"name": "b"}}}
+    pods = {"a": [pod("a", ready=True)]}
+    state = gpu_group_state_from_k8s(group, model_deployments=mds, member_pods=pods)
+    assert state.vram_budget == 24 * GIB
+    assert [m.vram_estimate for m in state.members] == [5632 * 2**20, None]
+    group["status"] = {"activeModel": "a", "lastSwapTime": format_rfc3339(NOW)}
+    state = gpu_group_state_from_k8s(group, model_deployments=mds, member_pods=pods)
+    decision = decide_gpu_group(state, now=NOW)
+    assert decision.active_model == "a"
+    status = gpu_group_status(group, decision, now=NOW, state=state)
+    assert status["vram"] == {"budget": "24Gi", "used": "5632Mi"}
+    assert [row["footprint"] for row in status["modelStatuses"]] == ["5632Mi", None]
+    packed = next(c for c in status["conditions"] if c["type"] == "Packed")
+    assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
+    assert "one at a time" in packed["message"] and "5632Mi of the 24Gi budget" in packed["message"]
+    stored = store_status(group, status)
+    assert not status_differs(stored["status"], status)
+    # Taken away: the numbers go, and the condition says there is no budget.
+    del stored["spec"]["vramBudget"]
+    plain = gpu_group_state_from_k8s(stored, model_deployments=mds, member_pods=pods)
+    later = gpu_group_status(stored, decide_gpu_group(plain, now=NOW), now=NOW, state=plain)
+    assert later["vram"] is None
+    assert next(c for c in later["conditions"] if c["type"] == "Packed")["reason"] == (
+        "NoVramBudget"
+    )
+
+
+def test_a_gpu_group_without_a_budget_writes_no_vram_status() -> None:
+    group = budgeted_group()
+    mds = {"a": {"metadata": {"name": "a"}}, "b": {"metadata": {"name": "b"}}}
+    state = gpu_group_state_from_k8s(group, model_deployments=mds, member_pods={})
+    status = gpu_group_status(group, decide_gpu_group(state, now=NOW), now=NOW, state=state)
+    assert "vram" not in status
+    assert all("footprint" not in row for row in status["modelStatuses"])
+    assert [c["type"] for c in status["conditions"]] == ["Ready"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "field"),
+    [
+        ("group", "lots", "spec.vramBudget"),
+        ("member", "4 GiB", "spec.models[1].vramEstimate"),
+    ],
+)
+def test_a_bad_gpu_group_quantity_names_the_field(where: str, value: str, field: str) -> None:
+    group = budgeted_group()
+    if where == "group":
+        group["spec"]["vramBudget"] = value
+    else:
+        group["spec"]["models"][1]["vramEstimate"] = value
+    with pytest.raises(InvalidFieldError) as raised:
+        gpu_group_state_from_k8s(group, model_deployments={}, member_pods={})
+    assert raised.value.field == field and value in str(raised.value)

@@ -218,6 +218,13 @@ def without_source() -> dict[str, Any]:
     return manifest
 
 
+VRAM = "between 1Mi and 1Ti"
+
+
+def estimate(value: Any) -> dict[str, Any]:
+    return model(gpu={"vramEstimate": value})
+
+
 # (id, manifest, the field the message must name, another fragment of the message)
 INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
     ("priority-1001", lambda: model(gpu={"priority": 1001}), "spec.gpu.priority", "1000"),
@@ -358,6 +365,19 @@ INVALID: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         lambda: gpu_group(scalingPolicy={"drainTimeoutSeconds": 301}),
         "spec.scalingPolicy.drainTimeoutSeconds",
         "300",
+    ),
+    ("vram-budget-words", lambda: model(gpu={"vramBudget": "24 GB"}), "spec.gpu.vramBudget", "GB"),
+    ("vram-budget-2Ti", lambda: model(gpu={"vramBudget": "2Ti"}), "spec.gpu.vramBudget", VRAM),
+    ("vram-budget-int-0", lambda: model(gpu={"vramBudget": 0}), "spec.gpu.vramBudget", VRAM),
+    ("vram-estimate-sign", lambda: estimate("-4Gi"), "spec.gpu.vramEstimate", "-4Gi"),
+    ("vram-estimate-milli", lambda: estimate("100m"), "spec.gpu.vramEstimate", VRAM),
+    ("vram-estimate-long", lambda: estimate("1" * 33), "spec.gpu.vramEstimate", "32"),
+    ("group-vram-budget-1Ki", lambda: gpu_group(vramBudget="1Ki"), "spec.vramBudget", VRAM),
+    (
+        "group-member-vram-estimate",
+        lambda: gpu_group(models=[{"name": "a", "vramEstimate": "4 GiB"}]),
+        "spec.models[0].vramEstimate",
+        "4 GiB",
     ),
     (
         "lease-without-group",
@@ -528,6 +548,24 @@ def test_beyond_720h_is_refused_in_any_unit(
     assert result.returncode != 0 and "must be at most 720h" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("value", ["24Gi", "1Mi", "1Ti", "22.5Gi", "24G", 24_000_000_000, "5632Mi"])
+def test_vram_quantities_within_bounds_are_kept(
+    kubectl: Kubectl, crds_installed: None, namespace: str, value: Any
+) -> None:
+    for manifest in (
+        model(gpu={"shared": "g", "vramBudget": value, "vramEstimate": value}),
+        gpu_group(vramBudget=value, models=[{"name": "a", "vramEstimate": value}]),
+    ):
+        result = kubectl.run(
+            "create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
+            stdin=json.dumps(manifest),
+        )
+        assert result.returncode == 0, (value, result.stderr)
+        spec = json.loads(result.stdout)["spec"]
+        kept = spec["gpu"] if "gpu" in spec else {"vramBudget": spec["vramBudget"]}
+        assert kept["vramBudget"] == value
+
+
 MODEL_STATUS: dict[str, Any] = {
     "phase": "Ready",
     "message": "holds the card: highest priority with demand",
@@ -541,6 +579,7 @@ MODEL_STATUS: dict[str, Any] = {
         "preemptedBy": "",
         "preemptedAt": "2026-11-29T16:00:00Z",
     },
+    "vram": {"footprint": "5632Mi", "budget": "24Gi", "used": "9728Mi"},
     "conditions": [
         {
             "type": "Ready",
@@ -563,8 +602,9 @@ GROUP_STATUS: dict[str, Any] = {
     "lastSwapTime": "2026-11-29T16:00:00Z",
     "lastSwapReason": "QueueThresholdReached",
     "swapCount": 4,
+    "vram": {"budget": "24Gi", "used": "4Gi"},
     "modelStatuses": [
-        {"name": "a", "state": "Active", "queuedRequests": 0},
+        {"name": "a", "state": "Active", "queuedRequests": 0, "footprint": "4Gi"},
         {
             "name": "b",
             "state": "Queued",

@@ -40,6 +40,7 @@ from flexinfer_cli.view import ClusterView
 from flexinfer_core import (
     FlexinferError,
     GpuGroupDecision,
+    GroupDecision,
     Membership,
     Policy,
     decide_gpu_group,
@@ -48,6 +49,7 @@ from flexinfer_core import (
 )
 from flexinfer_core.election import Ballot, cooldown_ends_at
 from flexinfer_core.explain import explain_group
+from flexinfer_core.packing import format_gib
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import observe
 from flexinfer_k8s.cache import WATCHED
@@ -176,6 +178,27 @@ def shared_group_row(
         "next": None
         if change is None
         else {"at": format_rfc3339(change.at), "what": change.what, "when": change.when},
+        # docs/election.md 1.7: every member holding the card (the leader first), and
+        # the budget's use; None when no member sets a budget.
+        "holders": [
+            decision.leader,
+            *(m.name for m in decision.members if m.is_leader and m.name != decision.leader),
+        ]
+        if decision.leader is not None
+        else [],
+        "vram": _shared_vram(decision),
+    }
+
+
+def _shared_vram(decision: GroupDecision) -> dict[str, Any] | None:
+    told = next((p for p in decision.packed if p.vram is not None), None)
+    if told is None or told.vram is None:
+        return None
+    conflict = told.condition.reason == reasons.VRAM_BUDGET_CONFLICT
+    return {
+        "budgetBytes": told.vram.budget,
+        "usedBytes": told.vram.used,
+        "conflict": told.condition.message if conflict else None,
     }
 
 
@@ -207,6 +230,8 @@ def standalone_model_row(
 def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) -> dict[str, Any]:
     snapshot = observe.gpu_group_snapshot(view, group)
     decision: GpuGroupDecision = decide_gpu_group(snapshot.state, now=now)
+    budget = snapshot.state.vram_budget
+    holder = snapshot.state.member(decision.active_model) if decision.active_model else None
     queued = sorted(
         (m for m in snapshot.state.members if m.queued > 0),
         key=lambda m: (-m.priority, m.oldest_waiting or now, m.name),
@@ -223,6 +248,14 @@ def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) ->
         "swaps": decision.swap_count,
         "lastSwapTime": timestamp(decision.last_swap_time),
         "nextChangeAt": format_rfc3339(decision.next_change_at),
+        # docs/election.md 1.7: a GPUGroup's members take turns; its budget and the
+        # holder's footprint are shown. None when it sets no budget.
+        "vram": None
+        if budget is None
+        else {
+            "budgetBytes": budget,
+            "usedBytes": holder.vram_estimate if holder is not None else None,
+        },
     }
 
 
@@ -273,6 +306,10 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
             for g in data["sharedGroups"]
         ]
         headers = ["group", "holder", "phase", "reason", "queue", "cooldown", "lease", "next"]
+        if any(g["vram"] for g in data["sharedGroups"]):
+            headers.insert(4, "vram")
+            for row, g in zip(rows, data["sharedGroups"], strict=True):
+                row.insert(len(_ns(g, wide_ns)) + 4, _vram(g["vram"], g["holders"]))
         blocks.append("Shared groups:\n" + render_table(_ns_head(wide_ns) + headers, rows))
     if data["models"]:
         rows = [
@@ -305,6 +342,10 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
             for g in data["gpuGroups"]
         ]
         headers = ["gpugroup", "active", "phase", "reason", "queue", "gate", "swaps", "last swap"]
+        if any(g["vram"] for g in data["gpuGroups"]):
+            headers.insert(4, "vram")
+            for row, g in zip(rows, data["gpuGroups"], strict=True):
+                row.insert(len(_ns(g, wide_ns)) + 4, _vram(g["vram"], []))
         blocks.append("GPUGroups:\n" + render_table(_ns_head(wide_ns) + headers, rows))
     if data["modelDeployments"]:
         rows = [
@@ -326,6 +367,18 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
     if not blocks:
         return no_resources(namespace, "flexinfer resources")
     return "\n\n".join(blocks)
+
+
+def _vram(vram: dict[str, Any] | None, holders: list[str]) -> str:
+    """The budget's use (docs/election.md 1.7): `9.5/24GiB:chat,embed`, `?/24GiB` when
+    the holder's footprint is unknown, `conflict` when members disagree on the budget."""
+    if vram is None:
+        return "-"
+    if vram.get("conflict"):
+        return "conflict"
+    used = "?" if vram["usedBytes"] is None else format_gib(vram["usedBytes"])
+    shown = f"{used}/{format_gib(vram['budgetBytes'])}GiB"
+    return f"{shown}:{','.join(holders)}" if len(holders) > 1 else shown
 
 
 def _ns(row: dict[str, Any], wide: bool) -> list[Any]:

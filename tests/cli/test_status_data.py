@@ -132,3 +132,66 @@ def test_a_draining_member_is_shown_as_draining(tmp_path: Path) -> None:
         "low's 1m drain timeout ends: it is scaled to 0 whatever is still in flight"
     )
     assert "low (draining)" in status_text(data, now=NOW, namespace="ai")
+
+
+def _packed_group(budgets: dict[str, str]) -> list[dict[str, object]]:
+    """Three Models of one budgeted group (docs/election.md 1.7), all asked for just now:
+    chat leads, embed fits beside it, coder (16 GiB) does not."""
+    sizes = {"chat": ("5632Mi", 300), "embed": ("4Gi", 200), "coder": ("16Gi", 100)}
+    return [
+        {
+            "apiVersion": "ai.flexinfer/v1alpha2",
+            "kind": "Model",
+            "metadata": {"name": name},
+            "spec": {
+                "backend": "vllm",
+                "source": f"HF://org/{name}",
+                "gpu": {"shared": "card", "priority": priority, "vramEstimate": size,
+                        "vramBudget": budgets[name]},
+            },
+            "status": {"lastActiveTime": "2026-12-01T11:59:59Z"},
+        }
+        for name, (size, priority) in sizes.items()
+    ]  # fmt: skip
+
+
+def test_a_packed_group_shows_its_holders_and_the_budget_use(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    same = dict.fromkeys(("chat", "embed", "coder"), "24Gi")
+    path.write_text(yaml.safe_dump_all(_packed_group(same)))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    (group,) = data["sharedGroups"]
+    assert group["holders"] == ["chat", "embed"]
+    assert group["vram"] == {
+        "budgetBytes": 24 * 2**30,
+        "usedBytes": 9728 * 2**20,
+        "conflict": None,
+    }
+    assert [q["name"] for q in group["queue"]] == ["coder"]
+    text = status_text(data, now=NOW, namespace="ai")
+    assert "9.5/24GiB:chat,embed" in text
+    assert text.splitlines()[1].split()[:5] == ["GROUP", "HOLDER", "PHASE", "REASON", "VRAM"]
+
+
+def test_a_budget_conflict_is_shown(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    budgets = {"chat": "24Gi", "embed": "16Gi", "coder": "24Gi"}
+    path.write_text(yaml.safe_dump_all(_packed_group(budgets)))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    (group,) = data["sharedGroups"]
+    assert group["holders"] == ["chat"]
+    assert group["vram"]["budgetBytes"] is None
+    assert "members disagree on spec.gpu.vramBudget" in group["vram"]["conflict"]
+    assert " conflict " in status_text(data, now=NOW, namespace="ai")
+
+
+def test_without_a_budget_the_table_is_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(_draining_group()))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    assert data["sharedGroups"][0]["vram"] is None
+    text = status_text(data, now=NOW, namespace="ai")
+    assert "VRAM" not in text

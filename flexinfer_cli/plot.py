@@ -146,16 +146,22 @@ def _spans(
     holds: list[Span] = []
     serving: list[Span] = []
     swaps: list[Swap] = []
-    holder: tuple[str | None, float] = (None, 0.0)
+    leader: str | None = None
+    # Every member that holds the card, since when (more than one in a packed group,
+    # docs/election.md 1.7): each gets its own wide bar.
+    holding: dict[str, float] = {}
     ready_since: dict[str, float | None] = dict.fromkeys(models)
     indexed = list(zip(steps, times, strict=True))
     for step, at in _progress(indexed, mode=progress, total=total, what="steps"):
-        if step.leader != holder[0]:
-            if holder[0] is not None:
-                holds.append(Span(holder[0], holder[1], at))
-            if step.leader is not None or holder[0] is not None:
+        if step.leader != leader:
+            if step.leader is not None or leader is not None:
                 swaps.append(Swap(at, step.leader, step.reason))
-            holder = (step.leader, at)
+            leader = step.leader
+        now_holding = set(step.holders) or ({step.leader} if step.leader is not None else set())
+        for name in sorted(set(holding) - now_holding):
+            holds.append(Span(name, holding.pop(name), at))
+        for name in sorted(now_holding - set(holding)):
+            holding[name] = at
         for name, _, ready in step.pods:
             since = ready_since.get(name)
             if ready and since is None:
@@ -163,8 +169,7 @@ def _spans(
             elif not ready and since is not None:
                 serving.append(Span(name, since, at))
                 ready_since[name] = None
-    if holder[0] is not None:
-        holds.append(Span(holder[0], holder[1], end))
+    holds += [Span(name, since, end) for name, since in sorted(holding.items())]
     serving += [Span(n, s, end) for n, s in ready_since.items() if s is not None]
     return tuple(holds), tuple(serving), tuple(swaps)
 
@@ -210,7 +215,7 @@ def draw(figure: Any, picture: Picture, *, scenario: Scenario) -> None:
     axes.set_xlim(0, picture.end)
     axes.set_xlabel("minutes since start")
     axes.set_title(
-        f"{scenario_title(scenario)}: holder (wide bar), serving (thin bar), requests (▼) and "
+        f"{scenario_title(scenario)}: holders (wide bars), serving (thin bar), requests (▼) and "
         "waits (red), leases (hatched), swaps (dotted, with the reason)",
         fontsize=9,
     )

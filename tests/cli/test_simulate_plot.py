@@ -88,3 +88,23 @@ def test_without_matplotlib_the_command_says_what_to_install(
     assert code == 2
     assert "pip install 'flexinfer[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_packed_group_draws_every_holder() -> None:
+    """examples/scenarios/packed-group.yaml (docs/election.md 1.7): chat and embed hold
+    the card together from 0s; coder joins them at 3m; vision's eviction at 6m ends
+    chat's and embed's holds; chat holds again from 11m beside coder."""
+    scenario = load_scenario(next(p for p in SCENARIOS if p.stem == "packed-group"))
+    picture = build_picture(scenario, scenario.simulate(), progress="never")
+    # (An idle timeout ends a microsecond after it lapses: rounded to the millisecond.)
+    held = {(h.model, round(h.start, 3), round(h.end, 3)) for h in picture.holds}
+    assert ("chat", 0.0, 6.0) in held and ("embed", 0.0, 6.0) in held
+    assert ("coder", 3.0, 12.0) in held
+    assert ("vision", 6.0, 11.0) in held
+    assert ("chat", 11.0, 12.0) in held
+    # At 4m three members hold the card at once.
+    assert sorted(h.model for h in picture.holds if h.start <= 4.0 < h.end) == [
+        "chat",
+        "coder",
+        "embed",
+    ]

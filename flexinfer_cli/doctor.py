@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
-from flexinfer_cli.explain import add_policy_flags, policy_from
+from flexinfer_cli.explain import add_policy_flags, policy_from, shared_card_from
 from flexinfer_cli.nodes import VENDOR_LABEL, plan_labels
 from flexinfer_cli.output import FAILED, FORMATS, OK, UsageError, emit, timestamp
 from flexinfer_cli.view import ClusterView
@@ -95,6 +95,8 @@ class Settings:
     swap_window: timedelta
     max_swaps: int
     proxy_account: str
+    # As the controller's --gpu-device-class: a group with a VRAM budget may pack.
+    shared_card: bool = False
 
 
 CHECKS: tuple[tuple[str, str], ...] = (
@@ -147,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             swap_window=parse_duration(args.swap_window, field="--swap-window"),
             max_swaps=args.max_swaps,
             proxy_account=args.proxy_service_account,
+            shared_card=shared_card_from(args),
         )
     except FlexinferError as error:
         raise UsageError(str(error)) from None
@@ -517,6 +520,7 @@ def demand_reaches_controller(
             unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=settings.policy,
             running=snapshot.running,
+            shared_card=settings.shared_card,
         )
         # A holder's progress toward serving is the controller's to hold back a while.
         pending = {

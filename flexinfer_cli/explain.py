@@ -149,6 +149,22 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+    # Not an election timing but a setting the decision depends on all the same
+    # (docs/election.md 1.7): whether a group with a VRAM budget may pack.
+    group.add_argument(
+        "--gpu-device-class",
+        default="",
+        metavar="NAME",
+        help="as the controller's flag: set (the cluster has a DRA driver for its GPUs), a "
+        "group with a VRAM budget packs; default empty: it runs one member at a time",
+    )
+
+
+def shared_card_from(args: argparse.Namespace) -> bool:
+    """Whether the controller these flags describe lets a budgeted group pack."""
+    return bool(getattr(args, "gpu_device_class", ""))
+
+
 def policy_from(args: argparse.Namespace) -> Policy:
     return policy_from_flags(
         {flag.attribute: getattr(args, f"policy_{flag.attribute}") for flag in policy_flags()}
@@ -201,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             at=at,
             policy=policy,
             changes=args.changes,
+            shared_card=shared_card_from(args),
         )
         text = shared_text(data, at=at)
     data["whatIf"] = {"demand": list(args.demand), "lease": args.lease}
@@ -296,6 +313,7 @@ def explain_shared(
     at: datetime,
     policy: Policy,
     changes: int = 3,
+    shared_card: bool = False,
 ) -> dict[str, Any]:
     if group:
         objs = view.shared_group_models(namespace, group)
@@ -320,6 +338,7 @@ def explain_shared(
             policy=policy,
             running=running,
             limit=changes,
+            shared_card=shared_card,
         )
     except FlexinferError as error:
         raise CommandError(str(error)) from None

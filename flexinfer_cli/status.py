@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
-from flexinfer_cli.explain import add_policy_flags, policy_from
+from flexinfer_cli.explain import add_policy_flags, policy_from, shared_card_from
 from flexinfer_cli.output import (
     FORMATS,
     OK,
@@ -89,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     target = connect(args)
     if args.watch:
-        return watch(target, policy=policy, fmt=args.output)
+        return watch(target, policy=policy, fmt=args.output, shared_card=shared_card_from(args))
     view = list_cluster(target.api, target.namespace)
     now = SystemClock().now()
-    data = status_data(view, now=now, policy=policy)
+    data = status_data(view, now=now, policy=policy, shared_card=shared_card_from(args))
     emit(data, fmt=args.output, table=status_text(data, now=now, namespace=target.namespace))
     return OK
 
@@ -100,12 +100,18 @@ def run(args: argparse.Namespace) -> int:
 # --- the data -----------------------------------------------------------------------
 
 
-def status_data(view: ClusterView, *, now: datetime, policy: Policy) -> dict[str, Any]:
+def status_data(
+    view: ClusterView, *, now: datetime, policy: Policy, shared_card: bool = False
+) -> dict[str, Any]:
     groups, models = [], []
     for namespace in view.namespaces():
         for key in sorted({model_state_group(m) for m in view.objects(MODELS, namespace)}):
             if key:
-                groups.append(shared_group_row(view, namespace, key, now=now, policy=policy))
+                groups.append(
+                    shared_group_row(
+                        view, namespace, key, now=now, policy=policy, shared_card=shared_card
+                    )
+                )
         for model in view.objects(MODELS, namespace):
             if not model_state_group(model):
                 models.append(standalone_model_row(view, model, now=now, policy=policy))
@@ -138,7 +144,13 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 def shared_group_row(
-    view: ClusterView, namespace: str, group: str, *, now: datetime, policy: Policy
+    view: ClusterView,
+    namespace: str,
+    group: str,
+    *,
+    now: datetime,
+    policy: Policy,
+    shared_card: bool = False,
 ) -> dict[str, Any]:
     objs = view.shared_group_models(namespace, group)
     members = {name_of(m) for m in objs}
@@ -152,6 +164,7 @@ def shared_group_row(
         policy=policy,
         running=snapshot.running,
         limit=1,
+        shared_card=shared_card,
     )
     decision = explanation.decision
     holder = next((s for s in snapshot.states if s.name == decision.leader), None)
@@ -199,6 +212,8 @@ def _shared_vram(decision: GroupDecision) -> dict[str, Any] | None:
         "budgetBytes": told.vram.budget,
         "usedBytes": told.vram.used,
         "conflict": told.condition.message if conflict else None,
+        # False: the controller has no --gpu-device-class; one member at a time.
+        "sharedCard": told.condition.reason != reasons.NO_SHARED_CARD,
     }
 
 
@@ -371,11 +386,14 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
 
 def _vram(vram: dict[str, Any] | None, holders: list[str]) -> str:
     """The budget's use (docs/election.md 1.7): `9.5/24GiB:chat,embed`, `?/24GiB` when
-    the holder's footprint is unknown, `conflict` when members disagree on the budget."""
+    the holder's footprint is unknown, `conflict` when members disagree on the budget,
+    `one-at-a-time` when the cluster's pods cannot share a card."""
     if vram is None:
         return "-"
     if vram.get("conflict"):
         return "conflict"
+    if vram.get("sharedCard") is False:
+        return "one-at-a-time"
     used = "?" if vram["usedBytes"] is None else format_gib(vram["usedBytes"])
     shown = f"{used}/{format_gib(vram['budgetBytes'])}GiB"
     return f"{shown}:{','.join(holders)}" if len(holders) > 1 else shown
@@ -424,7 +442,7 @@ def _scales_down(row: dict[str, Any], now: datetime) -> str:
 # --- -w -------------------------------------------------------------------------------
 
 
-def watch(target: Target, *, policy: Policy, fmt: str) -> int:
+def watch(target: Target, *, policy: Policy, fmt: str, shared_card: bool = False) -> int:
     """Follow the cluster with informers; print a block whenever what it shows changes."""
     view = ClusterView(source="cluster")
     changed = threading.Event()
@@ -452,7 +470,13 @@ def watch(target: Target, *, policy: Policy, fmt: str) -> int:
             informer.start()
         wait_all(informers, timeout=30, attempted_only=True)
         _follow(
-            view, policy=policy, fmt=fmt, namespace=target.namespace, changed=changed, stop=stop
+            view,
+            policy=policy,
+            fmt=fmt,
+            namespace=target.namespace,
+            changed=changed,
+            stop=stop,
+            shared_card=shared_card,
         )
     except KeyboardInterrupt:
         pass
@@ -472,12 +496,13 @@ def _follow(
     changed: threading.Event,
     stop: threading.Event,
     clock_now: Callable[[], datetime] = lambda: SystemClock().now(),
+    shared_card: bool = False,
 ) -> None:
     shown: Any = None
     while not stop.is_set():
         changed.clear()
         now = clock_now()
-        data = status_data(view, now=now, policy=policy)
+        data = status_data(view, now=now, policy=policy, shared_card=shared_card)
         # Ages move every second; only what the block says counts as a change (the
         # table does not show `recorded`, the JSON does).
         hidden = {"at"} if fmt in ("json", "yaml") else {"at", "recorded"}

@@ -28,6 +28,7 @@ from flexinfer_core.gpugroup import (
     record_gpu_group_decision,
 )
 from flexinfer_core.group import (
+    NO_SHARED_CARD_CONDITION,
     GroupDecision,
     apply_decision,
     decide_group,
@@ -87,8 +88,10 @@ def explain_group(
     policy: Policy = DEFAULT_POLICY,
     running: Collection[str] = (),
     limit: int = 3,
+    shared_card: bool = True,
 ) -> GroupExplanation:
-    """The controller's decision for one group, each election rule, and the next change."""
+    """The controller's decision for one group, each election rule, and the next change
+    (`shared_card`: as `decide_group`'s)."""
     leases = tuple(leases)
     decision = decide_group(
         models,
@@ -97,6 +100,7 @@ def explain_group(
         unreadable_lease_sources=unreadable_lease_sources,
         policy=policy,
         running=running,
+        shared_card=shared_card,
     )
     trace = explain_election(
         models,
@@ -109,7 +113,7 @@ def explain_group(
         decision=decision,
         rules=trace.rules,
         drain=_drain(models, decision, now=now, policy=policy),
-        packing=_packing(models, now=now, leases=leases, policy=policy),
+        packing=_packing(models, now=now, leases=leases, policy=policy, shared_card=shared_card),
         upcoming=_upcoming(
             models,
             decision,
@@ -118,15 +122,23 @@ def explain_group(
             unreadable_lease_sources=tuple(unreadable_lease_sources),
             policy=policy,
             limit=limit,
+            shared_card=shared_card,
         ),
     )
 
 
 def _packing(
-    models: Sequence[ModelState], *, now: datetime, leases: Sequence[GpuLease], policy: Policy
+    models: Sequence[ModelState],
+    *,
+    now: datetime,
+    leases: Sequence[GpuLease],
+    policy: Policy,
+    shared_card: bool = True,
 ) -> str | None:
     if not any(m.vram_budget for m in models):
         return None
+    if not shared_card:
+        return NO_SHARED_CARD_CONDITION.message
     said = PACKING.decide(Ballot.of(models, now=now, leases=leases, policy=policy))
     return said() if callable(said) else None
 
@@ -149,6 +161,7 @@ def _upcoming(
     unreadable_lease_sources: tuple[str, ...],
     policy: Policy,
     limit: int,
+    shared_card: bool = True,
 ) -> tuple[NextChange, ...]:
     if not models:
         return ()
@@ -176,6 +189,7 @@ def _upcoming(
             unreadable_lease_sources=unreadable_lease_sources,
             policy=policy,
             running=running,
+            shared_card=shared_card,
         )
 
     state = apply_decision(models, decision)

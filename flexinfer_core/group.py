@@ -344,6 +344,7 @@ def decide_group(
     unreadable_lease_sources: Collection[str] = (),
     policy: Policy = DEFAULT_POLICY,
     running: Collection[str] = (),
+    shared_card: bool = True,
 ) -> GroupDecision:
     """Elect, then say what every member of the group should look like.
 
@@ -351,6 +352,9 @@ def decide_group(
     the carriers it could not (the election fails open; see `elect_leader`).
     `running` names the members that still have pods (any phase, terminating
     included); the leader is not scaled up while another member is in it.
+    `shared_card`: the members' pods can share one card (the cluster has a Dynamic
+    Resource Allocation driver for its GPUs); False, a group with a VRAM budget
+    decides exactly as without one and its members are told why (docs/election.md 1.7).
     """
     models, from_the_future = read_as_now(models, now=now)
     ballot = Ballot.of(
@@ -364,7 +368,8 @@ def decide_group(
     default = ballot.default.name if ballot.default is not None else None
     # docs/election.md 1.7: only a group whose members set a VRAM budget is packed; any
     # other decides exactly as before packing existed.
-    packing = pack(ballot, election) if any(m.vram_budget for m in models) else None
+    budgeted = any(m.vram_budget for m in models)
+    packing = pack(ballot, election) if budgeted and shared_card else None
     members = _member_decisions(
         models, election, now=now, running=running, default=default, packing=packing
     )
@@ -414,8 +419,8 @@ def decide_group(
             for member in members
         )
     packed = (
-        _packed_statuses(models, ballot, members)
-        if packing is not None or any(_was_packed(m) for m in models)
+        _packed_statuses(models, ballot, members, shared_card=shared_card)
+        if budgeted or any(_was_packed(m) for m in models)
         else ()
     )
     if from_the_future:
@@ -435,6 +440,16 @@ def decide_group(
     )
 
 
+NO_SHARED_CARD_CONDITION = Condition(
+    CONDITION_PACKED,
+    False,
+    reasons.NO_SHARED_CARD,
+    "the cluster cannot put two servers on one card (the controller has no "
+    "--gpu-device-class: no Dynamic Resource Allocation driver for its GPUs): the group "
+    "runs one member at a time",
+)
+
+
 def _was_packed(model: ModelState) -> bool:
     """Whether the member's status says its group had a VRAM budget (so that its words
     say there is none now rather than stay as written)."""
@@ -442,11 +457,15 @@ def _was_packed(model: ModelState) -> bool:
 
 
 def _packed_statuses(
-    models: Sequence[ModelState], ballot: Ballot, members: tuple[MemberDecision, ...]
+    models: Sequence[ModelState],
+    ballot: Ballot,
+    members: tuple[MemberDecision, ...],
+    *,
+    shared_card: bool = True,
 ) -> tuple[PackedStatus, ...]:
     """Each member's `Packed` condition and `status.vram` (docs/election.md 1.7), as the
     packing reads once the decision is written: what they say is then not rewritten on
-    the next reconcile with no news."""
+    the next reconcile with no news. Without a shared card, nobody is packed."""
     settled = ballot.settled(members) or ballot
     final = pack(settled, elect(settled))
     budget = final.budget
@@ -468,6 +487,9 @@ def _packed_statuses(
                 reasons.NO_VRAM_BUDGET,
                 "the group sets no VRAM budget: it runs one member at a time",
             )
+        elif not shared_card:
+            vram = VramUse(model.vram_estimate, budget.size, None)
+            condition = NO_SHARED_CARD_CONDITION
         else:
             seat = final.seat(model.name)
             condition = Condition(CONDITION_PACKED, seat.admitted, seat.reason, seat.message)

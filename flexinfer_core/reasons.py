@@ -124,5 +124,7 @@ EVICTED_FOR_VRAM: Final = "EvictedForVram"
 VRAM_BUDGET_CONFLICT: Final = "VramBudgetConflict"
 # The `Packed` condition of a member whose group set a budget once and no longer does.
 NO_VRAM_BUDGET: Final = "NoVramBudget"
+# A group with a budget on a cluster whose pods cannot share a card (no DRA driver).
+NO_SHARED_CARD: Final = "NoSharedCard"
 # A GPUGroup with a budget: its members still take turns (scalingPolicy Exclusive).
 EXCLUSIVE: Final = "Exclusive"

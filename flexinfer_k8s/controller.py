@@ -110,6 +110,7 @@ class Controller:
         render_settings: RenderSettings | None = None,
         finetune_image: str = "",
         cache_timeouts: CacheTimeouts | None = None,
+        shared_card: bool = False,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -121,7 +122,11 @@ class Controller:
         wiring = Wiring(
             cache=self.cache, writer=self.writer, api=api, metrics=metrics, clock=self.clock
         )
-        self.shared = SharedGroupReconciler(wiring, policy=policy, coalesce=status_coalesce)
+        # `shared_card`: the cluster has a DRA driver for its GPUs, so a group with a VRAM
+        # budget may pack; False (no driver), it runs one member at a time and says so.
+        self.shared = SharedGroupReconciler(
+            wiring, policy=policy, coalesce=status_coalesce, shared_card=shared_card
+        )
         self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
         if finetune_image:

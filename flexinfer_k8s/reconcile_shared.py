@@ -91,8 +91,12 @@ class SharedGroupReconciler:
         *,
         policy: Policy = DEFAULT_POLICY,
         coalesce: timedelta = DEFAULT_COALESCE,
+        shared_card: bool = False,
     ) -> None:
         self.wiring = wiring
+        # Whether members' pods can share one card (docs/election.md 1.7): without, a
+        # group with a VRAM budget runs one member at a time, as without one.
+        self.shared_card = shared_card
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.metrics = wiring.metrics
@@ -178,6 +182,7 @@ class SharedGroupReconciler:
             unreadable_lease_sources=snapshot.unreadable_lease_sources,
             policy=self.policy,
             running=snapshot.running,
+            shared_card=self.shared_card,
         )
         self._observe_drains(namespace, states, decision, now=now)
         # Left out of the election; their pods (in `running`) still hold the card.

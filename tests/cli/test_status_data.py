@@ -160,13 +160,15 @@ def test_a_packed_group_shows_its_holders_and_the_budget_use(tmp_path: Path) -> 
     same = dict.fromkeys(("chat", "embed", "coder"), "24Gi")
     path.write_text(yaml.safe_dump_all(_packed_group(same)))
     view = load_manifests([str(path)], namespace="ai")
-    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    # As for a controller started with --gpu-device-class (the cluster shares cards).
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY, shared_card=True)
     (group,) = data["sharedGroups"]
     assert group["holders"] == ["chat", "embed"]
     assert group["vram"] == {
         "budgetBytes": 24 * 2**30,
         "usedBytes": 9728 * 2**20,
         "conflict": None,
+        "sharedCard": True,
     }
     assert [q["name"] for q in group["queue"]] == ["coder"]
     text = status_text(data, now=NOW, namespace="ai")
@@ -179,7 +181,7 @@ def test_a_budget_conflict_is_shown(tmp_path: Path) -> None:
     budgets = {"chat": "24Gi", "embed": "16Gi", "coder": "24Gi"}
     path.write_text(yaml.safe_dump_all(_packed_group(budgets)))
     view = load_manifests([str(path)], namespace="ai")
-    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY, shared_card=True)
     (group,) = data["sharedGroups"]
     assert group["holders"] == ["chat"]
     assert group["vram"]["budgetBytes"] is None
@@ -195,3 +197,16 @@ def test_without_a_budget_the_table_is_as_before(tmp_path: Path) -> None:
     assert data["sharedGroups"][0]["vram"] is None
     text = status_text(data, now=NOW, namespace="ai")
     assert "VRAM" not in text
+
+
+def test_without_a_shared_card_a_budgeted_group_is_shown_one_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "objects.yaml"
+    same = dict.fromkeys(("chat", "embed", "coder"), "24Gi")
+    path.write_text(yaml.safe_dump_all(_packed_group(same)))
+    view = load_manifests([str(path)], namespace="ai")
+    data = status_data(view, now=NOW, policy=DEFAULT_POLICY)  # no --gpu-device-class
+    (group,) = data["sharedGroups"]
+    assert group["holders"] == ["chat"]
+    assert group["vram"]["sharedCard"] is False and group["vram"]["usedBytes"] is None
+    assert [q["name"] for q in group["queue"]] == ["embed", "coder"]
+    assert " one-at-a-time " in status_text(data, now=NOW, namespace="ai")

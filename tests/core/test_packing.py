@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from flexinfer_core import reasons
@@ -318,3 +319,23 @@ def test_without_a_budget_nothing_is_told_unless_it_was_before() -> None:
     assert told is not None and told.vram is None
     assert (told.condition.status, told.condition.reason) == (False, reasons.NO_VRAM_BUDGET)
     assert decision.members == decide_group(plain, now=T0).members
+
+
+def test_without_a_shared_card_a_budgeted_group_decides_as_today_and_says_why() -> None:
+    from flexinfer_core.group import CONDITION_PACKED, decide_group
+
+    models = (
+        holding("chat", 5.5, priority=200),
+        budgeted("embed", 4, last_active=ago(5)),
+    )
+    unbudgeted = tuple(attrs.evolve(m, vram_budget=None) for m in models)
+    shared = decide_group(models, now=T0)
+    assert shared.member("embed").is_leader  # packed beside chat
+    alone = decide_group(models, now=T0, shared_card=False)
+    assert alone.members == decide_group(unbudgeted, now=T0).members
+    assert [m.name for m in alone.members if m.is_leader] == ["chat"]
+    for told in alone.packed:
+        assert told.condition.type == CONDITION_PACKED
+        assert (told.condition.status, told.condition.reason) == (False, reasons.NO_SHARED_CARD)
+        assert "--gpu-device-class" in told.condition.message
+        assert told.vram is not None and told.vram.budget == BUDGET and told.vram.used is None

@@ -111,10 +111,13 @@ def model_body(
     terminate_delay: str = "1s",
     default: bool = False,
     drain_timeout: str | None = None,
+    vram: tuple[str, str] | None = None,
 ) -> JSON:
     gpu: JSON = {"shared": group, "priority": priority, "swapCooldown": swap_cooldown}
     if default:
         gpu["default"] = True
+    if vram is not None:  # (spec.gpu.vramBudget, spec.gpu.vramEstimate)
+        gpu["vramBudget"], gpu["vramEstimate"] = vram
     if drain_timeout is not None:
         gpu["drainTimeout"] = drain_timeout
     return {

@@ -77,6 +77,19 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.scalingPolicy.drainTimeoutSeconds": 30,
         "spec.antiThrashing.enabled": True,
     },
+    # The packed group: the quantities are kept as written, nothing fills them in.
+    ("Model", "small-chat"): {
+        "spec.gpu.vramBudget": "22Gi",
+        "spec.gpu.vramEstimate": "3Gi",
+        "spec.gpu.priority": 200,
+        "spec.llamacpp.nGpuLayers": 999,
+    },
+    ("Model", "small-coder"): {"spec.llamacpp.nGpuLayers": 999, "spec.gpu.swapCooldown": None},
+    ("Model", "small-helper"): {
+        "spec.gpu.priority": 100,
+        "spec.gpu.vramEstimate": "2Gi",
+        "spec.llamacpp": None,
+    },
     ("ModelDeployment", "qwen3-8b-chat"): {
         "spec.replicas": 1,
         "spec.coldStartTimeoutSeconds": 60,

@@ -239,7 +239,10 @@ def pack(ballot: Ballot, election: Election) -> Packing:
         seat = said.get(m.name)
         if seat is None:
             seat = Seat(m.name, False, reasons.QUEUED, _why_not_wanted(ballot, m))
-        elif seat.admitted and seat.name != leader.name:
+        elif seat.name == leader.name:
+            # The leader's words say the whole card's use too (docs/election.md 1.7).
+            seat = attrs.evolve(seat, message=f"leads; {fits}")
+        elif seat.admitted:
             seat = attrs.evolve(seat, message=f"{seat.message}; {fits}" if seat.message else fits)
         seats.append(seat)
     return Packing(budget, holders, tuple(seats), tuple(evicted), used)

@@ -218,6 +218,7 @@ def test_explain_says_each_seat_of_a_budgeted_group() -> None:
     assert said is not None
     assert "chat: evicts coder: needs 12 GiB, 4 free; fits: 20 of 24 GiB used" in said
     assert "coder: evicted by chat: it needs 12 GiB, 4 free" in said
+    assert said.startswith("lead: leads; fits: 20 of 24 GiB used; ")
     unbudgeted = [member(m.name, priority=m.priority) for m in models]
     assert explain_group(unbudgeted, now=T0).packing is None
 

@@ -356,3 +356,27 @@ def test_changes_bounds_how_far_ahead_it_looks(
     assert (code, only["what"]) == (0, "chat scales from 1 to 0")
     code, _, err = explain(capsys, *args, "--changes", "0")
     assert code == 2 and "--changes: must be at least 1" in err
+
+
+def test_the_packed_example_packs_only_with_a_device_class(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """examples/packed-group.yaml (docs/election.md 1.7): as a controller started with
+    --gpu-device-class decides, chat and coder share the card; without it, as a
+    controller without a DRA driver decides, one member at a time."""
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "packed-group.yaml")
+    asked = ("--demand", "small-chat", "--demand", "small-coder")
+    code, out, _ = explain(
+        capsys, "group/small-card", "-f", example, *asked, "--gpu-device-class", "gpu.amd.com",
+        "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert "small-coder: fits: 9 of 22 GiB used" in data["packing"]
+    states = {m["name"]: m["state"] for m in data["members"]}
+    assert states == {"small-chat": "Active", "small-coder": "Active", "small-helper": "Queued"}
+    code, out, _ = explain(capsys, "group/small-card", "-f", example, *asked, "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert "the group runs one member at a time" in data["packing"]
+    assert [m["name"] for m in data["members"] if m["state"] == "Active"] == ["small-chat"]

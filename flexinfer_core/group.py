@@ -39,7 +39,7 @@ from flexinfer_core.election import (
     next_instant,
 )
 from flexinfer_core.leases import lease_holder_label
-from flexinfer_core.packing import Packing, memory_gate, pack
+from flexinfer_core.packing import Packing, group_budget, memory_gate, pack
 from flexinfer_core.snapshot import (
     DEFAULT_POLICY,
     Condition,
@@ -466,12 +466,15 @@ def _packed_statuses(
     """Each member's `Packed` condition and `status.vram` (docs/election.md 1.7), as the
     packing reads once the decision is written: what they say is then not rewritten on
     the next reconcile with no news. Without a shared card, nobody is packed."""
-    settled = ballot.settled(members) or ballot
-    final = pack(settled, elect(settled))
-    budget = final.budget
+    budget = group_budget(models)
+    final: Packing | None = None
+    if budget.size is not None and shared_card:
+        settled = ballot.settled(members) or ballot
+        final = pack(settled, elect(settled))
     out = []
     for model in sorted(models, key=_NAME):
-        vram: VramUse | None = VramUse(model.vram_estimate, budget.size, final.used or None)
+        used = (final.used or None) if final is not None else None
+        vram: VramUse | None = VramUse(model.vram_estimate, budget.size, used)
         if budget.conflict:
             condition = Condition(
                 CONDITION_PACKED,
@@ -487,8 +490,7 @@ def _packed_statuses(
                 reasons.NO_VRAM_BUDGET,
                 "the group sets no VRAM budget: it runs one member at a time",
             )
-        elif not shared_card:
-            vram = VramUse(model.vram_estimate, budget.size, None)
+        elif final is None:  # no shared card
             condition = NO_SHARED_CARD_CONDITION
         else:
             seat = final.seat(model.name)

@@ -11,7 +11,7 @@ import attrs
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from flexinfer_core import reasons
+from flexinfer_core import GroupDecision, apply_decision, decide_group, reasons
 from flexinfer_core.election import Ballot, elect, group_cooldown
 from flexinfer_core.packing import GIB, pack
 from flexinfer_core.simulate import Request, Timeline, simulate
@@ -245,3 +245,43 @@ def test_a_packed_decision_is_a_fixed_point(sc: GroupScenario, data: st.DataObje
     )
     decision = sc.decide()
     check_fixed_point(sc, decision)
+
+
+@given(group_scenarios(min_size=1), st.data())
+def test_without_a_shared_card_a_budget_decides_as_today(
+    sc: GroupScenario, data: st.DataObject
+) -> None:
+    # A controller without a DRA driver for its GPUs (no --gpu-device-class): whatever
+    # the budget and footprints, every member's decision is today's, and the words that
+    # say so are written once (deciding again after applying writes nothing).
+    budget = data.draw(st.integers(8, 48)) * GIB
+    sizes = st.one_of(st.none(), st.integers(1, 24).map(lambda n: n * GIB))
+    budgeted = attrs.evolve(
+        sc,
+        models=tuple(
+            attrs.evolve(m, vram_budget=budget, vram_estimate=data.draw(sizes)) for m in sc.models
+        ),
+    )
+
+    def decide(models: tuple[ModelState, ...]) -> GroupDecision:
+        return decide_group(
+            models,
+            now=sc.now,
+            leases=sc.leases,
+            unreadable_lease_sources=sc.unreadable_lease_sources,
+            running=sc.running,
+            policy=sc.policy,
+            shared_card=False,
+        )
+
+    today = sc.decide()
+    decided = decide(budgeted.models)
+    assert decided.members == today.members
+    assert (decided.leader, decided.reason, decided.next_change_at) == (
+        today.leader,
+        today.reason,
+        today.next_change_at,
+    )
+    assert {p.condition.reason for p in decided.packed} == {reasons.NO_SHARED_CARD}
+    applied = apply_decision(budgeted.models, decided)
+    assert decide(applied).changes(applied) == ()

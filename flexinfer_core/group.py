@@ -418,9 +418,11 @@ def decide_group(
             else member
             for member in members
         )
+    # What the members are told of the packing: only in a shared group (a Model alone
+    # has nobody to share its card with, whatever its budget says).
     packed = (
         _packed_statuses(models, ballot, members, shared_card=shared_card)
-        if budgeted or any(_was_packed(m) for m in models)
+        if ballot.group and (budgeted or any(_was_packed(m) for m in models))
         else ()
     )
     if from_the_future:

@@ -340,3 +340,11 @@ def test_without_a_shared_card_a_budgeted_group_decides_as_today_and_says_why() 
         assert (told.condition.status, told.condition.reason) == (False, reasons.NO_SHARED_CARD)
         assert "--gpu-device-class" in told.condition.message
         assert told.vram is not None and told.vram.budget == BUDGET and told.vram.used is None
+
+
+def test_a_model_alone_is_told_nothing_of_packing() -> None:
+    from flexinfer_core.group import decide_group
+
+    alone = budgeted("solo", 4, group="", last_active=ago(1))
+    assert decide_group((alone,), now=T0).packed == ()
+    assert decide_group((alone,), now=T0, shared_card=False).packed == ()

@@ -199,11 +199,11 @@ class GroupDecision:
         """What an adapter must write to go from `models` (as observed) to this decision."""
         observed = {m.name: m for m in models}
         out = []
-        packed = {p.name: p for p in self.packed}
+        packed = {p.name: p for p in self.packed} if self.packed else None
         for target in self.members:
             model = observed[target.name]
-            status = status_differs(model, target) or _packed_differs(
-                model, packed.get(target.name)
+            status = status_differs(model, target) or (
+                packed is not None and _packed_differs(model, packed.get(target.name))
             )
             replicas = model.replicas != target.desired_replicas
             services = model.active_services != target.active_services
@@ -1099,7 +1099,7 @@ def apply_decision(models: Iterable[ModelState], decision: GroupDecision) -> tup
     out = []
     for model in models:
         target = decision.member(model.name)
-        packed = decision.packed_status(model.name)
+        packed = decision.packed_status(model.name) if decision.packed else None
         out.append(
             attrs.evolve(
                 model,

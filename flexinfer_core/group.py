@@ -422,7 +422,7 @@ def decide_group(
     # has nobody to share its card with, whatever its budget says).
     packed = (
         _packed_statuses(models, ballot, members, shared_card=shared_card)
-        if ballot.group and (budgeted or any(_was_packed(m) for m in models))
+        if ballot.group and (budgeted or _any_was_packed(models))
         else ()
     )
     if from_the_future:
@@ -452,10 +452,11 @@ NO_SHARED_CARD_CONDITION = Condition(
 )
 
 
-def _was_packed(model: ModelState) -> bool:
-    """Whether the member's status says its group had a VRAM budget (so that its words
-    say there is none now rather than stay as written)."""
-    return model.recorded_vram is not None or model.recorded_packed is not None
+def _any_was_packed(models: Sequence[ModelState]) -> bool:
+    """Whether a member's status says its group had a VRAM budget (so that its words say
+    there is none now rather than stay as written). One comprehension: this runs for
+    every group at every decision."""
+    return bool([m for m in models if m.recorded_vram is not None or m.recorded_packed is not None])
 
 
 def _packed_statuses(

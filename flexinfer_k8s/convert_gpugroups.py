@@ -30,6 +30,7 @@ from flexinfer_core import (
 )
 from flexinfer_core.durations import seconds_window
 from flexinfer_core.group import CONDITION_PACKED
+from flexinfer_core.packing import format_gib
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_model_deployments import idle_timeout_of
 from flexinfer_k8s.convert_models import format_quantity
@@ -206,10 +207,14 @@ def _packed(
     }
     holder = state.member(decision.active_model) if decision.active_model else None
     used = holder.vram_estimate if holder is not None else None
+    held = (
+        f"{format_gib(used)} of {format_gib(budget)} GiB held by {holder.name}"
+        if (used and holder is not None)
+        else f"the budget is {format_gib(budget)} GiB"
+    )
     said = (
-        f"the GPUGroup's members take turns one at a time (scalingPolicy.strategy "
-        f"Exclusive): {format_quantity(used) if used else 'nothing'} of the "
-        f"{format_quantity(budget)} budget is held"
+        "the GPUGroup's members take turns one at a time (scalingPolicy.strategy "
+        f"Exclusive): {held}"
     )
     vram: JSON = {
         "budget": format_quantity(budget),

@@ -864,7 +864,8 @@ def test_a_gpu_group_budget_is_shown_and_its_members_take_turns() -> None:
     assert [row["footprint"] for row in status["modelStatuses"]] == ["5632Mi", None]
     packed = next(c for c in status["conditions"] if c["type"] == "Packed")
     assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
-    assert "one at a time" in packed["message"] and "5632Mi of the 24Gi budget" in packed["message"]
+    assert packed["message"].endswith("one at a time (scalingPolicy.strategy Exclusive): "
+                                      "5.5 of 24 GiB held by a")
     stored = store_status(group, status)
     assert not status_differs(stored["status"], status)
     # Taken away: the numbers go, and the condition says there is no budget.

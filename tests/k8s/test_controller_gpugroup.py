@@ -316,3 +316,37 @@ def test_graceful_keeps_a_member_answering_requests_until_they_end(
     timeline.stop()
     assert timeline.violations == []
     assert timeline.created_apps() == ["m1", "m2"]
+
+
+def test_a_vram_budget_is_shown_and_members_still_take_turns(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    """docs/election.md 1.7: a GPUGroup reads spec.vramBudget and its members'
+    footprints and shows them; its members take turns one at a time all the same."""
+    c = cluster
+    timeline = PodTimeline(c)
+    add_member(c, "m1")
+    add_member(c, "m2")
+    add_group(c)
+    c.api.patch(GPU_GROUPS, c.namespace, "gg", {"spec": {
+        "vramBudget": "24Gi",
+        "models": [{"name": "m1", "priority": 100, "vramEstimate": "4Gi"},
+                   {"name": "m2", "priority": 100, "vramEstimate": "4Gi"}],
+    }})  # fmt: skip
+    with controller(local_cluster, c.namespace):  # type: ignore[arg-type]
+        start_with_m1(c)
+        wait_until(lambda: group_status(c).get("vram", {}).get("used") == "4Gi",
+                   what="the budget's use written")
+        status = group_status(c)
+        assert status["vram"] == {"budget": "24Gi", "used": "4Gi"}
+        assert {r["name"]: r.get("footprint") for r in status["modelStatuses"]} == {
+            "m1": "4Gi", "m2": "4Gi"}
+        packed = next(x for x in status["conditions"] if x["type"] == "Packed")
+        assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
+        assert packed["message"].endswith("4 of 24 GiB held by m1")
+        # m2 asked for too: both fit the budget, but it takes its turn (a swap).
+        queue(c, "m2", 1)
+        wait_until(lambda: active(c, "m2"), what="m2 active")
+        assert c.replicas("m1") == 0
+    timeline.stop()
+    assert timeline.violations == []

@@ -8,9 +8,10 @@ decided here: a phase this module has never heard of (a new member state) is sho
 it is, so the page follows what the controller writes without a change here.
 
 The holder is the one member the status calls `Active` (a GPUGroup's
-`status.activeModel`). A swap writes two statuses one after the other, so a reading
-between them may show two `Active` members: then `holder` is None and `active` names
-both (readers that follow holders over time skip such a reading).
+`status.activeModel`), or while no member is called so, the one the latest eviction
+names (`card_holders`). Statuses are written one after the other, so a reading may
+show two `Active` members: then `holder` is None and `active` names both (readers
+that follow holders over time skip such a reading).
 
 Pure functions over Kubernetes JSON: no I/O, no clock.
 """
@@ -18,8 +19,10 @@ Pure functions over Kubernetes JSON: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
+from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_kube.objects import JSON, get_path, gpu_group_member_names, object_key
 
 # What a member's `reason` is read from, first found wins: a shared Model's `Active`
@@ -83,23 +86,60 @@ def member_row(obj: Mapping[str, Any]) -> JSON:
     }
 
 
-def _holder_then_queue(member: JSON) -> tuple[bool, int, str]:
+def _eviction_stamp(obj: Mapping[str, Any]) -> datetime | None:
+    """When a member was evicted, as its status says: `preemptedAt` while it is
+    Preempted, `drainingSince` while it drains; None for any other member."""
+    phase = get_path(obj, "status", "phase")
+    field = {"Preempted": "preemptedAt", "Draining": "drainingSince"}.get(str(phase))
+    if field is None:
+        return None
+    return parse_rfc3339(get_path(obj, "status", "sharedGroup", field))
+
+
+def card_holders(models: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The members of one shared group (or one Model alone) that hold its card, as
+    their statuses say: those whose `sharedGroup.state` is Active. While none says so
+    (a new holder's status may follow its handover by the controller's
+    --status-coalesce-seconds, docs/controller.md), the member the latest eviction
+    names in `preemptedBy`: the evicted member's status is written at the handover."""
+    members = list(models)
+    active = frozenset(
+        str(get_path(m, "metadata", "name"))
+        for m in members
+        if get_path(m, "status", "sharedGroup", "state") == "Active"
+    )
+    if active:
+        return active
+    names = {str(get_path(m, "metadata", "name")) for m in members}
+    evictions = [
+        (stamp, str(get_path(m, "status", "sharedGroup", "preemptedBy") or ""))
+        for m in members
+        if (stamp := _eviction_stamp(m)) is not None
+    ]
+    if not evictions:
+        return frozenset()
+    named = max(evictions)[1]
+    return frozenset({named}) if named in names else frozenset()
+
+
+def _queue_order(member: JSON) -> tuple[int, str]:
     position = member["queuePosition"]
-    unplaced = 1 << 30
-    return (member["state"] != "Active", unplaced if position is None else position, member["name"])
+    return (1 << 30 if position is None else position, member["name"])
 
 
 def shared_group_rows(models: Iterable[Mapping[str, Any]]) -> list[JSON]:
     """Per (namespace, `spec.gpu.shared`) of the Models given: holder and members."""
-    groups: dict[tuple[str, str], list[JSON]] = {}
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for model in models:
         group = _text(get_path(model, "spec", "gpu", "shared"))
         if group:
-            groups.setdefault((object_key(model)[0], group), []).append(member_row(model))
+            groups.setdefault((object_key(model)[0], group), []).append(model)
     rows = []
-    for (namespace, group), members in sorted(groups.items()):
-        members.sort(key=_holder_then_queue)
-        active = [m["name"] for m in members if m["state"] == "Active"]
+    for (namespace, group), objs in sorted(groups.items()):
+        holding = card_holders(objs)
+        rows_of = [member_row(obj) for obj in objs]
+        members = sorted(rows_of, key=lambda m: (m["name"] not in holding, *_queue_order(m)))
+        active = [m["name"] for m in members if m["name"] in holding]
         holder = active[0] if len(active) == 1 else None
         rows.append(
             {

@@ -13,8 +13,9 @@ turns Ready). A name resolves, in order, to:
    naming them, never one of them: a tenant must not capture another team's
    requests by creating a model named like that team's model or service label;
 3. within the chosen namespace, a model's name before a service label. A service
-   label goes to the member whose Service advertises the label in
-   `ai.flexinfer/active-services` (it holds the card), else a Ready one, else the
+   label goes to the member that advertises it (a Model whose status says it holds
+   the card, `flexinfer_kube.recorded_status.card_holders`; a ModelDeployment whose
+   Service lists it in `ai.flexinfer/active-services`), else a Ready one, else the
    advertised one still loading, else the best by priority (then name), which the
    queue then wakes.
 
@@ -60,8 +61,8 @@ class ModelEntry:
     (flexinfer_core.membership: the group that lists it); None for a Model, a
     standalone ModelDeployment, or one whose membership is in conflict.
     `served_name` is what the backend calls the model when that is not `name`
-    (`status.servedModelName`). `active_services` are the service labels its
-    Service advertises (the controller writes them on the holder of a group).
+    (`status.servedModelName`). `active_services` are the service labels it
+    advertises: a Model's own while it holds its group's card.
     """
 
     name: str

@@ -11,6 +11,11 @@ controller uses: the group that lists it in `spec.models`, whether or not it set
 `gpuGroupRef` (flexinfer_core.membership). Its queue is reported to that group; one
 in a membership conflict reports to none (the controller holds it at zero).
 
+A Model advertises its `spec.serviceLabels` (a service label goes to it first) while
+its group's statuses say it holds the card (`flexinfer_kube.recorded_status.
+card_holders`); a ModelDeployment those its Service's `ai.flexinfer/active-services`
+annotation lists.
+
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,
 when `status.phase` is Running). A Model shadows a ModelDeployment of the same name
@@ -52,6 +57,7 @@ from flexinfer_kube.objects import (
     gpu_group_ref,
     object_key,
 )
+from flexinfer_kube.recorded_status import card_holders
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
@@ -151,6 +157,17 @@ def _strings(value: object) -> tuple[str, ...]:
     return tuple(str(item) for item in value if isinstance(item, str) and item)
 
 
+def shared_group_of(obj: JSON) -> str:
+    """`spec.gpu.shared`: the Model's shared group ("" for none)."""
+    return str(_get(obj, "spec", "gpu", "shared") or "")
+
+
+def _group_index(obj: JSON) -> tuple[str, ...]:
+    """A Model's shared group as `namespace/group` (none for a Model alone)."""
+    group = shared_group_of(obj)
+    return (f"{object_key(obj)[0]}/{group}",) if group else ()
+
+
 def _active_services(service: JSON | None) -> tuple[str, ...]:
     annotations = _get(service, "metadata", "annotations") or {}
     text = annotations.get(ACTIVE_SERVICES_ANNOTATION) or ""
@@ -164,18 +181,23 @@ def entry_from_object(
     service: JSON | None,
     override: str | None = None,
     gpu_groups: Mapping[str, Collection[str]] | None = None,
+    holders: Collection[str] | None = None,
 ) -> ModelEntry:
     """A Model or ModelDeployment (as the API returns it) as a routable entry.
 
     `gpu_groups` maps the GPUGroups of its namespace to the names they list; it
-    decides a ModelDeployment's group.
+    decides a ModelDeployment's group. `holders`: the members of a Model's shared
+    group that hold the card (`card_holders`; None: the Model's own status decides).
     """
     namespace, name = object_key(obj)
     endpoint = (
         override or service_endpoint(service) or f"http://{name}.{namespace}.svc:{BACKEND_PORT}/v1"
     )
     phase = str(_get(obj, "status", "phase") or "")
+    service_labels = _strings(_get(obj, "spec", "serviceLabels"))
     if kind is ModelKind.MODEL:
+        holding = name in (holders if holders is not None else card_holders([obj]))
+        active_services = service_labels if holding else ()
         ready = phase == "Ready"
         cold_start = _model_cold_start(obj)
         gpu_group = None
@@ -188,6 +210,7 @@ def entry_from_object(
         )
         gpu_group = membership_of(name, group_ref=gpu_group_ref(obj), groups=gpu_groups or {}).group
         priority = _get(obj, "spec", "priority")
+        active_services = _active_services(service)
     served = _get(obj, "status", "servedModelName")
     return ModelEntry(
         name=name,
@@ -200,8 +223,8 @@ def entry_from_object(
         gpu_group=gpu_group,
         created=_created(obj),
         served_name=served if isinstance(served, str) and served and served != name else None,
-        service_labels=_strings(_get(obj, "spec", "serviceLabels")),
-        active_services=_active_services(service),
+        service_labels=service_labels,
+        active_services=active_services,
         priority=priority if isinstance(priority, int) else DEFAULT_PRIORITY,
     )
 
@@ -224,6 +247,8 @@ class KubeDirectory:
         self._overrides = dict(endpoint_overrides or {})
         self._lock = threading.Lock()
         self._stores: dict[Resource, Store] = {r: Store(r) for r in WATCHED}
+        # A Model's entry reads its shared group-mates' statuses (`card_holders`).
+        self._stores[MODELS] = Store(MODELS, indexers={"group": _group_index})
         self._entries: dict[str, ModelEntry] = {}
         self._homes: dict[str, set[str]] = {}  # name -> namespaces with an entry of it
         self._labelled: dict[str, set[str]] = {}  # service label -> keys of entries
@@ -311,6 +336,8 @@ class KubeDirectory:
                 }
             else:
                 keys = {object_key(obj) for obj in (old, new) if obj is not None}
+                if resource is MODELS:
+                    keys |= self._model_changed(old, new)
             changed = self._recompute(keys)
         self._notify(changed)
 
@@ -324,6 +351,18 @@ class KubeDirectory:
             self._services[owner] = new
             owners.add(owner)
         return {(namespace, name) for namespace, _, name in owners}
+
+    def _model_changed(self, old: JSON | None, new: JSON | None) -> set[Key]:
+        """The Model's shared group-mates, before and after the change (who holds
+        their card may read this Model's status)."""
+        store = self._stores[MODELS]
+        return {
+            object_key(mate)
+            for obj in (old, new)
+            if obj is not None
+            for value in _group_index(obj)
+            for mate in store.by_index("group", value)
+        }
 
     # -- the view (under the lock) -------------------------------------------------
 
@@ -364,12 +403,16 @@ class KubeDirectory:
             service = self._services.get((namespace, kind, name))
             if service is not None and not owned_by(service, obj, kind):
                 service = None
+            holders = None
+            if kind is ModelKind.MODEL and (group := _group_index(obj)):
+                holders = card_holders(self._stores[MODELS].by_index("group", group[0]))
             return entry_from_object(
                 kind,
                 obj,
                 service=service,
                 override=override,
                 gpu_groups=gpu_group_listings(self._stores[GPU_GROUPS].objects(namespace)),
+                holders=holders,
             )
         return None
 

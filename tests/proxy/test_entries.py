@@ -126,23 +126,24 @@ def test_a_service_without_ports_gives_no_endpoint() -> None:
 
 
 def test_served_name_labels_priority_and_the_holders_services() -> None:
+    """A Model advertises its labels while its status says it holds the card; a
+    Service annotation left from an older controller says nothing about a Model."""
     made = entry_from_object(
         MODEL,
         obj(
             spec={"serviceLabels": ["chat", "code"], "gpu": {"priority": 300}},
-            status={"servedModelName": "Qwen/Qwen2.5-7B"},
+            status={"servedModelName": "Qwen/Qwen2.5-7B", "sharedGroup": {"state": "Active"}},
         ),
         service={
-            "metadata": {
-                "name": "m",
-                "namespace": "ns",
-                "annotations": {"ai.flexinfer/active-services": "chat, code"},
-            },
+            "metadata": {"name": "m", "namespace": "ns"},
             "spec": {"ports": [{"name": "http", "port": 8000}]},
         },
     )
     assert (made.served_name, made.backend_model) == ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B")
     assert (made.service_labels, made.active_services) == (("chat", "code"), ("chat", "code"))
+    stale = {"metadata": {"annotations": {"ai.flexinfer/active-services": "chat"}}}
+    queued = obj(spec={"serviceLabels": ["chat"]}, status={"sharedGroup": {"state": "Queued"}})
+    assert entry_from_object(MODEL, queued, service=stale).active_services == ()
     assert made.priority == 300
     same = entry_from_object(MODEL, obj(status={"servedModelName": "m"}), service=None)
     assert (same.served_name, same.backend_model) == (None, "m")
@@ -176,3 +177,4 @@ def test_a_rendered_service_is_known_by_its_labels_and_owner() -> None:
     recreated = {**model, "metadata": {**model["metadata"], "uid": "u2"}}
     assert not owned_by(_rendered(), recreated, MODEL), "a Service left by a deleted Model"
     assert not owned_by(_rendered(ownerReferences=[]), model, MODEL)
+

@@ -311,21 +311,23 @@ async def test_the_directory_follows_models_deployments_and_services(
         stranger = rendered_service("watched", kind="Model", owner_uid=uid, port=9999)
         stranger["metadata"]["labels"] = {}
         await asyncio.to_thread(apply, kubectl, namespace, stranger)
-        ours = rendered_service(
-            "watched",
-            kind="Model",
-            owner_uid=uid,
-            port=8080,
-            **{"ai.flexinfer/active-services": "chat"},
-        )
+        ours = rendered_service("watched", kind="Model", owner_uid=uid, port=8080)
         await asyncio.to_thread(apply, kubectl, namespace, ours)
+        # It holds its card, as its status says: its service labels go to it first.
+        await asyncio.to_thread(
+            kubectl.patch_status,
+            namespace,
+            "model/watched",
+            {"status": {"sharedGroup": {"state": "Active", "queuePosition": 0}}},
+        )
         routed = await _until(
             lambda: (
                 (e := _found(directory, "watched")) is not None
                 and e.endpoint == f"http://watched.{namespace}.svc:8080/v1"
+                and e.active_services
                 and e
             ),
-            what="the rendered Service's port in the endpoint",
+            what="the rendered Service's port in the endpoint, and the holder's labels",
         )
         assert routed.active_services == ("chat",)
         by_label = directory.resolve("chat")

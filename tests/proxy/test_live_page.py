@@ -22,7 +22,7 @@ from flexinfer_cli.status import status_data
 from flexinfer_core import DEFAULT_POLICY
 from flexinfer_kube.clock import ManualClock
 from flexinfer_kube.objects import JSON
-from flexinfer_kube.recorded_status import MAX_CONDITIONS, recorded_groups
+from flexinfer_kube.recorded_status import MAX_CONDITIONS, card_holders, recorded_groups
 from flexinfer_proxy.api_keys import ApiKeys
 from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.directory import InMemoryDirectory, ModelEntry
@@ -126,6 +126,53 @@ def test_a_shared_group_shows_its_holder_why_and_members_in_queue_order() -> Non
     # A phase this code never heard of is shown as written, not dropped or mapped.
     assert (c["phase"], c["state"], c["queuePosition"]) == ("Draining", "Queued", 1)
     assert [x["type"] for x in c["conditions"]] == ["Active", "Ready"]
+
+
+def member(name: str, phase: str, state: str, **shared: str) -> JSON:
+    return {"metadata": {"name": name, "namespace": "ai"}, "spec": {"gpu": {"shared": "g"}},
+            "status": {"phase": phase, "sharedGroup": {"state": state, **shared}}}  # fmt: skip
+
+
+def test_the_holder_is_the_active_member() -> None:
+    group = [
+        member("a", "Preempted", "Queued", preemptedBy="b", preemptedAt="2026-01-01T00:00:00Z"),
+        member("b", "Ready", "Active"),
+        member("c", "Idle", "Queued"),
+    ]
+    assert card_holders(group) == {"b"}
+
+
+def test_while_no_member_says_active_the_latest_eviction_names_the_holder() -> None:
+    """The controller writes the evicted member's status at the handover and the new
+    holder's with its next step: until then, the holder is who the eviction names."""
+    group = [
+        # An old eviction, still on record while a stays Preempted.
+        member("a", "Preempted", "Queued", preemptedBy="b", preemptedAt="2026-01-01T00:00:00Z"),
+        member("b", "Preempted", "Queued", preemptedBy="c", preemptedAt="2026-01-01T00:05:00Z"),
+        member("c", "Idle", "Queued", queuePosition="1"),
+    ]
+    assert card_holders(group) == {"c"}
+    # A drain is an eviction too, from its start.
+    draining = member("c", "Draining", "Queued", preemptedBy="a",
+                      drainingSince="2026-01-01T00:06:00Z")  # fmt: skip
+    assert card_holders([*group[:2], draining]) == {"a"}
+    # A lease (or a member gone) holds no entry: nobody advertises.
+    leased = member("b", "Preempted", "Queued", preemptedBy="gpu-lease/trainer",
+                    preemptedAt="2026-01-01T00:05:00Z")  # fmt: skip
+    assert card_holders([group[0], leased, group[2]]) == set()
+    assert card_holders([member("c", "Idle", "Queued")]) == set()
+
+
+def test_a_holder_whose_status_follows_its_handover_is_the_group_s_holder() -> None:
+    """The page (and `flexinfer status -o json`) name the holder from the eviction
+    while the new holder's own status is not written yet."""
+    models = [
+        member("a", "Preempted", "Queued", preemptedBy="b", preemptedAt="2026-12-01T11:59:00Z"),
+        member("b", "Idle", "Queued"),
+    ]
+    (group,) = recorded_groups(models=models, gpu_groups=[], model_deployments=[])
+    assert (group["holder"], group["active"]) == ("b", ["b"])
+    assert [m["name"] for m in group["members"]] == ["b", "a"]
 
 
 def test_two_active_members_mid_swap_make_no_holder() -> None:

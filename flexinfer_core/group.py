@@ -50,6 +50,7 @@ from flexinfer_core.snapshot import (
     ServerFailure,
     SharedState,
     VramUse,
+    with_written_status,
 )
 from flexinfer_core.timestamps import far_ahead, future_note, not_after
 
@@ -120,7 +121,8 @@ class MemberChanges:
     (None: no Deployment, nothing to scale) to `replicas_to`; `active_services`: the
     annotation on its Service; `events`: to record once the status is written.
     `progress`: the status differs only in how far a holder has come on its way to
-    serving (`progress_only`), which an adapter may coalesce with what follows.
+    serving, taking the card included (`progress_only`), which an adapter may
+    coalesce with what follows.
     """
 
     name: str
@@ -198,6 +200,13 @@ class GroupDecision:
     def changes(self, models: Iterable[ModelState]) -> tuple[MemberChanges, ...]:
         """What an adapter must write to go from `models` (as observed) to this decision."""
         observed = {m.name: m for m in models}
+        # The members an eviction names: a parked member keeps `preemptedBy` while it
+        # is Preempted (or Draining), and only such a member's status names a holder.
+        handed = {
+            m.preempted_by
+            for m in self.members
+            if m.preempted_by and (m.phase is _PREEMPTED or m.phase is _DRAINING)
+        }
         out = []
         packed = {p.name: p for p in self.packed} if self.packed else None
         for target in self.members:
@@ -217,7 +226,8 @@ class GroupDecision:
                         events=target.events,
                         replicas_from=model.replicas,
                         replicas_to=target.desired_replicas,
-                        progress=status and progress_only(model, target),
+                        progress=status
+                        and progress_only(model, target, named_by_eviction=target.name in handed),
                     )
                 )
         return tuple(out)
@@ -265,26 +275,51 @@ def status_differs(model: ModelState, target: MemberDecision) -> bool:
 _STARTING = frozenset({Phase.IDLE, Phase.PREEMPTED, Phase.PENDING, Phase.LOADING})
 
 
-def progress_only(model: ModelState, target: MemberDecision) -> bool:
+def progress_only(
+    model: ModelState, target: MemberDecision, *, named_by_eviction: bool = False
+) -> bool:
     """Whether the member's written status differs from the decision's only in a
-    holder's progress toward serving: it held the card when its status was last
-    written and still does, was and stays short of Ready (and not Failed), and only
-    its phase among Idle, Preempted, Pending and Loading and the reason and message
-    that go with it move. Nobody acts on that but people (the election reads phases
-    from the pods, the proxy waits for Ready), so an adapter may hold such a write
-    back briefly and let the next one carry it (docs/controller.md)."""
+    holder's progress toward serving, which an adapter may hold back briefly and let
+    the next write carry (docs/controller.md). Two cases, both short of Ready (and not
+    Failed), with no Event to record and nothing else to correct:
+
+    - it held the card when its status was last written and still does, and only its
+      phase among Idle, Preempted, Pending and Loading and the reason and message that
+      go with it move: nobody acts on that but people (the election reads phases from
+      the pods, the proxy waits for Ready);
+    - it takes the card (`takes_over`) from a member that was serving and is evicted
+      (`Preempted`, or `Draining`) naming it in `preemptedBy` (`named_by_eviction`):
+      that member's status, written at once, is the handover's record, so this
+      member's own `Active` may follow with its `Ready`. Meanwhile the election reads
+      the holder from the evicted member's status (`handed_over`), as the proxy does.
+    """
+    if (
+        target.state is not SharedState.ACTIVE
+        or target.phase not in _STARTING
+        or target.events
+        or target.rewrite_last_active is not None
+        or (model.generation is not None and model.observed_generation != model.generation)
+        or (model.recorded_group or "") != model.group
+    ):
+        return False
+    if model.shared_state is not SharedState.ACTIVE:
+        return named_by_eviction and takes_over(model, target)
     return (
-        model.shared_state is SharedState.ACTIVE
-        and target.state is SharedState.ACTIVE
-        and model.recorded_phase in _STARTING
-        and target.phase in _STARTING
-        and not target.events
-        and target.rewrite_last_active is None
-        and (model.generation is None or model.observed_generation == model.generation)
-        and (model.recorded_group or "") == model.group
+        model.recorded_phase in _STARTING
         and model.queue_position == target.queue_position
         and model.preempted_by == target.preempted_by
         and model.preempted_at == target.preempted_at
+    )
+
+
+def takes_over(model: ModelState, target: MemberDecision) -> bool:
+    """Whether `target` hands the card to a member whose status does not say it holds
+    it, with no Event of its own: the handover's one Event is on the member it evicts
+    (docs/election.md 1.3)."""
+    return (
+        model.shared_state is not SharedState.ACTIVE
+        and target.state is SharedState.ACTIVE
+        and not target.events
     )
 
 
@@ -357,6 +392,16 @@ def decide_group(
     decides exactly as without one and its members are told why (docs/election.md 1.7).
     """
     models, from_the_future = read_as_now(models, now=now)
+    handover = handed_over(models)
+    if handover is not None:
+        # The holder whose own status is not written yet holds the card all the same.
+        holder = handover[0]
+        models = [
+            with_written_status(m, shared_state=_ACTIVE, phase=m.phase, preempted_at=m.preempted_at)
+            if m.name == holder
+            else m
+            for m in models
+        ]
     ballot = Ballot.of(
         models,
         now=now,
@@ -518,6 +563,33 @@ class FutureInstants:
             )
             if value is not None
         ]
+
+
+def handed_over(models: Iterable[ModelState]) -> tuple[str, datetime] | None:
+    """While no member's status says `Active`: the member the latest eviction names,
+    and when it was evicted (docs/election.md 1.3). An adapter may write a new holder's
+    status after the status of the member it evicted (`progress_only`); until then
+    the evicted member's `preemptedBy` is the record of who holds the card. An
+    eviction is a recorded `Preempted` phase stamped `preemptedAt`, or a `Draining`
+    one stamped `drainingSince`; the latest wins, and names nobody unless its
+    `preemptedBy` is a member (a lease's label, a deleted member). None while some
+    member says `Active`, or no eviction names a member."""
+    members = list(models)
+    if any(m.shared_state is _ACTIVE for m in members):
+        return None
+    latest: tuple[datetime, str] | None = None
+    for m in members:
+        if m.recorded_phase is _PREEMPTED:
+            at = m.preempted_at
+        elif m.recorded_phase is _DRAINING:
+            at = m.draining_since
+        else:
+            continue
+        if at is not None and (latest is None or (at, m.preempted_by or "") > latest):
+            latest = (at, m.preempted_by or "")
+    if latest is None or latest[1] not in {m.name for m in members}:
+        return None
+    return latest[1], latest[0]
 
 
 def read_as_now(

@@ -21,7 +21,7 @@ from flexinfer_core import (
     standalone_models,
 )
 from flexinfer_core.election import Threshold
-from flexinfer_core.group import describe_threshold, thresholds
+from flexinfer_core.group import describe_threshold, handed_over, thresholds
 
 from .builders import T0, ago, member
 
@@ -475,6 +475,93 @@ def test_a_holder_s_way_to_serving_is_progress_and_serving_is_news() -> None:
     assert step(READY, 1) == (True, False)
     first = decide_group(models, now=T0, running={"chat"})
     assert not any(c.progress for c in first.changes(models))
+
+
+def as_written(models: list) -> list:  # type: ignore[type-arg]
+    """The models as a controller left them: each status written by a decision, the
+    pods as they were."""
+    settled = apply_decision(models, decide_group(models, now=T0 - timedelta(hours=1)))
+    pairs = zip(settled, models, strict=True)
+    return [attrs.evolve(s, phase=m.phase, replicas=m.replicas) for s, m in pairs]
+
+
+def test_taking_the_card_from_an_evicted_member_is_progress_and_the_eviction_news() -> None:
+    """chat serves; coder is asked for and takes the card: chat's eviction (its status
+    naming coder, its Event) is news; coder's Active, with no Event of its own, is the
+    first step of its way to serving, which an adapter may hold back."""
+    models = as_written(
+        [
+            member("chat", priority=100, phase=READY, last_active=ago(minutes=3), replicas=1),
+            member("coder", priority=200, replicas=0),
+        ]
+    )
+    assert [(m.name, m.shared_state) for m in models] == [("chat", ACTIVE), ("coder", QUEUED)]
+    asked = [attrs.evolve(m, last_active=ago(2)) if m.name == "coder" else m for m in models]
+    decision = decide_group(asked, now=T0, running={"chat"})
+    changes = {c.name: c for c in decision.changes(asked)}
+    assert decision.member("chat").preempted_by == "coder"
+    assert (changes["chat"].progress, [e.reason for e in changes["chat"].events]) == (
+        False,
+        [reasons.PREEMPTED],
+    )
+    assert (changes["coder"].status, changes["coder"].progress) == (True, True)
+
+
+def test_taking_a_card_nobody_serves_is_news() -> None:
+    """Nobody serves (chat idled out, its pods gone): coder's taking the card has its
+    own Event (Promoted) and no eviction names it, so it is written at once."""
+    models = as_written(
+        [
+            member("chat", priority=100, last_active=ago(minutes=3), replicas=0),
+            member("coder", priority=200, replicas=0),
+        ]
+    )
+    asked = [attrs.evolve(m, last_active=ago(2)) if m.name == "coder" else m for m in models]
+    decision = decide_group(asked, now=T0)
+    coder = next(c for c in decision.changes(asked) if c.name == "coder")
+    assert [e.reason for e in coder.events] == [reasons.PROMOTED]
+    assert (coder.status, coder.progress) == (True, False)
+
+
+def test_a_holder_whose_status_is_not_written_yet_is_read_from_the_eviction() -> None:
+    """chat's eviction is written (Preempted, naming coder), coder's status is not yet:
+    coder holds the card all the same, with no second Event; its status is still the
+    step an adapter may hold back, stamped with the eviction's time."""
+    models = as_written(
+        [
+            member("chat", priority=100, phase=READY, last_active=ago(minutes=3), replicas=1),
+            member("coder", priority=200, replicas=0),
+        ]
+    )
+    asked = [attrs.evolve(m, last_active=ago(2)) if m.name == "coder" else m for m in models]
+    evicted = apply_decision(asked, decide_group(asked, now=T0, running={"chat"}))
+    # Only chat's status written: coder's as it was.
+    written = [m if m.name == "chat" else a for m, a in zip(evicted, asked, strict=True)]
+    chat = next(m for m in written if m.name == "chat")
+    assert (chat.recorded_phase, chat.preempted_by) == (Phase.PREEMPTED, "coder")
+    assert handed_over(written) == ("coder", T0)
+
+    later = T0 + timedelta(seconds=1)
+    decision = decide_group(written, now=later, running={"chat"})
+    coder = decision.member("coder")
+    assert (coder.state, coder.events) == (ACTIVE, ())
+    (change,) = [c for c in decision.changes(written) if c.name == "coder"]
+    assert (change.status, change.progress) == (True, True)
+
+
+def test_an_eviction_names_the_holder_only_while_nobody_says_active() -> None:
+    evicted = member("a", recorded_phase=Phase.PREEMPTED, preempted_by="b", preempted_at=ago(5),
+                     shared_state=QUEUED)  # fmt: skip
+    b = member("b", shared_state=QUEUED)
+    assert handed_over([evicted, b]) == ("b", ago(5))
+    assert handed_over([evicted, attrs.evolve(b, shared_state=ACTIVE)]) is None
+    # The latest eviction counts; one naming a lease (or a member gone) names nobody.
+    leased = member("c", recorded_phase=Phase.PREEMPTED, preempted_by="gpu-lease/trainer",
+                    preempted_at=ago(1), shared_state=QUEUED)  # fmt: skip
+    assert handed_over([evicted, b, leased]) is None
+    draining = member("c", recorded_phase=Phase.DRAINING, preempted_by="a",
+                      draining_since=ago(1), shared_state=QUEUED)  # fmt: skip
+    assert handed_over([evicted, b, draining]) == ("a", ago(1))
 
 
 def test_a_load_nobody_asked_for_stops_on_the_timer_at_its_cold_start_timeout() -> None:

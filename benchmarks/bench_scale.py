@@ -7,7 +7,9 @@ and becomes Ready; then the second member, more important, of `--swapping` group
 by default) is asked for at the same moment, as a proxy would, and preempts it. From
 watches on Models, Deployments and Pods, per swapping group:
 
-- demand -> decision: the demand PATCH to the challenger's status saying Active;
+- demand -> decision: the demand PATCH to the old holder's status naming the
+  challenger in `preemptedBy` (the handover's record, written first; the challenger's
+  own status may follow with its Ready, docs/controller.md);
 - decision -> scale-down: to the old holder's Deployment at `replicas: 0`;
 - pods gone -> scale-up: from the old holder's last pod deleted to the challenger's
   Deployment at `replicas: 1`;
@@ -191,9 +193,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         draining, starting, noticed = [], [], []  # the cluster's parts, and ours
         for g in swapping:
             old, new, start = member(g, 0), member(g, 1), asked[g]
-            t_decided = first_event(models.events, start, lambda k, o, n=new: (
+            t_decided = first_event(models.events, start, lambda k, o, n=old, by=new: (
                 o["metadata"]["name"] == n
-                and (o.get("status") or {}).get("sharedGroup", {}).get("state") == "Active"))
+                and (o.get("status") or {}).get("sharedGroup", {}).get("preemptedBy") == by))
             t_down = first_event(deployments.events, start, lambda k, o, n=old: (
                 o["metadata"]["name"] == n and o["spec"].get("replicas") == 0))
             t_gone = first_event(pods.events, t_down, lambda k, o, n=old: (

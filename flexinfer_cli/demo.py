@@ -48,7 +48,7 @@ from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.pods import pod_is_finished
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
-from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS, SERVICES
+from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS
 
 NAMESPACE = "demo"
 GROUP = "homelab-gpu"
@@ -434,13 +434,12 @@ def _show(
             f"   event {event.get('reason')} on {event['involvedObject']['name']}: "
             f"{event.get('message')}"
         )
-    annotations = {
-        name: (api.get(SERVICES, NAMESPACE, name)["metadata"].get("annotations") or {}).get(
-            "ai.flexinfer/active-services"
-        )
+    # The proxy sends a service label to the member whose status holds the card.
+    states = {
+        name: (_status(api, name).get("sharedGroup") or {}).get("state")
         for name in ("chat", "coder")
     }
-    say(f"   ai.flexinfer/active-services: {annotations}\n")
+    say(f"   sharedGroup.state: {states}\n")
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout: float = 90.0) -> None:

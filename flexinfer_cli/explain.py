@@ -404,7 +404,6 @@ def shared_data(
                             change is not None and change.status,
                         ),
                         ("replicas", change is not None and change.replicas),
-                        ("active-services", change is not None and change.active_services),
                     )
                     if due
                 ],

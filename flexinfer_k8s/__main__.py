@@ -109,9 +109,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--status-coalesce-seconds",
         type=float,
         default=DEFAULT_COALESCE.total_seconds(),
-        help="how long a shared-group holder's progress toward serving (its phase among "
-        "Idle, Pending and Loading, and the reason with it) may wait to be written, so a "
-        f"quick start writes Ready alone; 0 (every step) .. {MAX_STATUS_COALESCE:g}",
+        help="how long a shared-group holder's progress toward serving (taking the card "
+        "from a member it evicts, its phase among Idle, Pending and Loading, and the reason "
+        f"with it) may wait to be written, so a quick swap writes Ready alone; 0 (every "
+        f"step) .. {MAX_STATUS_COALESCE:g}",
     )
     for policy_flag in policy_flags():
         parser.add_argument(

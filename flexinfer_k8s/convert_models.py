@@ -1,8 +1,9 @@
 """Models (v1alpha2) from Kubernetes JSON, and the status the controller writes on them.
 
-`model_state_from_k8s` reads a Model with its Deployment, pods and Service into the
-core's `ModelState` (its phase observed from the workload, and why its server fails when
-it does); `model_status` turns a
+`model_state_from_k8s` reads a Model with its Deployment and pods into the core's
+`ModelState` (its phase observed from the workload, and why its server fails when
+it does; the service labels it advertises from its status: the holder's, i.e.
+`sharedGroup.state: Active`, as the proxy reads them); `model_status` turns a
 `MemberDecision` into the status merge patch. Pure: no client, no clock (callers
 pass `now`). Unreadable optional values fall back to the spec's defaults; a value
 the core rejects raises the core's `InvalidFieldError` naming the Model's field
@@ -16,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from flexinfer_core import (
-    ACTIVE_SERVICES_ANNOTATION,
     Condition,
     InvalidFieldError,
     MemberDecision,
@@ -101,7 +101,6 @@ def model_state_from_k8s(
     *,
     deployment: Mapping[str, Any] | None,
     pods: Sequence[JSON],
-    service: Mapping[str, Any] | None,
     cache_ready: bool = True,
 ) -> ModelState:
     """A Model as the core sees it, its phase derived from its Deployment and pods."""
@@ -129,7 +128,7 @@ def model_state_from_k8s(
     state_value = shared.get("state")
     shared_state = state_value if state_value in ("Active", "Queued") else None
     queue_position = shared.get("queuePosition")
-    annotations = get_path(service, "metadata", "annotations") or {}
+    service_labels = tuple(str(s) for s in spec.get("serviceLabels") or ())
     with user_fields(model, MODEL_FIELDS):
         return ModelState(
             name=name,
@@ -170,16 +169,19 @@ def model_state_from_k8s(
                     field="spec.serverless.coldStartTimeout",
                 ),
             ),
-            service_labels=tuple(str(s) for s in spec.get("serviceLabels") or ()),
+            service_labels=service_labels,
             cache_ready=cache_ready,
             failure=failure if phase is Phase.FAILED else None,
             queue_position=queue_position if isinstance(queue_position, int) else None,
             preempted_by=shared.get("preemptedBy") if "preemptedBy" in shared else None,
             conditions=recorded_conditions(model, MODEL_CONDITIONS),
             replicas=deployment_replicas(deployment),
+            # What its status advertises: the holder its labels, a queued member none.
             active_services=(
-                str(annotations[ACTIVE_SERVICES_ANNOTATION])
-                if service is not None and ACTIVE_SERVICES_ANNOTATION in annotations
+                ",".join(service_labels)
+                if shared_state == "Active"
+                else ""
+                if shared_state == "Queued"
                 else None
             ),
             recorded_phase=recorded,
@@ -227,10 +229,12 @@ def model_status(
     group: str,
     now: datetime,
     packed: PackedStatus | None = None,
+    handed_over_at: datetime | None = None,
 ) -> JSON:
     """The status fields the controller owns on a Model, as a merge patch body; with
     `packed` (a group with a VRAM budget, docs/election.md 1.7) its `Packed` condition
-    and `status.vram` too."""
+    and `status.vram` too. `handed_over_at`: when the member was given the card, for a
+    takeover written later (its `Active` condition turned then)."""
     generation = generation_of(model)
     conditions: tuple[Condition, ...] = member.conditions
     if packed is not None:
@@ -243,6 +247,7 @@ def model_status(
             conditions,
             now=now,
             generation=generation,
+            turned_at={"Active": handed_over_at} if handed_over_at is not None else None,
         ),
         "sharedGroup": {
             "groupName": group or None,

@@ -34,7 +34,7 @@ from flexinfer_k8s.convert_models import model_state_from_k8s
 from flexinfer_k8s.pods import deployment_replicas, live_pods
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import gpu_group_member_names, name_of, namespace_of
-from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS, SERVICES
+from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS
 
 
 @attrs.frozen
@@ -45,7 +45,6 @@ class UnreadableModel:
     obj: JSON
     error: InvalidFieldError
     deployment: JSON | None
-    service: JSON | None
 
 
 @attrs.frozen
@@ -84,7 +83,6 @@ def shared_group_snapshot(
         name = name_of(obj)
         deployment = cache.workload_of(MODELS, namespace, name)
         pods = cache.pods_of(deployment)
-        service = cache.get(SERVICES, namespace, name)
         if live_pods(pods):
             running.add(name)  # whether or not its spec can be read
         try:
@@ -93,12 +91,11 @@ def shared_group_snapshot(
                     obj,
                     deployment=deployment,
                     pods=pods,
-                    service=service,
                     cache_ready=cache.model_cache_ready(namespace, cache.model_cache_name(obj)),
                 )
             )
         except InvalidFieldError as error:
-            unreadable.append(UnreadableModel(obj, error, deployment, service))
+            unreadable.append(UnreadableModel(obj, error, deployment))
     # A Model outside any shared group has no lease to read.
     return SharedGroupSnapshot(
         namespace=namespace,

@@ -4,15 +4,19 @@ Observe from the cache (Models, their Deployments, Pods and Services, leases),
 call `flexinfer_core.decide_group` with `now` from the clock, then write exactly
 what `GroupDecision.changes` says differs, nothing it does not, through the one
 ordered apply (`flexinfer_k8s.write_plan`): Model statuses, scale-downs, their
-Events, the `ai.flexinfer/active-services` annotations, then scale-ups after a
-*live* Pod list, selected by the group label every rendered pod carries, confirms
-no other member of the group, present or deleted, has a pod left.
+Events, then scale-ups after a *live* Pod list, selected by the group label every
+rendered pod carries, confirms no other member of the group, present or deleted, has
+a pod left.
 
-A holder's progress toward serving (`MemberChanges.progress`: its phase among Idle,
-Preempted, Pending and Loading, and the reason that goes with it) is written once it
-has waited `coalesce` (or at once with the next change that is news, e.g. Ready), so
-a swap whose pods start quickly writes its new holder twice (holding the card,
-serving) rather than at every step; the key's timer is armed for when it is due.
+A holder's progress toward serving (`MemberChanges.progress`: taking the card from a
+member the same decision evicts, then its phase among Idle, Preempted, Pending and
+Loading, and the reason that goes with it) is written once it has waited `coalesce`
+(or at once with the next change that is news, e.g. Ready), so a swap whose pods
+start quickly writes its new holder once, Ready, rather than at every step; the
+key's timer is armed for when it is due. Until a held takeover is written, the
+evicted member's status names the holder, which the election reads as `Active`
+(`flexinfer_core.group.handed_over`), and the new holder's `Active` condition, when
+written, says it turned at the eviction: nothing of it lives only in memory.
 
 Who occupies the card is read from the cluster at every reconcile: pods labelled with
 the group (a deleted member's included, until they are gone), and Deployments of
@@ -38,7 +42,6 @@ from datetime import datetime, timedelta
 import attrs
 
 from flexinfer_core import (
-    ACTIVE_SERVICES_ANNOTATION,
     DEFAULT_POLICY,
     GroupDecision,
     LeaseSource,
@@ -52,6 +55,7 @@ from flexinfer_core import (
     reports_spec_problem,
     spec_problem,
 )
+from flexinfer_core.group import handed_over
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import (
@@ -74,7 +78,7 @@ from flexinfer_k8s.ready_times import ReadyTimes, condition_since
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import Interlock, Scale, StatusWrite, WritePlan, apply_plan
 from flexinfer_kube.kubeapi import JSON
-from flexinfer_kube.objects import get_path, name_of
+from flexinfer_kube.objects import name_of
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS
 
 log = logging.getLogger("flexinfer.shared")
@@ -110,9 +114,10 @@ class SharedGroupReconciler:
         self._member_series: dict[tuple[str, str], set[str]] = {}
         self._failing_open: dict[tuple[str, str], str] = {}
         # Per key (namespace, group, and the Model's name when it is alone): since when
-        # each member's status has differed only in progress. Only that key's reconcile
-        # reads or replaces its entry (never one key twice at once); a restart forgets
-        # it, which delays such a write by at most `coalesce` again.
+        # each member's status has differed only in progress (a takeover: since the
+        # eviction, as stored). Only that key's reconcile reads or replaces its entry
+        # (never one key twice at once); a restart forgets it, which delays such a
+        # write by at most `coalesce` again.
         self._progress_since: dict[tuple[str, str, str], dict[str, datetime]] = {}
         self.refusals = Refusals(wiring, kind="shared")
         self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
@@ -168,7 +173,11 @@ class SharedGroupReconciler:
             self.cache, namespace, group, objs, departed=departed
         )
         states = list(snapshot.states)
-        self._observe_ready_times(namespace, objs)
+        key = (namespace, group, "" if group else name_of(objs[0]))
+        # A new holder whose status is not written yet, and when it was handed the card.
+        handover = handed_over(states)
+        taking = dict([handover]) if handover is not None else {}
+        self._observe_ready_times(namespace, objs, taking=taking)
         for state in states:
             if reports_spec_problem(state.conditions):
                 log.info(
@@ -196,9 +205,8 @@ class SharedGroupReconciler:
             kind="shared",
             interlock=Interlock(group=group, kind=MODELS.kind),
         )
-        key = (namespace, group, "" if group else name_of(objs[0]))
         plan, held_until = self._decided(
-            plan, decision, key=key, observed=states, objs=objs, now=now
+            plan, decision, key=key, observed=states, objs=objs, taking=taking, now=now
         )
         for member in snapshot.unreadable:
             plan = self._unreadable(plan, member, group=group, now=now)
@@ -247,15 +255,16 @@ class SharedGroupReconciler:
         key: tuple[str, str, str],
         observed: Sequence[ModelState],
         objs: Sequence[JSON],
+        taking: dict[str, datetime],
         now: datetime,
     ) -> tuple[WritePlan, datetime | None]:
         """`plan` with what differs between the members the election decided and the
-        cluster, and until when a status that differs only in progress is held back
-        (None: nothing is)."""
+        cluster (`observed`, as stored), and until when a status that differs only in
+        progress is held back (None: nothing is). `taking`: the member handed the card
+        whose status does not say so yet (`handed_over`), with when."""
         by_name = {name_of(o): o for o in objs}
         statuses: list[StatusWrite] = []
         scales: list[Scale] = []
-        annotations: list[tuple[str, str]] = []
         since = self._progress_since.get(key, {})
         waiting: dict[str, datetime] = {}
         held_until: datetime | None = None
@@ -264,7 +273,7 @@ class SharedGroupReconciler:
             member = decision.member(change.name)
             write = change.status
             if write and change.progress and self.coalesce > timedelta(0):
-                waiting[change.name] = since.get(change.name, now)
+                waiting[change.name] = taking.get(change.name) or since.get(change.name, now)
                 due = waiting[change.name] + self.coalesce
                 if now < due:
                     write = False
@@ -280,23 +289,19 @@ class SharedGroupReconciler:
                             group=plan.group,
                             now=now,
                             packed=decision.packed_status(change.name),
+                            handed_over_at=taking.get(change.name),
                         ),
                         events=tuple((obj, event) for event in change.events),
                     )
                 )
             if change.replicas and change.replicas_from is not None:
                 scales.append(Scale(change.name, change.replicas_from, change.replicas_to))
-            if change.active_services:
-                annotations.append((change.name, member.active_services))
         if waiting:
             self._progress_since[key] = waiting
         else:
             self._progress_since.pop(key, None)
         plan = attrs.evolve(
-            plan,
-            statuses=(*plan.statuses, *statuses),
-            scales=(*plan.scales, *scales),
-            annotations=(*plan.annotations, *annotations),
+            plan, statuses=(*plan.statuses, *statuses), scales=(*plan.scales, *scales)
         )
         return plan, held_until
 
@@ -304,8 +309,8 @@ class SharedGroupReconciler:
         self, plan: WritePlan, member: observe.UnreadableModel, *, group: str, now: datetime
     ) -> WritePlan:
         """`plan` with the writes for a Model whose spec cannot be read: told why (once),
-        held at 0, and named by no Service as the holder (flexinfer_core.invalid)."""
-        obj, service = member.obj, member.service
+        held at 0, and out of the queue (flexinfer_core.invalid)."""
+        obj = member.obj
         problem = spec_problem(
             name_of(obj),
             member.error,
@@ -322,11 +327,7 @@ class SharedGroupReconciler:
         scales = plan.scales
         if replicas:
             scales = (*scales, Scale(name_of(obj), replicas, 0))
-        annotations = plan.annotations
-        recorded = get_path(service, "metadata", "annotations") or {}
-        if service is not None and recorded.get(ACTIVE_SERVICES_ANNOTATION) != "":
-            annotations = (*annotations, (name_of(obj), ""))
-        return attrs.evolve(plan, statuses=statuses, scales=scales, annotations=annotations)
+        return attrs.evolve(plan, statuses=statuses, scales=scales)
 
     def _write_lease_statuses(self, namespace: str, group: str, *, now: datetime) -> bool:
         """GPULease `status.active`/`acquiredAt` for people; decisions never read them.
@@ -351,14 +352,16 @@ class SharedGroupReconciler:
 
     # -- metrics and logs ----------------------------------------------------------
 
-    def _observe_ready_times(self, namespace: str, objs: Sequence[JSON]) -> None:
+    def _observe_ready_times(
+        self, namespace: str, objs: Sequence[JSON], *, taking: dict[str, datetime]
+    ) -> None:
         for obj in objs:
             name = name_of(obj)
             self.ready_times.pods_seen(
                 self.cache.pods_of(self.cache.workload_of(MODELS, namespace, name)),
                 namespace=namespace,
                 model=name,
-                handed_over_at=condition_since(obj, "Active"),
+                handed_over_at=taking.get(name) or condition_since(obj, "Active"),
             )
 
     def _observe_drains(

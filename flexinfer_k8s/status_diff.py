@@ -24,12 +24,16 @@ def merge_conditions(
     *,
     now: datetime,
     generation: int | None,
+    turned_at: Mapping[str, datetime] | None = None,
 ) -> list[JSON]:
     """The full conditions list: ours replaced in place, others kept, new ones appended,
     transition times preserved. Keeping the order makes merges by different writers
     (the election and the workload reconciler share a Model's conditions) agree, so
-    neither sees the other's write as a change to undo."""
+    neither sees the other's write as a change to undo. A condition that turns is
+    stamped `now`, or the time `turned_at` gives for its type (a change written
+    later than it happened)."""
     current = [c for c in existing or [] if isinstance(c, Mapping)]
+    turned = turned_at or {}
     by_type = {c.get("type"): c for c in current}
     ours = []
     for condition in wanted:
@@ -40,7 +44,7 @@ def merge_conditions(
             if previous is not None
             and previous.get("status") == status
             and previous.get("lastTransitionTime")
-            else format_rfc3339(now.replace(microsecond=0))
+            else format_rfc3339(turned.get(condition.type, now).replace(microsecond=0))
         )
         entry: JSON = {
             "type": condition.type,

@@ -9,12 +9,11 @@ decision into a `WritePlan`; `apply_plan` writes it in the safe order:
 2. scale-downs through `deployments/scale`, then the Events of the statuses written
    (once their status is written, so a retry never repeats them; after the
    scale-downs, which are what frees the card);
-3. the `ai.flexinfer/active-services` annotations of Services;
-4. scale-ups, only after a *live* Pod list (not the cache), selected by the group
+3. scale-ups, only after a *live* Pod list (not the cache), selected by the group
    label every rendered pod carries, shows no pod of another member that the
    decision did not account for (`Interlock`): break-before-make must not rest on a
    watch that is a few milliseconds behind, nor on a memory a restart would lose;
-5. the trailing statuses (a GPUGroup's members' observed status).
+4. the trailing statuses (a GPUGroup's members' observed status).
 
 A status write that fails never holds back the scale-downs that park members: a
 refused one (422) is counted, logged once per object and message, and its Events
@@ -38,14 +37,14 @@ from typing import Any
 
 import attrs
 
-from flexinfer_core import ACTIVE_SERVICES_ANNOTATION, Event, SpecProblem
+from flexinfer_core import Event, SpecProblem
 from flexinfer_k8s.apply import RetryNow
 from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.outcome import Applied, Refusals, Wiring, record_events
 from flexinfer_k8s.status_diff import status_differs
 from flexinfer_kube.kubeapi import JSON, Rejected
 from flexinfer_kube.objects import name_of, namespace_of
-from flexinfer_kube.resources import SERVICES, Resource
+from flexinfer_kube.resources import Resource
 
 log = logging.getLogger("flexinfer.apply")
 
@@ -103,7 +102,6 @@ class WritePlan:
     interlock: Interlock
     statuses: tuple[StatusWrite, ...] = ()
     scales: tuple[Scale, ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()  # (Service name, value)
     trailing: tuple[StatusWrite, ...] = ()
 
 
@@ -194,16 +192,7 @@ def apply_plan(
     if stale is not None:
         raise stale  # the rest waits for a decision on a fresh view
 
-    # 3. Service annotations.
-    for service, value in plan.annotations:
-        if wiring.cache.get(SERVICES, plan.namespace, service) is None:
-            continue  # nothing to annotate until the Service exists
-        if wiring.writer.annotate(
-            SERVICES, plan.namespace, service, {ACTIVE_SERVICES_ANNOTATION: value}
-        ):
-            applied = Applied.WROTE
-
-    # 4. scale-ups, after the live check.
+    # 3. scale-ups, after the live check.
     ups = [scale for scale in plan.scales if scale.up]
     lock = plan.interlock
     occupied = (
@@ -231,7 +220,7 @@ def apply_plan(
         if wiring.writer.scale(plan.namespace, scale.name, scale.replicas_to):
             applied = Applied.WROTE
 
-    # 5. trailing statuses.
+    # 4. trailing statuses.
     for write in plan.trailing:
         written = write_status(wiring, refusals, write)
         if written is Written.WROTE and applied is Applied.NOTHING:

@@ -46,6 +46,7 @@ from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.kubeapi import JSON, KubeApi, KubeError, NotFound, Transient, new_api_client
+from flexinfer_kube.recorded_status import card_holders
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
     EVENTS,
@@ -53,7 +54,6 @@ from flexinfer_kube.resources import (
     MODELS,
     NODES,
     PODS,
-    SERVICES,
 )
 from tests.k8s.kubectl import (
     Kubectl,
@@ -192,11 +192,10 @@ class Cluster:
         return [p for p in self.pods(app) if pod_is_ready(p)
                 and not p["metadata"].get("deletionTimestamp")]
 
-    def annotation(self, name: str) -> str | None:
-        service = self.api.get(SERVICES, self.namespace, name)
-        return (service["metadata"].get("annotations") or {}).get(
-            "ai.flexinfer/active-services"
-        )
+    def holders(self) -> set[str]:
+        """The Models the proxy sends their service labels to: those whose status says
+        they hold the card, as the proxy reads it (one shared group per test)."""
+        return set(card_holders(self.api.list(MODELS, self.namespace).get("items") or []))
 
     def events(self, name: str | None = None) -> list[JSON]:
         items = self.api.list(EVENTS, self.namespace).get("items") or []

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from flexinfer_core import (
-    ACTIVE_SERVICES_ANNOTATION,
     Condition,
     GpuGroupPhase,
     InvalidFieldError,
@@ -137,10 +136,7 @@ def test_model_state_reads_spec_status_and_workload() -> None:
             ],
         },
     )
-    service = {"metadata": {"name": "a", "annotations": {ACTIVE_SERVICES_ANNOTATION: "a-chat"}}}
-    state = model_state_from_k8s(
-        obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)], service=service
-    )
+    state = model_state_from_k8s(obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)])
     assert state.group == "g"
     assert state.priority == 200
     assert state.phase is Phase.READY  # from the ready pod, not the recorded Loading
@@ -149,7 +145,7 @@ def test_model_state_reads_spec_status_and_workload() -> None:
     assert state.swap_cooldown == timedelta(seconds=10)
     assert state.serverless.idle_timeout == timedelta(minutes=1)
     assert state.replicas == 1
-    assert state.active_services == "a-chat"
+    assert state.active_services == "a-chat"  # its labels: its status says it holds the card
     assert [c.type for c in state.conditions] == ["Ready"]  # only the conditions we own
 
 
@@ -167,7 +163,7 @@ def test_the_default_member_flag_is_read(gpu: dict[str, Any], expected: bool) ->
     refuses a non-boolean) is not a default."""
     obj = model("a")
     obj["spec"]["gpu"].update(gpu)
-    state = model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    state = model_state_from_k8s(obj, deployment=None, pods=[])
     assert state.default_member is expected
 
 
@@ -181,7 +177,7 @@ def test_a_draining_member_is_read_and_written_from_its_status() -> None:
     })  # fmt: skip
     obj["spec"]["gpu"]["drainTimeout"] = "45s"
     state = model_state_from_k8s(
-        obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)], service=None
+        obj, deployment=deployment("a", 1), pods=[pod("a", ready=True)]
     )
     assert state.phase is Phase.DRAINING
     assert (state.in_flight, state.in_flight_at) == (2, parse_rfc3339("2026-11-29T16:59:58Z"))
@@ -192,7 +188,7 @@ def test_a_draining_member_is_read_and_written_from_its_status() -> None:
     assert "drainingSince" in written["sharedGroup"]  # None (removed) or kept
     # Unreadable reports are no requests in flight.
     obj["status"]["inFlight"] = {"count": "many"}
-    unread = model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+    unread = model_state_from_k8s(obj, deployment=None, pods=[])
     assert (unread.in_flight, unread.in_flight_at) == (0, None)
 
 
@@ -202,14 +198,13 @@ def test_a_preempted_member_with_a_terminating_ready_pod_stays_preempted() -> No
         obj,
         deployment=deployment("a", 0),
         pods=[pod("a", ready=True, terminating=True)],
-        service=None,
     )
     assert state.phase is Phase.PREEMPTED
     assert state.active_services is None
 
 
 def test_no_deployment_means_no_replicas_and_idle() -> None:
-    state = model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
+    state = model_state_from_k8s(model("a"), deployment=None, pods=[])
     assert state.replicas is None
     assert state.phase is Phase.IDLE
 
@@ -245,7 +240,6 @@ def test_writing_the_status_then_deciding_again_writes_nothing() -> None:
                 o,
                 deployment=deployments[name_of(o)],
                 pods=pods[name_of(o)],
-                service=None,
             )
             for o in objs
         ]
@@ -534,7 +528,7 @@ def test_a_model_value_no_decision_can_use_names_its_field(
     obj["spec"].update(spec)
     obj["status"] = status
     with pytest.raises(InvalidFieldError) as caught:
-        model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+        model_state_from_k8s(obj, deployment=None, pods=[])
     assert str(caught.value).startswith(message)
 
 
@@ -625,7 +619,6 @@ def test_a_crash_looping_server_is_failed_with_its_termination_message() -> None
         model("a", status={"phase": "Loading"}),
         deployment=deployment("a", 1),
         pods=[crash_looping("a")],
-        service=None,
     )
     assert state.phase is Phase.FAILED
     assert state.failure is not None
@@ -657,7 +650,7 @@ def test_a_crash_looping_server_is_failed_with_its_termination_message() -> None
 )
 def test_which_pods_make_a_server_failing(pods: list[dict[str, Any]], phase: Phase) -> None:
     state = model_state_from_k8s(
-        model("a"), deployment=deployment("a", 1), pods=pods, service=None
+        model("a"), deployment=deployment("a", 1), pods=pods
     )
     assert state.phase is phase
     assert (state.failure is not None) == (phase is Phase.FAILED)
@@ -667,7 +660,7 @@ def test_a_terminating_crash_looping_pod_says_nothing() -> None:
     terminating = crash_looping("a")
     terminating["metadata"]["deletionTimestamp"] = "2026-11-29T17:00:00Z"
     state = model_state_from_k8s(
-        model("a"), deployment=deployment("a", 1), pods=[terminating], service=None
+        model("a"), deployment=deployment("a", 1), pods=[terminating]
     )
     assert state.phase is Phase.LOADING and state.failure is None
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flexinfer_core import ACTIVE_SERVICES_ANNOTATION
 from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_k8s.controller import (
     MAX_BACKOFF,
@@ -126,14 +125,8 @@ def pod(name: str) -> JSON:
     }
 
 
-def service(name: str, active: str) -> JSON:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "annotations": {ACTIVE_SERVICES_ANNOTATION: active},
-        }
-    }
+def service(name: str) -> JSON:
+    return {"metadata": {"name": name, "namespace": NS}}
 
 
 class World:
@@ -188,15 +181,19 @@ def a_holds_b_asks(world: World, *, a_priority: int = 100, b_priority: int = 200
     world.put(DEPLOYMENTS, deployment("a", 1))
     world.put(DEPLOYMENTS, deployment("b", 0))
     world.put(PODS, pod("a"))
-    world.put(SERVICES, service("a", "a-svc"))
-    world.put(SERVICES, service("b", ""))
+    world.put(SERVICES, service("a"))
+    world.put(SERVICES, service("b"))
     world.api.calls.clear()
 
 
 # --- the write order and a deferred scale-up ------------------------------------------------
 
 
-def test_a_swap_writes_status_then_scale_down_then_events_then_annotations() -> None:
+def test_a_swap_writes_the_evicted_status_then_scale_down_then_the_event() -> None:
+    """The handover's record is a's status (Preempted, naming b), written before the
+    scale-down; b's own status is held back (it would say Active, WaitingForGPU: its
+    way to serving) and no Service is annotated: the proxy reads the holder from the
+    Models' statuses."""
     world = World()
     a_holds_b_asks(world)
 
@@ -204,20 +201,19 @@ def test_a_swap_writes_status_then_scale_down_then_events_then_annotations() -> 
 
     assert world.api.verbs() == [
         ("PATCH", "models", "a", "status"),
-        ("PATCH", "models", "b", "status"),
         ("PATCH", "deployments", "a", "scale"),
         ("POST", "events", "Preempted", ""),  # one Event a handover, naming b
-        ("PATCH", "services", "a", ""),
-        ("PATCH", "services", "b", ""),
     ]
-    assert world.status(MODELS, "a")["phase"] == "Preempted"
-    b = world.status(MODELS, "b")
-    assert b["sharedGroup"]["state"] == "Active"
+    a = world.status(MODELS, "a")
+    assert (a["phase"], a["sharedGroup"]["preemptedBy"]) == ("Preempted", "b")
+    assert world.status(MODELS, "b")["sharedGroup"]["state"] == "Queued"  # not written yet
     # b waits for a's pod (the decision knows it from the cache): its scale-up is not
-    # even tried; a's pod going away is the watched change that reconciles again.
-    assert {c["type"]: c for c in b["conditions"]}["Active"]["reason"] == "WaitingForGPU"
+    # even tried; a's pod going away is the watched change that reconciles again, and
+    # the key looks again when b's held status falls due.
     assert world.replicas("b") == 0
     assert outcome is not None and outcome.wrote
+    assert outcome.next_change_at is not None
+    assert outcome.next_change_at <= T0 + DEFAULT_COALESCE
 
 
 def deferred_until_the_pod_is_gone(world: World, key: WorkKey, *, old: str, new: str) -> None:
@@ -360,8 +356,11 @@ def test_a_refused_status_write_never_holds_back_the_scale_down(
 
     assert first is not None and first.wrote
     assert world.replicas("a") == 0
+    # b's status was held back as the step after a's eviction, which a's refused status
+    # does not record: the next pass, seeing a scaled down, tells b it holds the card,
+    # with its own Event.
     assert world.status(MODELS, "b")["sharedGroup"]["state"] == "Active"
-    assert [e["reason"] for e in world.api.events] == ["Preempted"]
+    assert [e["reason"] for e in world.api.events] == ["Preempted", "Promoted"]
     errors = metric_value(
         _scrape(world), "flexinfer_reconcile_errors_total", kind="shared", error="Rejected"
     )
@@ -404,8 +403,8 @@ def test_a_member_whose_spec_cannot_be_read_is_left_out_told_once_and_scaled_dow
     world.put(DEPLOYMENTS, deployment("a", 1))
     world.put(DEPLOYMENTS, deployment("b", 0))
     world.put(PODS, pod("a"))
-    world.put(SERVICES, service("a", "a-svc"))
-    world.put(SERVICES, service("b", ""))
+    world.put(SERVICES, service("a"))
+    world.put(SERVICES, service("b"))
     world.api.calls.clear()
     caplog.set_level(logging.DEBUG, logger="flexinfer")
 
@@ -605,15 +604,18 @@ def status_writes(world: World, name: str) -> int:
     return world.api.verbs().count(("PATCH", "models", name, "status"))
 
 
-def test_a_new_holder_is_written_when_it_holds_the_card_and_when_it_serves() -> None:
-    """b took the card and waits for a's pod: once it is gone b is scaled up, and its
-    steps toward serving (scaled up, pod made, loading) are held back while they come
-    quickly; Ready is written at once, with everything before it."""
+def test_a_new_holder_that_serves_within_the_window_is_written_once_ready() -> None:
+    """b took the card from a and waits for a's pod: once it is gone b is scaled up.
+    Its taking the card and its steps toward serving (scaled up, pod made, loading)
+    are held back while they come quickly; Ready is written at once, with everything
+    before it, and its Active condition says when it was handed the card. Meanwhile b
+    is decided as the holder it is: no second Event (Promoted) for it."""
     world = World()
     a_holds_b_asks(world)
-    world.run()  # the decision: a Preempted, b Active (WaitingForGPU), a scaled down
+    world.run()  # the decision: a Preempted and scaled down; b's Active held back
     world.api.calls.clear()
 
+    world.clock.advance(timedelta(seconds=1))
     world.delete(PODS, "a-0")
     scaled = world.run()
     assert ("PATCH", "deployments", "b", "scale") in world.api.verbs()
@@ -635,9 +637,34 @@ def test_a_new_holder_is_written_when_it_holds_the_card_and_when_it_serves() -> 
     assert world.api.verbs() == [("PATCH", "models", "b", "status")]
     b = world.status(MODELS, "b")
     assert (b["phase"], b["sharedGroup"]["state"]) == ("Ready", "Active")
+    active = {c["type"]: c for c in b["conditions"]}["Active"]
+    assert active["lastTransitionTime"] == format_rfc3339(T0)  # the handover, not now
+    assert [e["reason"] for e in world.api.events] == ["Preempted"]
     world.api.calls.clear()
     world.run()
     assert world.api.verbs() == []
+
+
+def test_a_new_holder_waiting_past_the_window_is_written_then() -> None:
+    """a's pod takes longer to go than the coalescing window: b's status (Active,
+    WaitingForGPU) is written when the window ends, stamped with the handover."""
+    world = World()
+    a_holds_b_asks(world)
+    world.run()
+    world.clock.advance(DEFAULT_COALESCE - timedelta(milliseconds=1))
+    world.api.calls.clear()
+    world.run()
+    assert status_writes(world, "b") == 0
+
+    world.clock.advance(timedelta(milliseconds=1))
+    world.run()
+    assert status_writes(world, "b") == 1
+    b = world.status(MODELS, "b")
+    active = {c["type"]: c for c in b["conditions"]}["Active"]
+    assert (b["sharedGroup"]["state"], active["reason"]) == ("Active", "WaitingForGPU")
+    assert active["lastTransitionTime"] == format_rfc3339(T0)
+    assert world.replicas("b") == 0
+    assert [e["reason"] for e in world.api.events] == ["Preempted"]
 
 
 def test_a_slow_start_is_written_once_it_has_waited_the_coalescing_window() -> None:

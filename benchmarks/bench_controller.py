@@ -8,7 +8,9 @@ the proxy would, and times from watches:
   holder's Deployment showing `spec.replicas: 0`;
 - pods gone -> scale-up: from the old holder's last pod DELETED event to the new
   holder's Deployment showing `spec.replicas: 1`;
-- API writes per swap: the controller's own non-GET requests per round.
+- API writes per swap: the controller's own non-GET requests per round, and the same
+  writes by kind from the API server's audit log (`verb resource/subresource`, a
+  Model's status told apart by whose: the old holder's, the new holder's).
 
 The controller runs in-process against a `LocalCluster`; pods load and terminate in
 0.2 s (kwok). Prints one JSON object. Timings are never asserted anywhere.
@@ -25,7 +27,8 @@ import statistics
 import sys
 import threading
 import time
-from datetime import timedelta
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ from flexinfer_core import Policy  # noqa: E402
 from flexinfer_devcluster.localcluster import LocalCluster  # noqa: E402
 from flexinfer_kube.kubeapi import KubeApi, Transient  # noqa: E402
 from flexinfer_kube.resources import DEPLOYMENTS, PODS, Resource  # noqa: E402
-from tests.k8s.harness import Cluster, controller  # noqa: E402
+from tests.k8s.harness import Cluster, controller, controller_writes  # noqa: E402
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 POLICY = Policy(
@@ -135,8 +138,31 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def writes_by_kind(
+    local: LocalCluster, namespace: str, rounds: list[tuple[str, str, str]], *, end: str
+) -> Counter[str]:
+    """The controller's successful writes of every round, by `verb resource/subresource`;
+    a Model's status by whose it is in its round (old or new holder)."""
+    counted: Counter[str] = Counter()
+    for when, _, what, code in controller_writes(
+        local, namespace, since=datetime.fromisoformat(rounds[0][0])
+    ):
+        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        if code >= 300 or stamp > datetime.fromisoformat(end):
+            continue
+        _, old, new = [r for r in rounds if datetime.fromisoformat(r[0]) <= stamp][-1]
+        verb, path = what.split(" ", 1)
+        resource, _, rest = path.partition("/")
+        name, _, subresource = rest.partition("/")
+        kind = f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+        if kind.endswith("models/status"):
+            kind += {old: " (old holder)", new: " (new holder)"}.get(name, f" ({name})")
+        counted[kind] += 1
+    return counted
+
+
 def run(swaps: int) -> dict[str, Any]:
-    local = LocalCluster(name="flexinfer-bench-controller")
+    local = LocalCluster(name="flexinfer-bench-controller", audit=True)
     local.start()
     try:
         local.kubectl("apply", "--server-side", "-k", str(ROOT / "crds"))
@@ -153,6 +179,7 @@ def run(swaps: int) -> dict[str, Any]:
         down: list[float] = []
         up: list[float] = []
         writes: list[float] = []
+        rounds: list[tuple[str, str, str]] = []  # (started, old holder, new holder)
         c.demand("x")
         with controller(local, namespace, policy=POLICY) as ctl:
             c.wait_serving("x")
@@ -160,6 +187,7 @@ def run(swaps: int) -> dict[str, Any]:
             for _ in range(swaps):
                 time.sleep(POLICY.demand_window.total_seconds() + 0.1)  # leader idle
                 before = ctl.writes()
+                rounds.append((datetime.now(UTC).isoformat(), leader, other))
                 start = time.monotonic()
                 c.demand(other)
                 scaled_down = deployments.wait_for(replicas_are(leader, 0), after=start)
@@ -171,8 +199,10 @@ def run(swaps: int) -> dict[str, Any]:
                 down.append((scaled_down - start) * 1000)
                 up.append((scaled_up - gone) * 1000)
                 leader, other = other, leader
+            end = datetime.now(UTC).isoformat()
         deployments.stop()
         pods.stop()
+        kinds = writes_by_kind(local, namespace, rounds, end=end)
         return {
             "benchmark": "controller_swap_latency",
             "swaps": swaps,
@@ -182,6 +212,7 @@ def run(swaps: int) -> dict[str, Any]:
                 "mean": round(statistics.fmean(writes), 2),
                 "min": min(writes),
                 "max": max(writes),
+                "by_kind": {k: round(v / swaps, 2) for k, v in kinds.most_common()},
             },
             "setup": {
                 "pod_ready_delay": "200ms",

@@ -1,8 +1,9 @@
 """The annotations flexinfer puts on Kubernetes objects, and their wire formats.
 
-- `ai.flexinfer/active-services` on each shared-group member's Service, written by
-  the controller: the holder's `serviceLabels` joined by commas, `""` on the others
-  (docs/election.md 1.3).
+- `ai.flexinfer/active-services` on a ModelDeployment's Service: the service labels
+  the proxy sends to it first, comma-separated. The controller no longer writes it on
+  a Model's Service, and the proxy ignores it there: a Model's holder is read from the
+  statuses (docs/election.md 1.3).
 - `demand.ai.flexinfer/<member>` on a GPUGroup, written by the proxy and read by the
   controller: one member's queue as JSON, e.g.
   `{"queued": 3, "oldestWaiting": "2026-11-29T17:00:04Z", "reportedAt": "2026-11-29T17:00:09Z"}`

@@ -74,6 +74,9 @@ def test_preemption_waits_for_the_requests_in_flight_then_proceeds_at_zero(
                 and (c.status("low").get("inFlight") or {}).get("count") == 2
             )
 
+        # high's own status (holding the card, waiting) is a step on its way to serving:
+        # written once it has waited the coalescing window (5 s), low's eviction first.
+        wait_until(waiting, what="high to say it waits for low's drain", interval=0.5)
         # While the count stays above 0 nothing moves (sampled for a few seconds, well
         # past the 2 s swap cooldown and a kwok pod's 1 s start).
         deadline = time.monotonic() + 4

@@ -392,6 +392,51 @@ async def test_the_directory_follows_models_deployments_and_services(
 
 
 @async_test
+async def test_a_service_label_follows_a_handover_before_the_new_holder_s_status(
+    kubectl: Kubectl, namespace: str, api: KubeApi
+) -> None:
+    """a served `pair`; b took the card: a's status (Preempted, naming b) is written,
+    b's is not yet. The label goes to b at once: the entry of b changes when a's
+    status does. Then b's own status says Active, and nothing moves."""
+    directory = KubeDirectory(api, namespaces=[namespace], watch_timeout_seconds=5)
+    await directory.start()
+    try:
+        await _until(lambda: directory.synced, what="the initial lists")
+        for name in ("a", "b"):
+            await asyncio.to_thread(
+                apply, kubectl, namespace,
+                model(name, gpu={"shared": "g"}, serviceLabels=["pair"]),
+            )  # fmt: skip
+
+        def patch(name: str, status: dict[str, Any]) -> None:
+            kubectl.patch_status(namespace, f"model/{name}", {"status": status})
+
+        await asyncio.to_thread(patch, "a", {"phase": "Ready", "sharedGroup": {
+            "groupName": "g", "state": "Active", "queuePosition": 0}})  # fmt: skip
+        await asyncio.to_thread(patch, "b", {"phase": "Idle", "sharedGroup": {
+            "groupName": "g", "state": "Queued", "queuePosition": 1}})  # fmt: skip
+
+        def routed() -> str | None:
+            entry = directory.resolve("pair").entry
+            return entry.name if entry is not None else None
+
+        await _until(lambda: routed() == "a", what="the label to go to the holder, a")
+        await asyncio.to_thread(patch, "a", {"phase": "Preempted", "sharedGroup": {
+            "state": "Queued", "queuePosition": 1, "preemptedBy": "b",
+            "preemptedAt": _now().isoformat().replace("+00:00", "Z")}})  # fmt: skip
+        await _until(lambda: routed() == "b", what="the label to follow a's eviction to b")
+        b = _found(directory, "b")
+        assert b is not None and b.active_services == ("pair",)
+        await asyncio.to_thread(patch, "b", {"phase": "Ready", "sharedGroup": {
+            "state": "Active", "queuePosition": 0}})  # fmt: skip
+        await _until(lambda: (e := _found(directory, "b")) is not None and e.ready,
+                     what="b Ready")  # fmt: skip
+        assert routed() == "b"
+    finally:
+        await directory.stop()
+
+
+@async_test
 async def test_a_name_in_several_namespaces_is_ambiguous_unless_they_are_ordered(
     kubectl: Kubectl, namespace: str, api: KubeApi
 ) -> None:

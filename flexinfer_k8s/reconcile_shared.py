@@ -174,9 +174,10 @@ class SharedGroupReconciler:
         )
         states = list(snapshot.states)
         key = (namespace, group, "" if group else name_of(objs[0]))
-        # A new holder whose status is not written yet, and when it was handed the card.
+        # A new holder whose status is not written yet, and when it was handed the card
+        # (a stamp from the future read as now, as the election reads it).
         handover = handed_over(states)
-        taking = dict([handover]) if handover is not None else {}
+        taking = {handover[0]: min(handover[1], now)} if handover is not None else {}
         self._observe_ready_times(namespace, objs, taking=taking)
         for state in states:
             if reports_spec_problem(state.conditions):

@@ -48,6 +48,8 @@ from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.pods import pod_is_finished
 from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
+from flexinfer_kube.objects import get_path, name_of
+from flexinfer_kube.recorded_status import card_holders
 from flexinfer_kube.resources import EVENTS, GPU_LEASES, MODELS, PODS
 
 NAMESPACE = "demo"
@@ -435,11 +437,12 @@ def _show(
             f"{event.get('message')}"
         )
     # The proxy sends a service label to the member whose status holds the card.
+    models = [api.get(MODELS, NAMESPACE, name) for name in ("chat", "coder")]
     states = {
-        name: (_status(api, name).get("sharedGroup") or {}).get("state")
-        for name in ("chat", "coder")
+        name_of(m): (get_path(m, "status", "sharedGroup") or {}).get("state") for m in models
     }
-    say(f"   sharedGroup.state: {states}\n")
+    holders = sorted(card_holders(models))
+    say(f"   sharedGroup.state: {states}; service labels go to: {holders}\n")
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout: float = 90.0) -> None:

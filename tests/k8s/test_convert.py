@@ -715,13 +715,13 @@ def budgeted_model(name: str, budget: Any, estimate: Any, **status: Any) -> dict
 )
 def test_vram_quantities_are_read_as_bytes(given: Any, size: int) -> None:
     state = model_state_from_k8s(
-        budgeted_model("a", given, given), deployment=None, pods=[], service=None
+        budgeted_model("a", given, given), deployment=None, pods=[]
     )
     assert (state.vram_budget, state.vram_estimate) == (size, size)
 
 
 def test_no_vram_fields_read_as_none() -> None:
-    state = model_state_from_k8s(model("a"), deployment=None, pods=[], service=None)
+    state = model_state_from_k8s(model("a"), deployment=None, pods=[])
     assert (state.vram_budget, state.vram_estimate, state.recorded_vram) == (None, None, None)
 
 
@@ -733,13 +733,13 @@ def test_a_bad_vram_quantity_names_the_field_and_the_value(field: str, value: st
     obj = budgeted_model("a", "24Gi", "4Gi")
     obj["spec"]["gpu"][field] = value
     with pytest.raises(InvalidFieldError) as raised:
-        model_state_from_k8s(obj, deployment=None, pods=[], service=None)
+        model_state_from_k8s(obj, deployment=None, pods=[])
     assert raised.value.field == f"spec.gpu.{field}"
     assert value in str(raised.value)
 
 
 def _decide_and_write(objs: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
-    states = [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in objs]
+    states = [model_state_from_k8s(o, deployment=None, pods=[]) for o in objs]
     decision = decide_group(states, now=NOW)
     written = [
         store_status(
@@ -755,11 +755,11 @@ def _decide_and_write(objs: list[dict[str, Any]]) -> tuple[Any, list[dict[str, A
         for o in objs
     ]
     again = decide_group(
-        [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in written],
+        [model_state_from_k8s(o, deployment=None, pods=[]) for o in written],
         now=NOW,
     )
     changes = again.changes(
-        [model_state_from_k8s(o, deployment=None, pods=[], service=None) for o in written]
+        [model_state_from_k8s(o, deployment=None, pods=[]) for o in written]
     )
     assert [c.name for c in changes if c.status] == [], "a second reconcile rewrites the status"
     return decision, written
@@ -819,7 +819,7 @@ def test_a_budget_taken_away_removes_status_vram_and_says_so() -> None:
 def test_a_group_without_a_budget_writes_no_vram_status() -> None:
     obj = model("a", status={"lastActiveTime": format_rfc3339(NOW)})
     decision = decide_group(
-        [model_state_from_k8s(obj, deployment=None, pods=[], service=None)], now=NOW
+        [model_state_from_k8s(obj, deployment=None, pods=[])], now=NOW
     )
     assert decision.packed == ()
     status = model_status(obj, decision.member("a"), group="g", now=NOW, packed=None)

@@ -230,11 +230,14 @@ def model_status(
     now: datetime,
     packed: PackedStatus | None = None,
     handed_over_at: datetime | None = None,
+    node: str | None = None,
 ) -> JSON:
     """The status fields the controller owns on a Model, as a merge patch body; with
     `packed` (a group with a VRAM budget, docs/election.md 1.7) its `Packed` condition
     and `status.vram` too. `handed_over_at`: when the member was given the card, for a
-    takeover written later (its `Active` condition turned then)."""
+    takeover written later (its `Active` condition turned then). `node` is where its
+    Ready pod runs (`status.nodeName`); None leaves the field as it is, so a model
+    scaled to 0 keeps naming the node it last served on."""
     generation = generation_of(model)
     conditions: tuple[Condition, ...] = member.conditions
     if packed is not None:
@@ -275,6 +278,8 @@ def model_status(
         )
     if member.rewrite_last_active is not None:
         status["lastActiveTime"] = format_rfc3339(member.rewrite_last_active)
+    if node is not None:
+        status["nodeName"] = node
     if generation is not None:
         status["observedGeneration"] = generation
     return status

@@ -4,8 +4,9 @@ The reconcilers and `flexinfer explain` take their snapshots from here, so the
 command explains exactly the inputs the controller decides on: a shared group's
 members as `ModelState`s (each with its Deployment, pods, Service and cache
 readiness), the group's leases and the lease sources that could not be read, and
-which members (present or departed) still have pods, and the members whose spec
-cannot be read (left out of the decision); a GPUGroup's `GpuGroupState` with its
+which members (present or departed) still have pods, the node each member serves
+on (for `status.nodeName`), and the members whose spec cannot be read (left out of
+the decision); a GPUGroup's `GpuGroupState` with its
 members' memberships, replicas and pods (a member whose spec cannot be read left out
 like a conflict); a standalone ModelDeployment's `StandaloneDeployment`. Reads only:
 no writes, no decisions, no clock.
@@ -13,7 +14,7 @@ no writes, no decisions, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 import attrs
@@ -31,7 +32,7 @@ from flexinfer_k8s.cache import ClusterCache
 from flexinfer_k8s.convert_gpugroups import gpu_group_state_from_k8s, unreadable_members
 from flexinfer_k8s.convert_model_deployments import standalone_from_k8s
 from flexinfer_k8s.convert_models import model_state_from_k8s
-from flexinfer_k8s.pods import deployment_replicas, live_pods
+from flexinfer_k8s.pods import deployment_replicas, live_pods, serving_node
 from flexinfer_kube.kubeapi import JSON
 from flexinfer_kube.objects import gpu_group_member_names, name_of, namespace_of
 from flexinfer_kube.resources import MODEL_DEPLOYMENTS, MODELS
@@ -60,6 +61,8 @@ class SharedGroupSnapshot:
     # Members present or departed that still have pods (the unreadable ones included).
     running: frozenset[str]
     unreadable: tuple[UnreadableModel, ...] = ()
+    # The node of each member's Ready pod, for members that have one (`pods.serving_node`).
+    serving_nodes: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def shared_group_snapshot(
@@ -77,6 +80,7 @@ def shared_group_snapshot(
     states: list[ModelState] = []
     unreadable: list[UnreadableModel] = []
     running: set[str] = set(departed)
+    nodes: dict[str, str] = {}
     if group:
         running |= cache.group_occupants(namespace, group=group, kind=MODELS.kind)
     for obj in models:
@@ -85,6 +89,9 @@ def shared_group_snapshot(
         pods = cache.pods_of(deployment)
         if live_pods(pods):
             running.add(name)  # whether or not its spec can be read
+        node = serving_node(pods)
+        if node is not None:
+            nodes[name] = node
         try:
             states.append(
                 model_state_from_k8s(
@@ -105,6 +112,7 @@ def shared_group_snapshot(
         unreadable_lease_sources=tuple(cache.unreadable_lease_sources(namespace)) if group else (),
         running=frozenset(running),
         unreadable=tuple(unreadable),
+        serving_nodes=nodes,
     )
 
 

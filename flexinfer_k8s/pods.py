@@ -81,6 +81,17 @@ def serving_pod_count(pods: Sequence[JSON]) -> int:
     )
 
 
+def serving_node(pods: Sequence[JSON]) -> str | None:
+    """The node of a Ready pod that is not on its way out (the first by name, so the
+    answer does not depend on list order); None when none serves."""
+    serving = sorted(
+        (str(get_path(p, "metadata", "name") or ""), str(get_path(p, "spec", "nodeName") or ""))
+        for p in live_pods(pods)
+        if pod_is_ready(p) and not get_path(p, "metadata", "deletionTimestamp")
+    )
+    return next((node for _, node in serving if node), None)
+
+
 def deployment_replicas(deployment: Mapping[str, Any] | None) -> int | None:
     """A Deployment's `spec.replicas` (1 when unset); None when there is no Deployment."""
     if deployment is None:

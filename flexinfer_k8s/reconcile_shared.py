@@ -35,7 +35,7 @@ that changes. The caller arms a timer at the returned `next_change_at`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 
@@ -78,7 +78,7 @@ from flexinfer_k8s.ready_times import ReadyTimes, condition_since
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import Interlock, Scale, StatusWrite, WritePlan, apply_plan
 from flexinfer_kube.kubeapi import JSON
-from flexinfer_kube.objects import name_of
+from flexinfer_kube.objects import get_path, name_of
 from flexinfer_kube.resources import CONFIG_MAPS, GPU_LEASES, MODELS
 
 log = logging.getLogger("flexinfer.shared")
@@ -207,7 +207,14 @@ class SharedGroupReconciler:
             interlock=Interlock(group=group, kind=MODELS.kind),
         )
         plan, held_until = self._decided(
-            plan, decision, key=key, observed=states, objs=objs, taking=taking, now=now
+            plan,
+            decision,
+            key=key,
+            observed=states,
+            objs=objs,
+            taking=taking,
+            nodes=snapshot.serving_nodes,
+            now=now,
         )
         for member in snapshot.unreadable:
             plan = self._unreadable(plan, member, group=group, now=now)
@@ -257,19 +264,42 @@ class SharedGroupReconciler:
         observed: Sequence[ModelState],
         objs: Sequence[JSON],
         taking: dict[str, datetime],
+        nodes: Mapping[str, str],
         now: datetime,
     ) -> tuple[WritePlan, datetime | None]:
         """`plan` with what differs between the members the election decided and the
         cluster (`observed`, as stored), and until when a status that differs only in
         progress is held back (None: nothing is). `taking`: the member handed the card
-        whose status does not say so yet (`handed_over`), with when."""
+        whose status does not say so yet (`handed_over`), with when.
+
+        Every status written names the node of the member's Ready pod when it has one
+        (`nodes`), so a model turning Ready says where with no write of its own; a
+        serving member whose status names another node, or none (written by an older
+        controller), gets one write for it."""
         by_name = {name_of(o): o for o in objs}
         statuses: list[StatusWrite] = []
         scales: list[Scale] = []
         since = self._progress_since.get(key, {})
         waiting: dict[str, datetime] = {}
         held_until: datetime | None = None
-        for change in decision.changes(observed):
+        changes = decision.changes(observed)
+        statused = {change.name for change in changes if change.status}
+        for member in decision.members:
+            node = nodes.get(member.name)
+            recorded = get_path(by_name[member.name], "status", "nodeName")
+            if node is not None and node != recorded and member.name not in statused:
+                obj = by_name[member.name]
+                status = model_status(
+                    obj,
+                    member,
+                    group=plan.group,
+                    now=now,
+                    packed=decision.packed_status(member.name),
+                    handed_over_at=taking.get(member.name),
+                    node=node,
+                )
+                statuses.append(StatusWrite(MODELS, obj, status))
+        for change in changes:
             obj = by_name[change.name]
             member = decision.member(change.name)
             write = change.status
@@ -291,6 +321,7 @@ class SharedGroupReconciler:
                             now=now,
                             packed=decision.packed_status(change.name),
                             handed_over_at=taking.get(change.name),
+                            node=nodes.get(change.name),
                         ),
                         events=tuple((obj, event) for event in change.events),
                     )

@@ -114,13 +114,14 @@ def deployment(name: str, replicas: int) -> JSON:
     }
 
 
-def pod(name: str) -> JSON:
+def pod(name: str, *, node: str | None = None) -> JSON:
     return {
         "metadata": {
             "name": f"{name}-0",
             "namespace": NS,
             "labels": {MODEL_LABEL: name, KIND_LABEL: "Model", GROUP_LABEL: "g"},
         },
+        "spec": {"nodeName": node} if node else {},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }
 
@@ -685,3 +686,54 @@ def test_a_slow_start_is_written_once_it_has_waited_the_coalescing_window() -> N
     b = world.status(MODELS, "b")
     assert b["phase"] == "Loading"
     assert {c["type"]: c for c in b["conditions"]}["Ready"]["reason"] == "Loading"
+
+
+# --- status.nodeName: where a model serves (the proxy keys its swap times by it) -----------
+
+
+def test_a_member_turning_ready_names_its_node_in_the_same_status_write() -> None:
+    world = World()
+    a_holds_b_asks(world)
+    world.run()
+    world.delete(PODS, "a-0")
+    world.run()  # b scaled up
+    world.put(PODS, pod("b", node="gpu-node-7"))
+    world.api.calls.clear()
+    world.run()
+    assert world.api.verbs() == [("PATCH", "models", "b", "status")]  # no write of its own
+    b = world.status(MODELS, "b")
+    assert (b["phase"], b["nodeName"]) == ("Ready", "gpu-node-7")
+    world.api.calls.clear()
+    world.run()
+    assert world.api.verbs() == []
+
+    # Preempted in turn (a asks, of higher priority): scaled to 0, b keeps naming the
+    # node it last served on (where its next swap most likely goes).
+    world.put(MODELS, model("a", priority=300, status=asking("a", behind="b")))
+    world.run()
+    assert world.replicas("b") == 0
+    b = world.status(MODELS, "b")
+    assert (b["phase"], b["nodeName"]) == ("Preempted", "gpu-node-7")
+
+
+def test_a_serving_member_whose_status_names_no_node_or_another_gets_one_write() -> None:
+    world = World()
+    # Asked for a second ago (not idle), written by a controller that wrote no node.
+    serving = {**holding("a"), "lastActiveTime": format_rfc3339(T0 - timedelta(seconds=1))}
+    world.put(MODELS, model("a", status=serving))
+    world.put(DEPLOYMENTS, deployment("a", 1))
+    world.put(PODS, pod("a", node="gpu-node-1"))
+    world.put(SERVICES, service("a"))
+    world.api.calls.clear()
+    world.run()
+    assert world.api.verbs() == [("PATCH", "models", "a", "status")]
+    assert world.status(MODELS, "a")["nodeName"] == "gpu-node-1"
+    world.api.calls.clear()
+    world.run()
+    assert world.api.verbs() == []
+
+    world.put(MODELS, model("a", status={**serving, "nodeName": "gpu-node-2"}))
+    world.api.calls.clear()
+    world.run()
+    assert world.api.verbs() == [("PATCH", "models", "a", "status")]
+    assert world.status(MODELS, "a")["nodeName"] == "gpu-node-1"

@@ -63,6 +63,8 @@ class ModelEntry:
     `served_name` is what the backend calls the model when that is not `name`
     (`status.servedModelName`). `active_services` are the service labels it
     advertises: a Model's own while it holds its group's card.
+    `node` is the node a Model's server last became Ready on (`status.nodeName`;
+    None when it never has, and for a ModelDeployment): its swap times are kept by it.
     """
 
     name: str
@@ -78,6 +80,7 @@ class ModelEntry:
     service_labels: tuple[str, ...] = ()
     active_services: tuple[str, ...] = ()
     priority: int = DEFAULT_PRIORITY
+    node: str | None = None
     # `namespace/name`: unique across the cluster (queues, demand and metrics are kept
     # by it). Made once: it is read several times for every request.
     key: str = attrs.field(init=False, eq=False, repr=False)

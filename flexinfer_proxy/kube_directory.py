@@ -18,7 +18,8 @@ annotation lists.
 
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,
-when `status.phase` is Running). A Model shadows a ModelDeployment of the same name
+when `status.phase` is Running). A Model's node is `status.nodeName` (where its
+server last became Ready). A Model shadows a ModelDeployment of the same name
 in the same namespace. Names resolve as `flexinfer_proxy.directory` says.
 
 Where requests go (docs/rendering.md): the Service the controller rendered for the
@@ -212,6 +213,7 @@ def entry_from_object(
         priority = _get(obj, "spec", "priority")
         active_services = _active_services(service)
     served = _get(obj, "status", "servedModelName")
+    node = _get(obj, "status", "nodeName") if kind is ModelKind.MODEL else None
     return ModelEntry(
         name=name,
         namespace=namespace,
@@ -226,6 +228,7 @@ def entry_from_object(
         service_labels=service_labels,
         active_services=active_services,
         priority=priority if isinstance(priority, int) else DEFAULT_PRIORITY,
+        node=node if isinstance(node, str) and node else None,
     )
 
 

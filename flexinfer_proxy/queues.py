@@ -15,7 +15,9 @@ to the `DemandSignaller`.
 Each ticket is told its 1-based position when it joins and the wait it should
 expect (`estimate_wait`, from the `SwapTimes` this module feeds): a model's swap is
 timed from the moment a request first waits for it while it is not Ready until the
-drain lets the first one go. A queue that empties because every waiting client went
+drain lets the first one go, and kept by the node it is then Ready on (the entry's
+`node`); a model waited for is expected on the node it last served on, any node when
+it never has. A queue that empties because every waiting client went
 away before the model was Ready (none of its requests was let go) withdraws the
 model's demand (`DemandSignaller.demand_withdrawn`); one emptied by timeouts does
 not (those clients were told to come back).
@@ -219,10 +221,12 @@ class RequestQueues:
                     and other.gpu_group == entry.gpu_group
                     and other_started < started
                 ):
-                    ahead += self.swap_times.remaining(other_key, started=other_started, now=now)
+                    ahead += self.swap_times.remaining(
+                        other_key, started=other_started, now=now, node=other.node
+                    )
         if ahead:
-            return ahead + self.swap_times.estimate(key)
-        return self.swap_times.remaining(key, started=started, now=now)
+            return ahead + self.swap_times.estimate(key, node=entry.node)
+        return self.swap_times.remaining(key, started=started, now=now, node=entry.node)
 
     def waiting(self) -> tuple[WaitingRequest, ...]:
         """Every held request, by model and position (a read-only view)."""
@@ -280,7 +284,7 @@ class RequestQueues:
                     return
                 ticket = queue.popleft()
                 self._total -= 1
-                self._swap_done(key)
+                self._swap_done(entry)
                 self._burst_admitted.add(key)
                 if not queue:
                     self._burst_admitted.discard(key)
@@ -296,12 +300,14 @@ class RequestQueues:
         with contextlib.suppress(RuntimeError):  # the loop is closing
             asyncio.get_running_loop().call_soon(self.model_changed, key)
 
-    def _swap_done(self, key: str) -> None:
-        """The first waiting request is let go: the swap it waited for is over."""
-        started = self._swap_started.pop(key, None)
+    def _swap_done(self, entry: ModelEntry) -> None:
+        """The first waiting request is let go: the swap it waited for is over, on the
+        node the model is Ready on."""
+        started = self._swap_started.pop(entry.key, None)
         if started is not None:
             now = self._clock.now()
-            self.swap_times.observe(key, (now - started).total_seconds(), ended_at=now)
+            seconds = (now - started).total_seconds()
+            self.swap_times.observe(entry.key, seconds, ended_at=now, node=entry.node)
 
     def _discard(self, ticket: Ticket, *, gone: bool = False) -> bool:
         """Take a ticket out of its queue; `gone`: its client went away."""

@@ -54,6 +54,9 @@ def test_demand_swaps_only_when_the_leader_is_idle_or_outranked(
     with controller(local_cluster, c.namespace) as ctl:  # type: ignore[arg-type]
         c.wait_serving("a")
         assert c.holders() == {"a"}
+        # Where it serves, for the proxy's swap times (written with phase Ready).
+        (a_pod,) = c.ready_pods("a")
+        assert c.status("a")["nodeName"] == a_pod["spec"]["nodeName"]
 
         # Equal priority against a busy leader: b queues, nothing moves.
         c.demand("a")
@@ -74,6 +77,7 @@ def test_demand_swaps_only_when_the_leader_is_idle_or_outranked(
         c.wait_serving("b")
         a = c.status("a")
         assert a["phase"] == "Preempted"
+        assert a["nodeName"] == a_pod["spec"]["nodeName"]  # kept: where it last served
         assert a["sharedGroup"]["state"] == "Queued"
         assert a["sharedGroup"]["preemptedBy"] == "b"
         assert a["sharedGroup"].get("preemptedAt")

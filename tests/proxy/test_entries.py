@@ -151,6 +151,25 @@ def test_served_name_labels_priority_and_the_holders_services() -> None:
     assert deployment.priority == 7
 
 
+@pytest.mark.parametrize(
+    ("kind", "status", "node"),
+    [
+        (MODEL, {"phase": "Ready", "nodeName": "gpu-1"}, "gpu-1"),
+        # Scaled to 0: still the node it last served on.
+        (MODEL, {"phase": "Preempted", "nodeName": "gpu-1"}, "gpu-1"),
+        (MODEL, {"phase": "Idle"}, None),  # never placed
+        (MODEL, {"nodeName": ""}, None),
+        (MODEL, {"nodeName": 7}, None),
+        # The controller writes no node on a ModelDeployment: a stray field is not read.
+        (DEPLOYMENT, {"readyReplicas": 1, "nodeName": "gpu-1"}, None),
+    ],
+)
+def test_a_models_node_is_where_it_last_served(
+    kind: ModelKind, status: dict[str, Any], node: str | None
+) -> None:
+    assert entry_from_object(kind, obj(status=status), service=None).node == node
+
+
 def _rendered(kind: str = "Model", **metadata: Any) -> dict[str, Any]:
     return {
         "metadata": {

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -142,6 +143,53 @@ async def test_a_held_request_is_told_its_position_and_wait_and_swaps_are_measur
         p.directory.set_ready("a")
         status, headers, _ = await third
         assert (headers[POSITION], headers[WAIT]) == ("1", "12.0")
+
+
+@async_test
+async def test_swaps_are_kept_by_the_node_the_model_became_ready_on(
+    backends: dict[str, BackendProcess],
+) -> None:
+    config = ProxyConfig(swap_time_prior=30.0)
+    async with running_proxy(
+        [entry("a", backends["alpha"].endpoint, ready=False)], config=config
+    ) as p:
+
+        def parked(node: str | None) -> None:
+            """`a` scaled to 0, its status naming `node` (where it last served)."""
+            p.directory.put(attrs.evolve(p.directory.lookup("test/a"), ready=False, node=node))
+
+        async def swap(seconds: float, *, on: str) -> None:
+            """A request waits `seconds` while `a` loads, then it is Ready on `on`."""
+            parked(p.directory.lookup("test/a").node)
+            waiting = asyncio.create_task(_chat(p, "a"))
+            await p.queued("a", 1)
+            p.clock.advance(timedelta(seconds=seconds))
+            p.directory.put(attrs.evolve(p.directory.lookup("test/a"), ready=True, node=on))
+            assert (await waiting)[0] == 200
+
+        # Never placed: the prior, whatever node.
+        assert p.proxy.queues.estimate_wait("test/a") == 30.0
+        await swap(10.0, on="gpu-a")
+        await swap(10.0, on="gpu-a")
+        await swap(40.0, on="gpu-b")  # expected on gpu-a, placed on gpu-b
+        assert p.proxy.swap_times.observed("test/a", node="gpu-a") == 2
+        assert p.proxy.swap_times.observed("test/a", node="gpu-b") == 1
+
+        parked("gpu-a")
+        assert p.proxy.queues.estimate_wait("test/a") == 10.0  # gpu-a's own swaps
+        parked("gpu-b")
+        assert p.proxy.queues.estimate_wait("test/a") == 40.0
+        # A node not seen yet, or none named: the p90 of its swaps on any node.
+        parked("gpu-c")
+        assert p.proxy.queues.estimate_wait("test/a") == 40.0
+        parked(None)
+        assert p.proxy.queues.estimate_wait("test/a") == 40.0
+        # What a waiting request is told comes from the same key.
+        parked("gpu-a")
+        waiting = asyncio.create_task(_chat(p, "a"))
+        await p.queued("a", 1)
+        p.directory.put(attrs.evolve(p.directory.lookup("test/a"), ready=True, node="gpu-a"))
+        assert (await waiting)[1][WAIT] == "10.0"
 
 
 @async_test

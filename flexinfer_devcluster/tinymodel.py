@@ -33,6 +33,10 @@ WIDTH = 64
 HEADS = 4
 FEED_FORWARD = 128
 CONTEXT_LENGTH = 2048
+"""The context it says it was trained with. llama-server caps each slot's context at
+it, whatever `-c` says, so no answer runs past it (an answer that must run longer, as
+the drain-deadline test's, asks for a model with a longer one)."""
+MAX_CONTEXT_LENGTH = 1 << 20
 SPACE_PIECE = "▁"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 UNKNOWN_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -110,10 +114,21 @@ def _tensors(seed: int) -> dict[str, Weights]:
     return tensors
 
 
-def write_tiny_model(path: Path | str, *, seed: int = 0, name: str = "tiny") -> Path:
+def write_tiny_model(
+    path: Path | str, *, seed: int = 0, name: str = "tiny", context_length: int = CONTEXT_LENGTH
+) -> Path:
     """Write the model to `path` (atomically: a reader never sees half a file)."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if (
+        not isinstance(context_length, int)
+        or isinstance(context_length, bool)
+        or not 1 <= context_length <= MAX_CONTEXT_LENGTH
+    ):
+        raise ValueError(
+            f"context_length must be an integer from 1 to {MAX_CONTEXT_LENGTH}, "
+            f"got {context_length!r}"
+        )
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     descriptor, staging_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -123,7 +138,7 @@ def write_tiny_model(path: Path | str, *, seed: int = 0, name: str = "tiny") -> 
         writer = gguf.GGUFWriter(staging, ARCHITECTURE)
         writer.add_name(name)
         writer.add_description(f"random weights from seed {seed}; answers are nonsense")
-        writer.add_context_length(CONTEXT_LENGTH)
+        writer.add_context_length(context_length)
         writer.add_embedding_length(WIDTH)
         writer.add_block_count(LAYERS)
         writer.add_feed_forward_length(FEED_FORWARD)
@@ -168,10 +183,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("path", type=Path, help="where to write the .gguf file")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     parser.add_argument("--name", default="tiny", help="general.name in the file")
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=CONTEXT_LENGTH,
+        help="the training context it declares; llama-server caps each slot's context "
+        f"at it (default %(default)s, 1 to {MAX_CONTEXT_LENGTH})",
+    )
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be a non-negative integer, got {args.seed}")
-    written = write_tiny_model(args.path, seed=args.seed, name=args.name)
+    if not 1 <= args.context_length <= MAX_CONTEXT_LENGTH:
+        parser.error(
+            f"--context-length must be from 1 to {MAX_CONTEXT_LENGTH}, got {args.context_length}"
+        )
+    written = write_tiny_model(
+        args.path, seed=args.seed, name=args.name, context_length=args.context_length
+    )
     print(f"{written} ({written.stat().st_size} bytes)")
     return 0
 

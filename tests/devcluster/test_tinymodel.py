@@ -54,3 +54,17 @@ def test_the_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     expected = write_tiny_model(tmp_path / "n.gguf", seed=3).read_bytes()
     assert (tmp_path / "m.gguf").read_bytes() == expected
     assert "m.gguf" in capsys.readouterr().out
+
+
+def test_the_declared_training_context_is_a_bounded_choice(tmp_path: Path) -> None:
+    # llama-server caps each slot's context at it (the drain-deadline test needs more).
+    default = gguf.GGUFReader(write_tiny_model(tmp_path / "d.gguf"))
+    assert default.fields["llama.context_length"].contents() == tinymodel.CONTEXT_LENGTH
+    long = gguf.GGUFReader(write_tiny_model(tmp_path / "l.gguf", context_length=131072))
+    assert long.fields["llama.context_length"].contents() == 131072
+    for bad in (0, tinymodel.MAX_CONTEXT_LENGTH + 1, True):
+        with pytest.raises(ValueError, match=rf"context_length must be .*, got {bad!r}"):
+            write_tiny_model(tmp_path / "x.gguf", context_length=bad)
+    assert not (tmp_path / "x.gguf").exists()
+    with pytest.raises(SystemExit):
+        tinymodel.main([str(tmp_path / "y.gguf"), "--context-length", "0"])

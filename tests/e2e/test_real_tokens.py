@@ -30,6 +30,7 @@ import pytest
 from flexinfer_core import Policy
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
+from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_kube.resources import MODELS
 from tests.k8s.harness import Cluster, PodTimeline, controller, drains_observed
 from tests.k8s.kubectl import create_namespace, delete_namespace, install_crds, kubectl_for
@@ -309,27 +310,40 @@ async def stream_raw(
         writer.close()
 
 
-@pytest.mark.skip(
-    reason="flaky: in a full CI run the tiny model's 16000-token answer ended before the 3 s"
-    " drain deadline (the stream ran to [DONE]); the deadline itself is covered by"
-    " tests/k8s/test_controller_drain.py's stuck count; to be made robust"
-)
+# The drain-deadline test's answer must still be generating at the deadline. llama-server
+# caps each slot's context at the model's training context, whatever --ctx-size says, and
+# stops an answer that fills it (no context shift): the default tiny model's 2048 ended
+# every answer at 2016 tokens ("length"), some 1.5 s, before the deadline on a quiet
+# machine; a loaded one was slow enough to hide it.
+LONG_CONTEXT = 16384
+LONG_ANSWER = 8000  # tokens: some 15 s of generation on a quiet machine, a minute on a busy one
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-long.gguf", seed=0, context_length=LONG_CONTEXT
+    )
+
+
 @async_test
 async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
-    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, long_context_model: Path
 ) -> None:
     # docs/election.md 1.6, the deadline: low's drain timeout (3 s) is far shorter than
     # its answer, so at the deadline low is scaled to 0, the proxy ends its stream with
     # the explicit error event (never a silent cut, never [DONE]), and high answers.
-    # Never two servers at once. The answer must still be generating at the deadline:
-    # the tiny model on an idle machine writes 4000 tokens in some 2.5 s, and an answer
-    # the proxy has whole is relayed to its end, not cut, so it is 16000 tokens long
-    # (a 64k context: llama-server gives each of its parallel slots a share).
+    # Never two servers at once. The answer is still being generated at the deadline
+    # (an answer the proxy already has whole is relayed to its end, not cut): a model
+    # that declares a 16k training context, so the server's slot holds the whole
+    # 8000-token answer, read as it comes. Each token costs more than the last (its
+    # attention reads every one before it): some 1300 a second at first, a few hundred
+    # past 5000 on two cores. Without the deadline it runs to [DONE] (seen).
     c = cluster
     for name, priority in (("low", 100), ("high", 300)):
-        body = tiny_model_body(name, tiny_model)
+        body = tiny_model_body(name, long_context_model)
         body["spec"]["gpu"]["priority"] = priority
-        body["spec"]["llamacpp"] = {"ctxSize": 65536}
+        body["spec"]["llamacpp"] = {"ctxSize": LONG_CONTEXT}
         if name == "low":
             body["spec"]["gpu"]["drainTimeout"] = "3s"
         await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)
@@ -340,7 +354,7 @@ async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
             status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
             assert status == 200, text
-            long = {**chat("low", stream=True, max_tokens=16000), "ignore_eos": True}
+            long = {**chat("low", stream=True, max_tokens=LONG_ANSWER), "ignore_eos": True}
             asked: list[asyncio.Task[tuple[int, str, dict[str, str]]]] = []
             times: dict[str, float] = {}
 
@@ -365,7 +379,12 @@ async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
         drains = drains_observed(ctl.scrape(), c.namespace, "low")
     timeline.stop()
     print(f"flexinfer_drain_seconds of low: {drains}")
-    assert "data: [DONE]" not in events, "the stream ran to its end: no deadline was hit"
+    chunks = [json.loads(e.removeprefix("data:")) for e in events if e.startswith("data: {")]
+    finish = [x["choices"][0].get("finish_reason") for x in chunks if x.get("choices")]
+    assert "data: [DONE]" not in events, (
+        f"the stream ran to its end ({len(chunks)} events, finish_reason {finish[-1:]}):"
+        " no deadline was hit"
+    )
     assert cut, "the stream ended cleanly without [DONE]"
     last = json.loads(events[-1].removeprefix("data:"))
     assert last["error"]["code"] == "stream_cut", events[-3:]

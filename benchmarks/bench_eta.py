@@ -18,6 +18,12 @@ the actual wait; plus the controller's `flexinfer_swap_seconds` and
 `flexinfer_cold_start_seconds` and the proxy's `flexinfer_proxy_queue_wait_seconds`
 and `flexinfer_proxy_time_to_first_byte_seconds` as scraped at the end.
 
+Where a wait goes (`stages`): watches of the namespace's Pods and Models, in this
+process, note when each step of a swap is seen (the holder's pod gone, the new pod
+created, its server started, the pod Ready, the Model Ready); per swap the time of
+each step from the request, and over the scored swaps each stage's median and
+spread (p10, p90).
+
     python benchmarks/bench_eta.py [--swaps 100] [--warmup 5] [--demand-window 2s]
 """
 
@@ -25,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import timedelta
@@ -46,9 +54,12 @@ from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE
 from flexinfer_devcluster.tinymodel import write_tiny_model
 from flexinfer_k8s.controller import Controller
 from flexinfer_k8s.metrics import ControllerMetrics
+from flexinfer_k8s.pods import pod_is_ready
 from flexinfer_k8s.render.workloads import RenderSettings
+from flexinfer_kube.informers import Informer, Store
 from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
-from flexinfer_kube.resources import MODELS
+from flexinfer_kube.objects import get_path
+from flexinfer_kube.resources import MODELS, PODS
 from flexinfer_proxy.swap_times import nearest_rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +91,94 @@ def model_manifest(name: str, model_file: Path) -> JSON:
     }
 
 
+# The steps of a swap, in order, as the watches see them.
+STEPS = ("holder gone", "pod created", "server started", "pod ready", "model ready")
+MODEL_LABEL = "ai.flexinfer/model"
+
+
+class Steps:
+    """When (monotonic) each step of each model's swaps was seen by a watch."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self._lock = threading.Lock()
+        self._seen: list[tuple[float, str, str]] = []  # (when, model, step)
+        self._informers = [
+            Informer(api, resource, Store(resource), namespace=NAMESPACE, on_change=handler)
+            for resource, handler in ((PODS, self._pod), (MODELS, self._model))
+        ]
+
+    def __enter__(self) -> Steps:
+        for informer in self._informers:
+            informer.start()
+        for informer in self._informers:
+            informer.synced.wait(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for informer in self._informers:
+            informer.stop()
+
+    def _note(self, model: object, step: str) -> None:
+        if isinstance(model, str):
+            with self._lock:
+                self._seen.append((time.monotonic(), model, step))
+
+    def _pod(self, old: JSON | None, new: JSON | None) -> None:
+        if new is None:
+            self._note(get_path(old, "metadata", "labels", MODEL_LABEL), "holder gone")
+            return
+        model = get_path(new, "metadata", "labels", MODEL_LABEL)
+        if old is None:
+            self._note(model, "pod created")
+        if _running(new) and not (old is not None and _running(old)):
+            self._note(model, "server started")
+        if pod_is_ready(new) and not (old is not None and pod_is_ready(old)):
+            self._note(model, "pod ready")
+
+    def _model(self, old: JSON | None, new: JSON | None) -> None:
+        if get_path(new, "status", "phase") == "Ready" != get_path(old, "status", "phase"):
+            self._note(get_path(new, "metadata", "name"), "model ready")
+
+    def of_swap(self, model: str, holder: str, began: float, ended: float) -> dict[str, float]:
+        """Seconds from `began` to the first sighting of each step of the swap to `model`
+        from `holder` before `ended` (the holder's pod gone, then the new one's steps)."""
+        with self._lock:
+            seen = list(self._seen)
+        out: dict[str, float] = {}
+        for when, name, step in seen:
+            ours = name == (holder if step == "holder gone" else model)
+            if ours and began <= when <= ended and step not in out:
+                out[step] = round(when - began, 3)
+        return out
+
+
+def _running(pod: JSON) -> bool:
+    return any(
+        get_path(status, "state", "running")
+        for status in get_path(pod, "status", "containerStatuses") or []
+    )
+
+
+def stage_spread(per_swap: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each stage (step to step, from the request to the answer's head) over `per_swap`:
+    median, p10 and p90 seconds, over the swaps that saw both of its ends."""
+    marks = ("request", *STEPS, "answer")
+    out: dict[str, dict[str, float]] = {}
+    for start, end in itertools.pairwise(marks):
+        spans = []
+        for swap in per_swap:
+            at = {"request": 0.0, **swap["steps"], "answer": swap["actual"]}
+            if start in at and end in at:
+                spans.append(at[end] - at[start])
+        if spans:
+            out[f"{start} -> {end}"] = {
+                "median": round(statistics.median(spans), 3),
+                "p10": round(nearest_rank(spans, 0.1), 3),
+                "p90": round(nearest_rank(spans, 0.9), 3),
+            }
+    return out
+
+
 def proxy_process(cluster: LocalCluster) -> contextlib.AbstractContextManager[str]:
     """The demo's proxy process, for this namespace, holding requests up to 3m and
     sending its waiting-stream comments only after a minute (none in these swaps)."""
@@ -88,9 +187,9 @@ def proxy_process(cluster: LocalCluster) -> contextlib.AbstractContextManager[st
     )
 
 
-def ask(proxy: str, model: str) -> tuple[float, float, int]:
-    """One streamed completion: (estimate, actual wait to the answer's head, position);
-    the estimate is NaN when the request did not wait."""
+def ask(proxy: str, model: str) -> tuple[float, float, int, float]:
+    """One streamed completion: (estimate, actual wait to the answer's head, position,
+    when it was sent); the estimate is NaN when the request did not wait."""
     body = json.dumps(
         {
             "model": model,
@@ -109,7 +208,7 @@ def ask(proxy: str, model: str) -> tuple[float, float, int]:
         estimate = float(response.headers.get("x-flexinfer-wait-seconds") or "nan")
         position = int(response.headers.get("x-flexinfer-queue-position") or 0)
         response.read()
-    return estimate, actual, position
+    return estimate, actual, position, began
 
 
 def wait_for_models(proxy: str, *, timeout: float = 120.0) -> None:
@@ -170,19 +269,21 @@ def main() -> int:
         for seed, name in enumerate(MODEL_NAMES):
             path = write_tiny_model(models / f"{name}.gguf", seed=seed, name=name)
             api.create(MODELS, NAMESPACE, model_manifest(name, path))
-        with proxy_process(cluster) as proxy:
+        with proxy_process(cluster) as proxy, Steps(api) as steps:
             wait_for_models(proxy)
             measured = dict.fromkeys(MODEL_NAMES, 0)
             for index in range(args.swaps + 1):  # the first is a cold start from nothing
                 name = MODEL_NAMES[index % 2]
-                estimate, actual, position = ask(proxy, name)
+                estimate, actual, position, began = ask(proxy, name)
                 if position:
+                    holder = MODEL_NAMES[(index + 1) % 2]
                     swaps.append(
                         {
                             "model": name,
                             "measured_before": measured[name],
                             "estimate": estimate,
                             "actual": round(actual, 3),
+                            "steps": steps.of_swap(name, holder, began, began + actual),
                         }
                     )
                     measured[name] += 1
@@ -220,6 +321,7 @@ def main() -> int:
                 "actual_median_s": (
                     round(statistics.median(s["actual"] for s in scored), 3) if scored else None
                 ),
+                "stages": stage_spread(scored),
                 "histograms": histograms,
                 "per_swap": swaps,
             },

@@ -101,7 +101,12 @@ from flexinfer_proxy.request_body import (
     read_request_body,
     small_body_at_hand,
 )
-from flexinfer_proxy.swap_times import DEFAULT_PRIOR_SECONDS, DEFAULT_SAMPLES, SwapTimes
+from flexinfer_proxy.swap_times import (
+    CAUTIOUS,
+    DEFAULT_PRIOR_SECONDS,
+    DEFAULT_SAMPLES,
+    SwapTimes,
+)
 from flexinfer_proxy.upstream import (
     DEFAULT_IDLE_SECONDS,
     Origin,
@@ -512,7 +517,7 @@ class Proxy:
         return resolution
 
     def _queue_full(self, entry: ModelEntry, limit: int, scope: str) -> _Refusal:
-        expected = self.queues.estimate_wait(entry.key)
+        expected = self.queues.estimate_wait(entry.key, percentile=CAUTIOUS)
         response = openai_errors.queue_full(
             entry.name, limit=limit, scope=scope, retry_after=self.retry_after(expected)
         )

@@ -42,7 +42,7 @@ from flexinfer_kube.clock import Clock
 from flexinfer_proxy.demand import DemandSignaller, QueueReport
 from flexinfer_proxy.directory import ModelDirectory, ModelEntry
 from flexinfer_proxy.metrics import ProxyMetrics
-from flexinfer_proxy.swap_times import SwapTimes
+from flexinfer_proxy.swap_times import CAUTIOUS, TYPICAL, SwapTimes
 
 log = logging.getLogger("flexinfer.proxy.queues")
 
@@ -62,7 +62,8 @@ class Ticket:
     """One queued request: admitted by the drain, dispatched by its handler.
 
     `position` (1-based) and `estimate` (seconds) are what it was told when it joined;
-    `expected` is the wait still expected when it gave up (for `Retry-After`).
+    `expected` is the wait still expected, erring long, when it gave up (for
+    `Retry-After`).
     """
 
     def __init__(self, key: str, *, arrived: datetime, enqueued_at: float) -> None:
@@ -183,7 +184,7 @@ class RequestQueues:
                 ticket.dispatched()
             raise
         if not ticket.admitted.done():
-            ticket.expected = self.estimate_wait(ticket.key)
+            ticket.expected = self.estimate_wait(ticket.key, percentile=CAUTIOUS)
             self._discard(ticket)
             return WaitResult.TIMED_OUT
         return WaitResult.ADMITTED if ticket.admitted.result() else WaitResult.CLOSING
@@ -196,8 +197,10 @@ class RequestQueues:
                 return place
         return 0
 
-    def estimate_wait(self, key: str) -> float:
-        """Seconds a request joining `key`'s queue now is expected to wait.
+    def estimate_wait(self, key: str, *, percentile: float = TYPICAL) -> float:
+        """Seconds a request joining `key`'s queue now is expected to wait, from the
+        `percentile` of the swap times (`TYPICAL`: what it is told; `CAUTIOUS`: for
+        `Retry-After`).
 
         0 for a Ready model (it waits only for the drain). Else the rest of the
         model's swap in progress (`SwapTimes.remaining`); for a GPUGroup member,
@@ -222,11 +225,17 @@ class RequestQueues:
                     and other_started < started
                 ):
                     ahead += self.swap_times.remaining(
-                        other_key, started=other_started, now=now, node=other.node
+                        other_key,
+                        started=other_started,
+                        now=now,
+                        node=other.node,
+                        percentile=percentile,
                     )
         if ahead:
-            return ahead + self.swap_times.estimate(key, node=entry.node)
-        return self.swap_times.remaining(key, started=started, now=now, node=entry.node)
+            return ahead + self.swap_times.estimate(key, node=entry.node, percentile=percentile)
+        return self.swap_times.remaining(
+            key, started=started, now=now, node=entry.node, percentile=percentile
+        )
 
     def waiting(self) -> tuple[WaitingRequest, ...]:
         """Every held request, by model and position (a read-only view)."""

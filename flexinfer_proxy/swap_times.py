@@ -5,9 +5,19 @@ wait for a model that was not Ready until that model was Ready and the first
 waiting request was let go (docs/proxy.md, "Queue position and wait estimate").
 `SwapTimes` keeps the last `samples` of them per model (and node, when the caller
 knows it; a model's observations on any node stand in for a node not seen yet)
-and estimates the next one as their 90th percentile (nearest rank: the smallest
-observation with at least 90 % of them at or below it). Before a model has any,
-the estimate is the `prior` (`--swap-time-prior`).
+and estimates the next one as a nearest-rank percentile of them (the smallest
+observation with at least that fraction of them at or below it): the median
+(`TYPICAL`) for what a waiting client is told, the 90th percentile (`CAUTIOUS`) for
+when a refused one should come back. Before a model has any, both are the `prior`
+(`--swap-time-prior`).
+
+Why the median for the told wait, not the 90th percentile: swap times come in
+steps of the startup probe's period (a server that is not up at one probe is seen at
+the next), so on a busy node a few of the last N take a whole period longer. The
+90th percentile then lands on those few and errs long by a period on every other
+swap; the median errs only on the slow ones (docs/proxy.md, "Queue position and
+wait estimate"). A client retrying too early is refused again, so `Retry-After`
+keeps erring long.
 
 The remaining wait of a swap in progress is the estimate less the time it has run,
 never below `MIN_REMAINING_SECONDS`: a swap that overran its estimate is still
@@ -36,7 +46,8 @@ MAX_SAMPLES = 1000
 MIN_REMAINING_SECONDS = 1.0
 # Recent observations kept across every model, newest last (for the live page).
 RECENT_KEPT = 100
-PERCENTILE = 0.9
+TYPICAL = 0.5  # the wait a held request is told (its headers, comments, the live page)
+CAUTIOUS = 0.9  # the wait behind `Retry-After`: a client back too early is refused again
 
 
 def nearest_rank(values: list[float], fraction: float) -> float:
@@ -88,20 +99,29 @@ class SwapTimes:
         """How many swaps of `model` (on `node`) the estimate is made from (at most N)."""
         return len(self._by_key.get((model, node), ()))
 
-    def estimate(self, model: str, *, node: str | None = None) -> float:
-        """Seconds the next swap of `model` is expected to take: p90 of the last N swaps
-        on `node`, else on any node, else the prior."""
+    def estimate(
+        self, model: str, *, node: str | None = None, percentile: float = TYPICAL
+    ) -> float:
+        """Seconds the next swap of `model` is expected to take: the `percentile` of the
+        last N swaps on `node`, else on any node, else the prior."""
         kept = self._by_key.get((model, node)) or self._by_key.get((model, None))
         if not kept:
             return self.prior
-        return nearest_rank(list(kept), PERCENTILE)
+        return nearest_rank(list(kept), percentile)
 
     def remaining(
-        self, model: str, *, started: datetime, now: datetime, node: str | None = None
+        self,
+        model: str,
+        *,
+        started: datetime,
+        now: datetime,
+        node: str | None = None,
+        percentile: float = TYPICAL,
     ) -> float:
         """Seconds still expected of a swap of `model` that started at `started`."""
         elapsed = (now - started).total_seconds()
-        return max(MIN_REMAINING_SECONDS, self.estimate(model, node=node) - elapsed)
+        expected = self.estimate(model, node=node, percentile=percentile)
+        return max(MIN_REMAINING_SECONDS, expected - elapsed)
 
     def recent(self) -> tuple[SwapObservation, ...]:
         """The last `RECENT_KEPT` swaps over every model, oldest first (read-only view)."""

@@ -24,6 +24,7 @@ from flexinfer_proxy.directory import InMemoryDirectory, ModelKind
 from flexinfer_proxy.metrics import ProxyMetrics
 from flexinfer_proxy.queues import RequestQueues, WaitResult
 from flexinfer_proxy.swap_times import (
+    CAUTIOUS,
     MIN_REMAINING_SECONDS,
     SwapTimes,
     nearest_rank,
@@ -55,16 +56,29 @@ def test_the_estimate_is_the_prior_until_a_swap_is_measured() -> None:
     assert times.estimate("ns/other") == 42.0
 
 
-def test_the_estimate_is_the_nearest_rank_p90_of_the_last_n() -> None:
+def test_the_estimates_are_nearest_rank_percentiles_of_the_last_n() -> None:
     times = SwapTimes(samples=10)
     for seconds in (100.0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10):  # 100 is pushed out
         times.observe("ns/m", seconds, ended_at=START)
     assert times.observed("ns/m") == 10
-    assert times.estimate("ns/m") == 9.0  # 9 of the 10 are at or below 9
+    assert times.estimate("ns/m", percentile=CAUTIOUS) == 9.0  # 9 of the 10 are at or below 9
+    assert times.estimate("ns/m") == 5.0  # the median (TYPICAL): 5 of the 10
     times.observe("ns/m", 50.0, ended_at=START)  # 1 falls out: 2..10, 50
-    assert times.estimate("ns/m") == 10.0
+    assert times.estimate("ns/m", percentile=CAUTIOUS) == 10.0
+    assert times.estimate("ns/m") == 6.0
     assert nearest_rank([3.0, 1.0, 2.0], 0.9) == 3.0
+    assert nearest_rank([3.0, 1.0, 2.0], 0.5) == 2.0
     assert nearest_rank([5.0], 0.9) == 5.0
+
+
+def test_a_few_swaps_a_probe_period_longer_move_the_told_wait_not_the_retry_after() -> None:
+    # Swaps of 2.3 s, and on a busy node now and then one a 2 s probe period longer:
+    # the 90th percentile lands on those; the median stays with the usual swap.
+    times = SwapTimes()
+    for seconds in (2.3, 2.2, 4.3, 2.3, 2.4, 2.3, 2.2, 4.4, 2.3, 2.3):
+        times.observe("ns/m", seconds, ended_at=START)
+    assert times.estimate("ns/m") == 2.3
+    assert times.estimate("ns/m", percentile=CAUTIOUS) == 4.3
 
 
 def test_a_node_of_its_own_once_seen_else_the_models_swaps() -> None:
@@ -170,16 +184,16 @@ async def test_swaps_are_kept_by_the_node_the_model_became_ready_on(
         # Never placed: the prior, whatever node.
         assert p.proxy.queues.estimate_wait("test/a") == 30.0
         await swap(10.0, on="gpu-a")
-        await swap(10.0, on="gpu-a")
         await swap(40.0, on="gpu-b")  # expected on gpu-a, placed on gpu-b
-        assert p.proxy.swap_times.observed("test/a", node="gpu-a") == 2
-        assert p.proxy.swap_times.observed("test/a", node="gpu-b") == 1
+        await swap(40.0, on="gpu-b")
+        assert p.proxy.swap_times.observed("test/a", node="gpu-a") == 1
+        assert p.proxy.swap_times.observed("test/a", node="gpu-b") == 2
 
         parked("gpu-a")
         assert p.proxy.queues.estimate_wait("test/a") == 10.0  # gpu-a's own swaps
         parked("gpu-b")
         assert p.proxy.queues.estimate_wait("test/a") == 40.0
-        # A node not seen yet, or none named: the p90 of its swaps on any node.
+        # A node not seen yet, or none named: its swaps on any node (10, 40, 40).
         parked("gpu-c")
         assert p.proxy.queues.estimate_wait("test/a") == 40.0
         parked(None)
@@ -237,6 +251,16 @@ async def test_retry_after_of_a_timed_out_wait_comes_from_the_estimate_within_it
         # 200 s expected (the manual clock did not move), plus up to as much jitter.
         assert 200 <= int(headers["Retry-After"]) <= 400
         assert (headers[POSITION], headers[WAIT]) == ("1", "200.0")
+
+    # Measured swaps: the told wait is their median, Retry-After their 90th percentile.
+    async with running_proxy(
+        [entry("a", backends["alpha"].endpoint, ready=False)], config=config
+    ) as p:
+        for seconds in (10.0, 10.0, 10.0, 10.0, 40.0):
+            p.proxy.swap_times.observe("test/a", seconds, ended_at=START)
+        status, headers, _ = await _chat(p, "a")
+        assert status == 503 and headers[WAIT] == "10.0"
+        assert 40 <= int(headers["Retry-After"]) <= 80
 
     bounded = ProxyConfig(min_queue_wait=short, swap_time_prior=200.0, max_retry_after_seconds=50)
     async with running_proxy(

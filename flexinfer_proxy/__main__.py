@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--swap-time-samples",
         type=_within("--swap-time-samples", 1, MAX_SAMPLES),
         default=DEFAULTS.swap_time_samples,
-        help="measured swaps per model and node the estimate (their p90) is made from "
+        help="measured swaps per model and node the estimates (their median, and their "
+        "p90 for Retry-After) are made from "
         f"(default %(default)s, 1 to {MAX_SAMPLES})",
     )
     add(

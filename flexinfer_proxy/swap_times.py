@@ -11,13 +11,11 @@ observation with at least that fraction of them at or below it): the median
 when a refused one should come back. Before a model has any, both are the `prior`
 (`--swap-time-prior`).
 
-Why the median for the told wait, not the 90th percentile: swap times come in
-steps of the startup probe's period (a server that is not up at one probe is seen at
-the next), so on a busy node a few of the last N take a whole period longer. The
-90th percentile then lands on those few and errs long by a period on every other
-swap; the median errs only on the slow ones (docs/proxy.md, "Queue position and
-wait estimate"). A client retrying too early is refused again, so `Retry-After`
-keeps erring long.
+Why the median for the told wait, not the 90th percentile: the 90th percentile errs
+long on every swap by the spread of the last N, which grows with the node's load and
+is, for short swaps, most of a ±20 % allowance; the median errs by about half of it
+either way (docs/proxy.md, "Queue position and wait estimate"). A client retrying
+too early is refused again, so `Retry-After` keeps erring long.
 
 The remaining wait of a swap in progress is the estimate less the time it has run,
 never below `MIN_REMAINING_SECONDS`: a swap that overran its estimate is still

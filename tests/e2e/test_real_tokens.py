@@ -213,18 +213,36 @@ async def test_a_swap_under_load_loses_no_request_and_never_overlaps(
     assert timeline.created_apps()[:2] == ["tiny-a", "tiny-b"]
 
 
+# The drain tests' answers must still be generating when high is asked for (and, for
+# the deadline test, at the deadline). llama-server
+# caps each slot's context at the model's training context, whatever --ctx-size says, and
+# stops an answer that fills it (no context shift): the default tiny model's 2048 ended
+# every answer at 2016 tokens ("length"), some 1.5 s: on a quiet machine the deadline
+# test's answer ended before its deadline and the drain test's drain could be over
+# before its phase was read (a loaded machine was slow enough to hide both).
+LONG_CONTEXT = 16384
+LONG_ANSWER = 8000  # tokens: some 15 s of generation on a quiet machine, a minute on a busy one
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-long.gguf", seed=0, context_length=LONG_CONTEXT
+    )
+
+
 @async_test
 async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_card(
-    local_cluster: LocalCluster, cluster: Cluster, proxy: str, tiny_model: Path
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, long_context_model: Path
 ) -> None:
     # docs/election.md 1.6: low streams a long answer; a request for high (more
     # important) arrives in the middle. low drains: its stream runs to its end, token
     # for token, then high is swapped in and answers. Never two servers at once.
     c = cluster
     for name, priority in (("low", 100), ("high", 300)):
-        body = tiny_model_body(name, tiny_model)
+        body = tiny_model_body(name, long_context_model)
         body["spec"]["gpu"]["priority"] = priority
-        body["spec"]["llamacpp"] = {"ctxSize": 4096}
+        body["spec"]["llamacpp"] = {"ctxSize": LONG_CONTEXT}
         await asyncio.to_thread(c.api.create, MODELS, c.namespace, body)
     timeline = PodTimeline(c)
     # The default demand window: the proxy refreshes a waiting request's demand once a
@@ -235,7 +253,7 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
             status, text, _ = await complete(session, proxy, "low", stream=False)  # warm
             assert status == 200, text
-            long = {**chat("low", stream=True, max_tokens=2000), "ignore_eos": True}
+            long = {**chat("low", stream=True, max_tokens=3000), "ignore_eos": True}
             events: list[str] = []
             phases: set[str] = set()
             async with session.post(f"{proxy}/v1/chat/completions", json=long) as stream:
@@ -250,8 +268,9 @@ async def test_a_long_answer_finishes_before_a_more_important_model_takes_the_ca
                     if len(events) % 50 == 0:
                         phases.add(str((await asyncio.to_thread(c.status, "low")).get("phase")))
 
-                    # A slow reader (5 ms a line, some 20 s in all): the answer is still
-                    # being relayed, so in flight, long after high was asked for.
+                    # A slow reader (5 ms a line, some 15 s in all): the answer is still
+                    # being generated, so in flight, for seconds after high was asked
+                    # for (once generated, the proxy hands it to the sockets' buffers).
                     await asyncio.sleep(0.005)
             status, text, _ = await high
         drains = drains_observed(ctl.scrape(), c.namespace, "low")
@@ -308,22 +327,6 @@ async def stream_raw(
         return lines, True
     finally:
         writer.close()
-
-
-# The drain-deadline test's answer must still be generating at the deadline. llama-server
-# caps each slot's context at the model's training context, whatever --ctx-size says, and
-# stops an answer that fills it (no context shift): the default tiny model's 2048 ended
-# every answer at 2016 tokens ("length"), some 1.5 s, before the deadline on a quiet
-# machine; a loaded one was slow enough to hide it.
-LONG_CONTEXT = 16384
-LONG_ANSWER = 8000  # tokens: some 15 s of generation on a quiet machine, a minute on a busy one
-
-
-@pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-long.gguf", seed=0, context_length=LONG_CONTEXT
-    )
 
 
 @async_test

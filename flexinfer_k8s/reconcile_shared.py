@@ -45,6 +45,7 @@ from flexinfer_core import (
     DEFAULT_POLICY,
     GroupDecision,
     LeaseSource,
+    MemberDecision,
     ModelState,
     Phase,
     Policy,
@@ -283,22 +284,24 @@ class SharedGroupReconciler:
         waiting: dict[str, datetime] = {}
         held_until: datetime | None = None
         changes = decision.changes(observed)
+
+        def status_body(member: MemberDecision) -> JSON:
+            return model_status(
+                by_name[member.name],
+                member,
+                group=plan.group,
+                now=now,
+                packed=decision.packed_status(member.name),
+                handed_over_at=taking.get(member.name),
+                node=nodes.get(member.name),
+            )
+
         statused = {change.name for change in changes if change.status}
         for member in decision.members:
             node = nodes.get(member.name)
             recorded = get_path(by_name[member.name], "status", "nodeName")
             if node is not None and node != recorded and member.name not in statused:
-                obj = by_name[member.name]
-                status = model_status(
-                    obj,
-                    member,
-                    group=plan.group,
-                    now=now,
-                    packed=decision.packed_status(member.name),
-                    handed_over_at=taking.get(member.name),
-                    node=node,
-                )
-                statuses.append(StatusWrite(MODELS, obj, status))
+                statuses.append(StatusWrite(MODELS, by_name[member.name], status_body(member)))
         for change in changes:
             obj = by_name[change.name]
             member = decision.member(change.name)
@@ -314,15 +317,7 @@ class SharedGroupReconciler:
                     StatusWrite(
                         MODELS,
                         obj,
-                        model_status(
-                            obj,
-                            member,
-                            group=plan.group,
-                            now=now,
-                            packed=decision.packed_status(change.name),
-                            handed_over_at=taking.get(change.name),
-                            node=nodes.get(change.name),
-                        ),
+                        status_body(member),
                         events=tuple((obj, event) for event in change.events),
                     )
                 )

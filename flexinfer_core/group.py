@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -577,7 +578,7 @@ def handed_over(models: Iterable[ModelState]) -> tuple[str, datetime] | None:
     members = list(models)
     if any(m.shared_state is _ACTIVE for m in members):
         return None
-    latest: tuple[datetime, str] | None = None
+    evictions = []
     for m in members:
         if m.recorded_phase is _PREEMPTED:
             at = m.preempted_at
@@ -585,9 +586,20 @@ def handed_over(models: Iterable[ModelState]) -> tuple[str, datetime] | None:
             at = m.draining_since
         else:
             continue
-        if at is not None and (latest is None or (at, m.preempted_by or "") > latest):
-            latest = (at, m.preempted_by or "")
-    if latest is None or latest[1] not in {m.name for m in members}:
+        if at is not None:
+            evictions.append((at, m.preempted_by or ""))
+    return latest_eviction(evictions, {m.name for m in members})
+
+
+def latest_eviction(
+    evictions: Iterable[tuple[datetime, str]], members: AbstractSet[str]
+) -> tuple[str, datetime] | None:
+    """Of (when evicted, `preemptedBy`) pairs: the member the latest eviction names, and
+    when (a tie goes to the greater name, so every reader agrees); None when there is
+    none or it names no member (a lease's label, a deleted member). The one rule of
+    `handed_over` and of the readers of stored statuses (`flexinfer_kube.recorded_status`)."""
+    latest = max(evictions, default=None)
+    if latest is None or latest[1] not in members:
         return None
     return latest[1], latest[0]
 

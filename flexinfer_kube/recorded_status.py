@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from flexinfer_core.group import latest_eviction
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_kube.objects import JSON, get_path, gpu_group_member_names, object_key
 
@@ -116,10 +117,8 @@ def card_holders(models: Iterable[Mapping[str, Any]]) -> frozenset[str]:
         for m in members
         if (stamp := _eviction_stamp(m)) is not None
     ]
-    if not evictions:
-        return frozenset()
-    named = max(evictions)[1]
-    return frozenset({named}) if named in names else frozenset()
+    named = latest_eviction(evictions, names)
+    return frozenset() if named is None else frozenset({named[0]})
 
 
 def _queue_order(member: JSON) -> tuple[int, str]:

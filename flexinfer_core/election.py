@@ -616,7 +616,9 @@ def cooling(ballot: Ballot) -> list[ModelState]:
 
     A member that is Ready again has its stamp cleared by this very decision
     (docs/election.md 1.3); counting it would hold the card now and release it on the
-    next reconcile with no news.
+    next reconcile with no news. Nor does an `Active` member observed draining: kept,
+    it goes on serving (its phase Ready again) and its stamp goes with it; evicted, it
+    is stamped anew.
     """
     if not ballot.stamped:
         return []
@@ -624,7 +626,10 @@ def cooling(ballot: Ballot) -> list[ModelState]:
     return [
         m
         for m in ballot.stamped
-        if m.phase is not _READY and m.preempted_at is not None and now - m.preempted_at < cooldown
+        if m.phase is not _READY
+        and not (m.phase is _DRAINING and m.shared_state is _ACTIVE)
+        and m.preempted_at is not None
+        and now - m.preempted_at < cooldown
     ]
 
 

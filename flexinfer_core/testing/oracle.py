@@ -57,14 +57,18 @@ def cooldown_holds(
     """Some member's preemptedAt is younger than the group cooldown (rule 4's first half).
 
     A member that is Ready again does not count: the decision clears its stamp, and
-    counting it would hold the card for exactly one reconcile.
+    counting it would hold the card for exactly one reconcile. Nor does an Active
+    member observed Draining (kept, it is Ready again; evicted, stamped anew).
     """
     members = list(models)
     if not members:
         return False
     window = cooldown(members, default=default)
     return any(
-        m.phase is not Phase.READY and m.preempted_at is not None and now - m.preempted_at < window
+        m.phase is not Phase.READY
+        and not (m.phase is Phase.DRAINING and m.shared_state is SharedState.ACTIVE)
+        and m.preempted_at is not None
+        and now - m.preempted_at < window
         for m in members
     )
 

@@ -212,3 +212,22 @@ def test_explain_says_the_drain_and_its_deadline() -> None:
     assert "chat's 1m drain timeout ends" in first.when
     # Nobody drains: nothing to say.
     assert explain_group(_preempting(in_flight=0), now=T0, running={"chat"}).drain is None
+
+
+def test_a_draining_holders_own_stamp_does_not_hold_the_card() -> None:
+    # Found by the drain property suite: an Active holder whose observed phase is
+    # Draining and which carries a recent preemptedAt of its own. Kept, it would serve
+    # on (Ready) and lose its stamp, so the next decision with no news preempted it: a
+    # swap one reconcile late. Its own stamp is no cooldown; the demanded member takes
+    # the card at once, and the decision is a fixed point.
+    models = [
+        member("alpha", last_active=T0),
+        member("beta", phase=Phase.DRAINING, shared_state=ACTIVE, preempted_at=T0),
+    ]
+    first = decide_group(models, now=T0)
+    assert first.leader == "alpha"
+    assert first.election.reason != reasons.SWAP_COOLDOWN
+    applied = apply_decision(models, first)
+    again = decide_group(applied, now=T0)
+    assert again.leader == "alpha"
+    assert again.changes(applied) == ()

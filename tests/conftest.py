@@ -24,6 +24,7 @@ from flexinfer_devcluster.assets import (
 )
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_devcluster.tinymodel import write_tiny_model
+from flexinfer_kube.kubeapi import KubeApi, new_api_client
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +62,12 @@ def ollama() -> Path:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight llama GGUF (seed 0), written once per session."""
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny.gguf", seed=0)
+
+
+@pytest.fixture
+def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
+    """A client of the local cluster as a test's own (User-Agent `flexinfer-test`); a
+    module may define its own `api`, which wins."""
+    api_client = new_api_client(str(local_cluster.kubeconfig), user_agent="flexinfer-test")
+    yield KubeApi(api_client)
+    api_client.close()

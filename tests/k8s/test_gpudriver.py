@@ -23,20 +23,13 @@ from flexinfer_devcluster.policy import dev_policy
 from flexinfer_k8s.render.gpu_claim import shared_card_of_models
 from flexinfer_k8s.render.workload import workload_from_model
 from flexinfer_k8s.render.workloads import RenderSettings, render_workload
-from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound, new_api_client
+from flexinfer_kube.kubeapi import JSON, KubeApi, NotFound
 from flexinfer_kube.objects import get_path
 from flexinfer_kube.resources import DEPLOYMENTS, NODES, PODS, RESOURCE_CLAIMS
 from tests.k8s.kubectl import create_namespace, delete_namespace, kubectl_for
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture
-def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
-    api_client = new_api_client(str(local_cluster.kubeconfig), user_agent="flexinfer-test")
-    yield KubeApi(api_client)
-    api_client.close()
 
 
 @pytest.fixture

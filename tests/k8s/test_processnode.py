@@ -40,7 +40,7 @@ from flexinfer_devcluster.processnode import (
     ProcessNode,
 )
 from flexinfer_kube.informers import Informer, Store
-from flexinfer_kube.kubeapi import JSON, KubeApi, new_api_client
+from flexinfer_kube.kubeapi import JSON, KubeApi
 from flexinfer_kube.objects import get_path
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
@@ -195,13 +195,6 @@ def process_node(local_cluster: LocalCluster, llama_server: Path) -> Iterator[Pr
     node = local_cluster.add_process_node()
     yield node
     local_cluster.remove_process_node()
-
-
-@pytest.fixture
-def api(local_cluster: LocalCluster) -> Iterator[KubeApi]:
-    api_client = new_api_client(str(local_cluster.kubeconfig), user_agent="flexinfer-test")
-    yield KubeApi(api_client)
-    api_client.close()
 
 
 @pytest.fixture

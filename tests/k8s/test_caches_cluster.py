@@ -350,6 +350,26 @@ def test_seed_000s_finetune_cache_applies_and_names_what_to_add(
 # --- a finetune the scheduler cannot place -------------------------------------------------
 
 
+def base_cache_beside_a_server(c: Cluster) -> None:
+    """The ModelCache `ft` a finetune will train from, and the Model `server` of group
+    `g` its GPU lease will park."""
+    c.api.create(MODEL_CACHES, c.namespace, {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
+        "metadata": {"name": "ft"},
+        # ReadWriteOnce: what the local-path class can bind (as on k3s and kind).
+        "spec": {"source": "HF://test/base", "storageSize": "1Gi",
+                 "accessModes": ["ReadWriteOnce"]},
+    })
+    c.add_model("server", group="g")
+
+
+def serve_and_download(c: Cluster) -> None:
+    """Under a running controller: `server` serves and `ft` is downloaded."""
+    c.demand("server")
+    c.wait_serving("server", timeout=90)
+    wait_until(lambda: cache_status(c, "ft").get("ready"), what="ft downloaded", timeout=90)
+
+
 @pytest.mark.parametrize("blocker", ["no-such-node", "untolerated-taint"])
 def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
     local_cluster: Any, cluster: Cluster, blocker: str
@@ -362,20 +382,10 @@ def test_an_unschedulable_finetune_releases_its_lease_within_the_bound(
         c.api.patch(NODES, "", node, {"spec": {"taints": [
             {"key": "flexinfer.test/untolerated", "value": "yes", "effect": "NoSchedule"}]}})
     try:
-        c.api.create(MODEL_CACHES, c.namespace, {
-            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
-            "metadata": {"name": "ft"},
-            # ReadWriteOnce: what the local-path class can bind (as on k3s and kind).
-            "spec": {"source": "HF://test/base", "storageSize": "1Gi",
-                     "accessModes": ["ReadWriteOnce"]},
-        })
-        c.add_model("server", group="g")
+        base_cache_beside_a_server(c)
         with controller(local_cluster, c.namespace,
                         cache_timeouts=CacheTimeouts(finetune_unschedulable=bound)):
-            c.demand("server")
-            c.wait_serving("server", timeout=90)
-            wait_until(lambda: cache_status(c, "ft").get("ready"), what="ft downloaded",
-                       timeout=90)
+            serve_and_download(c)
             selector = node if blocker == "untolerated-taint" else "no-such-node"
             c.api.patch(MODEL_CACHES, c.namespace, "ft", {"spec": {
                 "nodeSelector": {"kubernetes.io/hostname": selector},
@@ -587,19 +597,10 @@ def test_a_finetune_whose_pod_the_api_server_refuses_releases_its_lease_within_t
     # no training pod can even be created.
     c = cluster
     bound = timedelta(seconds=3)
-    c.api.create(MODEL_CACHES, c.namespace, {
-        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache",
-        "metadata": {"name": "ft"},
-        "spec": {"source": "HF://test/base", "storageSize": "1Gi",
-                 "accessModes": ["ReadWriteOnce"]},
-    })
-    c.add_model("server", group="g")
+    base_cache_beside_a_server(c)
     with controller(local_cluster, c.namespace,
                     cache_timeouts=CacheTimeouts(finetune_unschedulable=bound)):
-        c.demand("server")
-        c.wait_serving("server", timeout=90)
-        wait_until(lambda: cache_status(c, "ft").get("ready"), what="ft downloaded",
-                   timeout=90)
+        serve_and_download(c)
         no_pods_quota(c)
         c.api.patch(MODEL_CACHES, c.namespace, "ft", {"spec": {
             "finetune": {"image": "trainer.local/qlora:1", "gpuLease": {"group": "g"}},

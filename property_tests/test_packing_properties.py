@@ -231,18 +231,24 @@ def test_a_member_that_fits_alone_is_served_in_the_simulator(data: st.DataObject
     assert served, f"{waiter}, asked every 30 s for 15 minutes, was never served"
 
 
-@given(group_scenarios(min_size=1), st.data())
-def test_a_packed_decision_is_a_fixed_point(sc: GroupScenario, data: st.DataObject) -> None:
-    # Applying a budgeted group's decision and deciding again at the same instant
-    # writes nothing: a packing does not rewrite every status at every reconcile.
+def with_a_budget(sc: GroupScenario, data: st.DataObject) -> GroupScenario:
+    """`sc` with one drawn budget (8 to 48 GiB) for every member and a drawn footprint
+    (1 to 24 GiB, or unknown) for each."""
     budget = data.draw(st.integers(8, 48)) * GIB
     sizes = st.one_of(st.none(), st.integers(1, 24).map(lambda n: n * GIB))
-    sc = attrs.evolve(
+    return attrs.evolve(
         sc,
         models=tuple(
             attrs.evolve(m, vram_budget=budget, vram_estimate=data.draw(sizes)) for m in sc.models
         ),
     )
+
+
+@given(group_scenarios(min_size=1), st.data())
+def test_a_packed_decision_is_a_fixed_point(sc: GroupScenario, data: st.DataObject) -> None:
+    # Applying a budgeted group's decision and deciding again at the same instant
+    # writes nothing: a packing does not rewrite every status at every reconcile.
+    sc = with_a_budget(sc, data)
     decision = sc.decide()
     check_fixed_point(sc, decision)
 
@@ -254,14 +260,7 @@ def test_without_a_shared_card_a_budget_decides_as_today(
     # A controller without a DRA driver for its GPUs (no --gpu-device-class): whatever
     # the budget and footprints, every member's decision is today's, and the words that
     # say so are written once (deciding again after applying writes nothing).
-    budget = data.draw(st.integers(8, 48)) * GIB
-    sizes = st.one_of(st.none(), st.integers(1, 24).map(lambda n: n * GIB))
-    budgeted = attrs.evolve(
-        sc,
-        models=tuple(
-            attrs.evolve(m, vram_budget=budget, vram_estimate=data.draw(sizes)) for m in sc.models
-        ),
-    )
+    budgeted = with_a_budget(sc, data)
 
     def decide(models: tuple[ModelState, ...]) -> GroupDecision:
         return decide_group(

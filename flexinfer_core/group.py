@@ -444,6 +444,12 @@ def decide_group(
                 members = _member_decisions(
                     models, election, now=now, running=running, default=default, packing=packing
                 )
+                # Naming it leader can itself change what the written decision makes
+                # of the rules (a member it replaces is preempted now, which starts the
+                # cooldown): settle once more, so its condition gives the reason it
+                # holds the card once this decision is applied.
+                resettled = ballot.settled(members)
+                again = elect(resettled) if resettled is not None else election
             if again.leader_name == election.leader_name:
                 members = tuple(
                     _held_because(member, again) if member.name == election.leader_name else member

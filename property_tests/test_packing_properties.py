@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import attrs
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -245,12 +244,6 @@ def with_a_budget(sc: GroupScenario, data: st.DataObject) -> GroupScenario:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known, issue 19: a CI-profile run on 2026-12-06 found a budgeted group whose "
-    "applied decision is rewritten once more (member beta's status, progress only): "
-    "@reproduce_failure('6.170.27', b'AXicc2RgdAQhBkcQZHRkdmSAQ0YgBNJA4MgB5gAhAISNBWo=')",
-)
 @given(group_scenarios(min_size=1), st.data())
 def test_a_packed_decision_is_a_fixed_point(sc: GroupScenario, data: st.DataObject) -> None:
     # Applying a budgeted group's decision and deciding again at the same instant

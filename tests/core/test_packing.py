@@ -348,3 +348,24 @@ def test_a_model_alone_is_told_nothing_of_packing() -> None:
     alone = budgeted("solo", 4, group="", last_active=ago(1))
     assert decide_group((alone,), now=T0).packed == ()
     assert decide_group((alone,), now=T0, shared_card=False).packed == ()
+
+
+def test_a_loading_newcomer_named_leader_is_told_the_reason_that_holds_once_written() -> None:
+    # Found by the packing fixed-point property: an idle Ready member (no status yet)
+    # and a demanded loading one that fits beside it. Written, the loading one leads
+    # (rule 5), the idle one is preempted, and that preemption starts the cooldown: the
+    # leader's condition must already give the cooldown, or the next reconcile, with no
+    # news, rewrites it.
+    from flexinfer_core import apply_decision
+    from flexinfer_core.group import decide_group
+
+    models = (
+        budgeted("alpha", 1, priority=50, phase="Ready", vram_budget=8 * GIB),
+        budgeted("beta", 1, priority=0, phase="Pending", last_active=T0, vram_budget=8 * GIB),
+    )
+    # No pod is live yet (the controller has just scaled them).
+    decision = decide_group(models, now=T0, running=frozenset())
+    assert decision.leader == "beta"
+    assert decision.member("beta").reason == reasons.SWAP_COOLDOWN
+    written = apply_decision(models, decision)
+    assert decide_group(written, now=T0, running=frozenset()).changes(written) == ()

@@ -257,8 +257,18 @@ def _no_room(m: ModelState, need: int | None, free: int, size: int) -> str:
 
 
 def _outranked_by(ballot: Ballot, m: ModelState, admitted: list[ModelState]) -> str:
-    names = ", ".join(s.name for s in admitted)
-    return f"{m.name} may not evict {names} (docs/election.md 1.2 rule 7)"
+    """Why a newcomer that does not fit evicts nobody: the seated members it may not
+    evict (1.2 rule 7), the leader (never evicted), or too little room even so."""
+    leader, seated = admitted[0], admitted[1:]
+    kept = [s.name for s in seated if not _may_preempt(ballot, m, s)]
+    if kept:
+        return (
+            f"{m.name} may not evict {', '.join(kept)} (docs/election.md 1.2 rule 7) "
+            f"nor the leader {leader.name}"
+        )
+    if seated:
+        return f"evicting every other holder would not make room beside the leader {leader.name}"
+    return f"the leader {leader.name} is never evicted"
 
 
 def _why_not_wanted(ballot: Ballot, m: ModelState) -> str:

@@ -93,7 +93,27 @@ def test_a_busy_holder_of_equal_priority_is_not_evicted() -> None:
     )
     assert result.holders == ("lead", "coder")
     assert result.seat("chat").message == (
-        "chat needs 12 GiB, 4 free; chat may not evict lead, coder (docs/election.md 1.2 rule 7)"
+        "chat needs 12 GiB, 4 free; chat may not evict coder (docs/election.md 1.2 rule 7) "
+        "nor the leader lead"
+    )
+
+
+def test_a_newcomer_too_big_beside_the_leader_says_so() -> None:
+    # coder may be evicted (idle, equal priority), but even so 20 GiB do not fit
+    # beside lead's 8: nobody is evicted, and the words say why.
+    result = packing(
+        holding("lead", 8, priority=300),
+        holding("coder", 12, last_active=ago(minutes=3)),
+        budgeted("chat", 20, last_active=ago(5)),
+    )
+    assert result.holders == ("lead", "coder")
+    assert result.seat("chat").message == (
+        "chat needs 20 GiB, 4 free; evicting every other holder would not make room "
+        "beside the leader lead"
+    )
+    alone = packing(holding("lead", 8, priority=300), budgeted("chat", 20, last_active=ago(5)))
+    assert alone.seat("chat").message == (
+        "chat needs 20 GiB, 16 free; the leader lead is never evicted"
     )
 
 
@@ -114,8 +134,8 @@ def test_ties_go_to_the_smaller_name_whatever_the_input_order() -> None:
         result = packing(*models)
         assert result.holders == ("lead", "alpha")
         assert result.seat("beta").message == (
-            "beta needs 12 GiB, 0 free; beta may not evict lead, alpha "
-            "(docs/election.md 1.2 rule 7)"
+            "beta needs 12 GiB, 0 free; beta may not evict alpha "
+            "(docs/election.md 1.2 rule 7) nor the leader lead"
         )
 
 

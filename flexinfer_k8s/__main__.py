@@ -145,9 +145,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="",
         metavar="NAME",
         help="the DeviceClass of the cluster's Dynamic Resource Allocation driver for its AMD "
-        "GPUs (gpu.amd.com with AMD's driver), for the members of a group with a VRAM budget "
-        "to share one card through one ResourceClaim. Checked, but not acted on yet: this "
-        "release runs every budgeted group one member at a time (docs/election.md 1.7)",
+        "GPUs (gpu.amd.com with AMD's driver): the members of a shared group with a VRAM "
+        "budget then share one card through the group's ResourceClaim and are packed while "
+        "their footprints fit (docs/election.md 1.7); empty (the default): no such driver, "
+        "and a budgeted group runs one member at a time",
     )
     parser.add_argument(
         "--cache-image",
@@ -286,9 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level)
     if args.gpu_device_class:
-        log.warning(
-            "--gpu-device-class is not acted on yet: budgeted groups run one member at a "
-            "time (docs/election.md 1.7)",
+        log.info(
+            "budgeted shared groups share one card through a ResourceClaim",
             extra={"fields": {"gpu_device_class": args.gpu_device_class}},
         )
     identity = (

@@ -122,15 +122,21 @@ class Controller:
         wiring = Wiring(
             cache=self.cache, writer=self.writer, api=api, metrics=metrics, clock=self.clock
         )
-        # `shared_card`: the cluster has a DRA driver for its GPUs, so a group with a VRAM
-        # budget may pack; False (no driver), it runs one member at a time and says so.
-        self.shared = SharedGroupReconciler(
-            wiring, policy=policy, coalesce=status_coalesce, shared_card=shared_card
-        )
-        self.gpugroups = GpuGroupReconciler(wiring)
         settings = render_settings or RenderSettings()
         if finetune_image:
             settings = attrs.evolve(settings, finetune_image=finetune_image)
+        # The cluster has a DRA driver for its GPUs (`--gpu-device-class`, or `shared_card`
+        # for a test): a shared group with a VRAM budget may pack, its members' pods
+        # sharing the group's ResourceClaim; without, it runs one member at a time and
+        # says so (docs/election.md 1.7).
+        self.device_class = settings.gpu_device_class
+        self.shared = SharedGroupReconciler(
+            wiring,
+            policy=policy,
+            coalesce=status_coalesce,
+            shared_card=shared_card or bool(self.device_class),
+        )
+        self.gpugroups = GpuGroupReconciler(wiring)
         self.caches = CacheReconciler(
             wiring, settings=settings, finetune_image=finetune_image, timeouts=cache_timeouts
         )
@@ -234,10 +240,18 @@ class Controller:
     def _model_keys(self, model: JSON) -> set[WorkKey]:
         namespace, name = namespace_of(model), name_of(model)
         group = model_state_group(model)
-        return {
+        keys: set[WorkKey] = {
             ("shared", namespace, group) if group else ("model", namespace, name),
             ("model-workload", namespace, name),
         }
+        if group and self.device_class:
+            # Every member renders the group's card from the whole group (is a budget
+            # set; who owns the claim): one member's change may change theirs.
+            keys |= {
+                ("model-workload", namespace, name_of(member))
+                for member in self.cache.shared_group_models(namespace, group)
+            }
+        return keys
 
     def _model_deployment_keys(self, md: JSON) -> set[WorkKey]:
         """The keys whose decision reads a ModelDeployment, by its membership as this

@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -32,8 +32,8 @@ from flexinfer_core import Condition, InvalidFieldError, reasons
 from flexinfer_k8s.apply import FIELD_MANAGER, REPLICAS_MANAGER
 from flexinfer_k8s.host_volumes import HostVolumes
 from flexinfer_k8s.live_diff import holds
-from flexinfer_k8s.outcome import Outcome, Wiring
-from flexinfer_k8s.render import backend_cache
+from flexinfer_k8s.outcome import RECHECK_AFTER, Outcome, Wiring
+from flexinfer_k8s.render import backend_cache, gpu_claim
 from flexinfer_k8s.render.cache import CacheSpec
 from flexinfer_k8s.render.model_files import (
     implied_cache_manifest,
@@ -55,8 +55,9 @@ from flexinfer_k8s.render.workloads import (
     render_workload,
     selector_labels,
 )
+from flexinfer_k8s.shared_card import budgeted, claim_owner_problem, device_class_of, in_use
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
-from flexinfer_kube.kubeapi import Rejected
+from flexinfer_kube.kubeapi import NotFound, Rejected
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
 from flexinfer_kube.resources import (
     DEPLOYMENTS,
@@ -66,6 +67,7 @@ from flexinfer_kube.resources import (
     MODELS,
     NETWORK_POLICIES,
     PERSISTENT_VOLUME_CLAIMS,
+    RESOURCE_CLAIMS,
     SERVICES,
     Resource,
 )
@@ -78,6 +80,11 @@ the apply that removes the field is not skipped as 'already held'."""
 REPLICAS_WARNED_ANNOTATION = "ai.flexinfer/replicas-warned"
 """On a rendered Deployment: the time of the last foreign write of `spec.replicas` a
 Warning Event was sent for, so each `kubectl scale` is answered once."""
+CLAIM_RECHECK = timedelta(seconds=5)
+"""How often a group's claim that is going, or that keeps an old device class while a
+pod holds it, is looked at again (no informer watches claims)."""
+CLAIM_CLASH_RECHECK = timedelta(seconds=10)
+"""How often a claim of the group's name that is not flexinfer's is looked at again."""
 WORKLOAD_CONDITIONS = ("Rendered", "CacheReady", "VRAMFits", "BackendCache")
 
 
@@ -179,6 +186,7 @@ class WorkloadReconciler:
     def __init__(self, wiring: Wiring, *, settings: RenderSettings | None = None) -> None:
         self.cache = wiring.cache
         self.writer = wiring.writer
+        self.api = wiring.api
         self.clock = wiring.clock
         self.settings = settings or RenderSettings()
         self.host_volumes = HostVolumes(wiring, settings=self.settings)
@@ -228,7 +236,12 @@ class WorkloadReconciler:
             if cache_condition is not None:
                 conditions.append(cache_condition)
             if problem is None:
-                rendered = render_workload(workload, cache=cache, settings=self.settings)
+                rendered = render_workload(
+                    workload,
+                    cache=cache,
+                    settings=self.settings,
+                    shared_card=self._shared_card(workload),
+                )
         except InvalidFieldError as error:
             problem = Problem(reasons.INVALID_SPEC, str(error))
         if problem is None:
@@ -242,6 +255,19 @@ class WorkloadReconciler:
                     host_problem.reason,
                     f"{host_problem.message}: the model's host directory cannot be mounted",
                 )
+        recheck: datetime | None = None
+        if (
+            problem is None
+            and rendered is not None
+            and rendered.gpu_claim is not None
+            and workload is not None
+        ):
+            # The group's card before any pod asks for it; a claim that is not ours
+            # stops everything (the pods would use someone else's device).
+            card_wrote, problem, wait = self._gpu_claim(workload, rendered.gpu_claim)
+            wrote = card_wrote or wrote
+            if wait is not None:
+                recheck = now + wait
         if problem is None and rendered is not None and workload is not None:
             claim_wrote, claim_condition = self._backend_cache(workload, rendered)
             wrote = claim_wrote or wrote
@@ -275,7 +301,88 @@ class WorkloadReconciler:
         elif problem is not None:
             conditions.append(Condition("Rendered", False, problem.reason, problem.message))
         wrote = self._write_status(resource, obj, rendered, conditions, now=now) or wrote
-        return Outcome(None, wrote, problem.reason if problem else reasons.RENDERED)
+        return Outcome(recheck, wrote, problem.reason if problem else reasons.RENDERED)
+
+    def _shared_card(self, workload: Workload) -> gpu_claim.SharedCard | None:
+        """The group's card, for a Model of a budgeted shared group when the controller
+        has a DRA device class (`--gpu-device-class`); None renders exactly as without."""
+        if workload.kind is not Kind.MODEL or not workload.group:
+            return None
+        if not self.settings.gpu_device_class:
+            return None
+        members = self.cache.shared_group_models(workload.namespace, workload.group)
+        if not budgeted(members):
+            return None
+        return gpu_claim.shared_card_of_models(members)
+
+    def _gpu_claim(
+        self, workload: Workload, wanted: JSON
+    ) -> tuple[bool, Problem | None, timedelta | None]:
+        """The group's ResourceClaim: created when missing; its owners and labels kept
+        up with the group. Never one flexinfer did not create (a Problem naming it). A
+        claim's spec cannot change: one of another device class is deleted and made
+        again, but only once no pod holds it. Returns (wrote, problem, when to look again:
+        no informer watches claims, so what it waits for is polled)."""
+        namespace, name = workload.namespace, str(wanted["metadata"]["name"])
+        live = self._live_claim(namespace, name)
+        if live is None:
+            created = self.writer.create(RESOURCE_CLAIMS, namespace, wanted)
+            if created is not None:
+                log.info(
+                    "created the group's claim",
+                    extra={"fields": {"namespace": namespace, "claim": name}},
+                )
+                return True, None, None
+            live = self._live_claim(namespace, name)  # someone was first: whose is it?
+            if live is None:
+                return False, None, RECHECK_AFTER
+        members = self.cache.shared_group_models(namespace, workload.group)
+        uids = {str(get_path(m, "metadata", "uid") or "") for m in members} - {""}
+        clash = claim_owner_problem(live, group=workload.group, member_uids=uids)
+        if clash:
+            return False, Problem(reasons.NAME_CLASH, clash), CLAIM_CLASH_RECHECK
+        if get_path(live, "metadata", "deletionTimestamp"):
+            return False, None, CLAIM_RECHECK  # made again once it is gone
+        wanted_class = self.settings.gpu_device_class
+        if device_class_of(live) != wanted_class:
+            if in_use(live):
+                log.debug(
+                    "the group's claim keeps its device class until no pod holds it",
+                    extra={
+                        "fields": {
+                            "namespace": namespace,
+                            "claim": name,
+                            "class": device_class_of(live),
+                            "wanted": wanted_class,
+                        }
+                    },
+                )
+                return False, None, CLAIM_RECHECK
+            self.writer.delete(RESOURCE_CLAIMS, namespace, name)
+            return True, None, RECHECK_AFTER
+        labels = wanted["metadata"]["labels"]
+        owners = wanted["metadata"]["ownerReferences"]
+        live_owners = get_path(live, "metadata", "ownerReferences") or []
+        if holds(labels, get_path(live, "metadata", "labels")) and sorted(
+            str(o.get("uid")) for o in live_owners
+        ) == sorted(str(o.get("uid")) for o in owners):
+            return False, None, None
+        # Metadata only (the spec is immutable); a merge patch replaces the owner list,
+        # so a member that left the group no longer keeps the claim.
+        self.writer.patch(
+            RESOURCE_CLAIMS,
+            namespace,
+            name,
+            {"metadata": {"labels": labels, "ownerReferences": owners}},
+        )
+        return True, None, None
+
+    def _live_claim(self, namespace: str, name: str) -> JSON | None:
+        """The claim as the API server has it now (no informer watches claims)."""
+        try:
+            return self.api.get(RESOURCE_CLAIMS, namespace, name)
+        except NotFound:
+            return None
 
     def _implied_cache(self, workload: Workload) -> tuple[JSON | None, bool]:
         """The ModelCache a Model's `spec.cache.strategy` implies, applied (or deleted

@@ -135,6 +135,7 @@ class Controller:
             policy=policy,
             coalesce=status_coalesce,
             shared_card=shared_card or bool(self.device_class),
+            device_class=self.device_class,
         )
         self.gpugroups = GpuGroupReconciler(wiring)
         self.caches = CacheReconciler(

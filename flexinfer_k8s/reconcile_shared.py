@@ -57,6 +57,7 @@ from flexinfer_core import (
     spec_problem,
 )
 from flexinfer_core.group import handed_over
+from flexinfer_core.packing import group_budget
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import (
@@ -76,6 +77,7 @@ from flexinfer_k8s.outcome import (
 )
 from flexinfer_k8s.pods import deployment_replicas
 from flexinfer_k8s.ready_times import ReadyTimes, condition_since
+from flexinfer_k8s.shared_card import cannot_share
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import Interlock, Scale, StatusWrite, WritePlan, apply_plan
 from flexinfer_kube.kubeapi import JSON
@@ -97,11 +99,14 @@ class SharedGroupReconciler:
         policy: Policy = DEFAULT_POLICY,
         coalesce: timedelta = DEFAULT_COALESCE,
         shared_card: bool = False,
+        device_class: str = "",
     ) -> None:
         self.wiring = wiring
         # Whether members' pods can share one card (docs/election.md 1.7): without, a
         # group with a VRAM budget runs one member at a time, as without one.
         self.shared_card = shared_card
+        # The DRA device class the card's claim names (`--gpu-device-class`).
+        self.device_class = device_class
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.metrics = wiring.metrics
@@ -186,6 +191,8 @@ class SharedGroupReconciler:
                     "spec readable again",
                     extra={"fields": {"namespace": namespace, "group": group, "model": state.name}},
                 )
+        if group and self.shared_card:
+            states = self._sharing(states, objs)
         decision = decide_group(
             states,
             now=now,
@@ -205,7 +212,7 @@ class SharedGroupReconciler:
             namespace=namespace,
             group=group,
             kind="shared",
-            interlock=Interlock(group=group, kind=MODELS.kind),
+            interlock=self._interlock(group, states),
         )
         plan, held_until = self._decided(
             plan,
@@ -255,6 +262,34 @@ class SharedGroupReconciler:
                 },
             )
         return Outcome(next_at, applied is not Applied.NOTHING, decision.reason)
+
+    def _sharing(self, states: list[ModelState], objs: Sequence[JSON]) -> list[ModelState]:
+        """`states`, with the footprint of a member whose pods cannot share the group's
+        claim (`shared_card.cannot_share`: not one AMD GPU) unknown: it takes the whole
+        card, as docs/election.md 1.7 says of an unknown footprint."""
+        by_name = {name_of(o): o for o in objs}
+        return [
+            attrs.evolve(state, vram_estimate=None)
+            if state.vram_estimate is not None
+            and cannot_share(by_name[state.name], self.device_class)
+            else state
+            for state in states
+        ]
+
+    def _interlock(self, group: str, states: Sequence[ModelState]) -> Interlock:
+        """What a scale-up checks in the live pod list (write_plan.Interlock): with a
+        shared card and an agreed budget, the footprints of every member with live pods
+        plus its own must fit; otherwise no other member may have pods."""
+        if not group or not self.shared_card:
+            return Interlock(group=group, kind=MODELS.kind)
+        return Interlock(
+            group=group,
+            kind=MODELS.kind,
+            budget=group_budget(states).size,
+            footprints=tuple(
+                sorted((s.name, s.vram_estimate) for s in states if s.vram_estimate is not None)
+            ),
+        )
 
     def _decided(
         self,

@@ -32,12 +32,14 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
 import attrs
 
 from flexinfer_core import Event, SpecProblem
+from flexinfer_core.packing import format_gib
 from flexinfer_k8s.apply import RetryNow
 from flexinfer_k8s.cache import live_occupants
 from flexinfer_k8s.outcome import Applied, Refusals, Wiring, record_events
@@ -84,11 +86,39 @@ class Interlock:
     """What a scale-up must see first in a live Pod list of the group (`group` "": a
     Model alone, nothing to check): no pod of a member other than the one scaled up,
     except the members in `accounted` (pods the decision saw and chose to start
-    beside: a GPUGroup with `Immediate` preemption, or past its drain timeout)."""
+    beside: a GPUGroup with `Immediate` preemption, or past its drain timeout).
+
+    With a `budget` (a shared group whose members' pods share one card, docs/election.md
+    1.7, "Break-before-make by memory"), other members' pods may be live beside it as
+    long as the footprints of every member with live pods (terminating ones included)
+    plus its own fit the budget; a member missing from `footprints` (unknown, or its
+    pods cannot share the card, or no member any more) takes the whole card."""
 
     group: str
     kind: str
     accounted: frozenset[str] = frozenset()
+    budget: int | None = None
+    footprints: tuple[tuple[str, int], ...] = ()
+
+    def waits_for(self, name: str, occupied: AbstractSet[str]) -> str:
+        """Why `name` may not scale up while the members `occupied` have live pods (a
+        sentence), or "" when it may."""
+        others = sorted(occupied - self.accounted - {name})
+        if not others:
+            return ""
+        sizes = dict(self.footprints)
+        own = sizes.get(name)
+        unknown = [other for other in others if other not in sizes]
+        if self.budget is None or own is None or unknown:
+            whose = ", ".join(unknown if own is not None and self.budget is not None else others)
+            return f"other members still have pods: {whose}"
+        held = sum(sizes[other] for other in others)
+        if held + own <= self.budget:
+            return ""
+        return (
+            f"waits for {format_gib(own)} GiB: {format_gib(held)} of "
+            f"{format_gib(self.budget)} GiB held by the pods of {', '.join(others)}"
+        )
 
 
 @attrs.frozen
@@ -201,8 +231,8 @@ def apply_plan(
         else set()
     )
     for scale in ups:
-        others = sorted(occupied - lock.accounted - {scale.name})
-        if others:
+        why = lock.waits_for(scale.name, occupied)
+        if why:
             log.info(
                 "scale-up deferred: other members still have pods",
                 extra={
@@ -211,7 +241,8 @@ def apply_plan(
                         "group": plan.group,
                         "kind": plan.kind,
                         "model": scale.name,
-                        "occupied": others,
+                        "occupied": sorted(occupied - lock.accounted - {scale.name}),
+                        "why": why,
                     }
                 },
             )
@@ -219,6 +250,8 @@ def apply_plan(
             break
         if wiring.writer.scale(plan.namespace, scale.name, scale.replicas_to):
             applied = Applied.WROTE
+        if lock.budget is not None:
+            occupied = occupied | {scale.name}  # its pods come: the next one counts them
 
     # 4. trailing statuses.
     for write in plan.trailing:

@@ -44,6 +44,7 @@ from flexinfer_kube.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
+    RESOURCE_CLAIMS,
     SERVICES,
 )
 from tests.polling import wait_until
@@ -518,6 +519,45 @@ def test_admission_narrows_the_controllers_writes_to_what_flexinfer_makes(
     api.patch(MODEL_CACHES, namespace, "rbac-cache",
               {"metadata": {"finalizers": ["ai.flexinfer/node-cleanup"]}})
     api.patch(MODEL_CACHES, namespace, "rbac-cache", {"metadata": {"finalizers": None}})
+
+
+def resource_claim(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A budgeted group's card as the renderer writes it (render.gpu_claim)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.amd.com", "allocationMode": "ExactCount",
+                "count": 1}}]}}}
+
+
+def test_the_controller_writes_only_the_resource_claims_flexinfer_labels(
+    kubectl: Kubectl, controller_api: KubeApi, namespace: str, controller_policy_active: None
+) -> None:
+    """A budgeted group's ResourceClaim (--gpu-device-class): RBAC grants get, create,
+    patch and delete (what reconcile_workload sends); the admission policy narrows the
+    writes to claims labelled managed-by flexinfer."""
+    writes, api = "flexinfer-controller-writes", controller_api
+    name = "flexinfer-gpu-shared-rbac"
+    api.create(RESOURCE_CLAIMS, namespace, resource_claim(name, MANAGED))
+    api.get(RESOURCE_CLAIMS, namespace, name)
+    api.patch(RESOURCE_CLAIMS, namespace, name,
+              {"metadata": {"labels": {"ai.flexinfer/group": "rbac"}}})
+    api.delete(RESOURCE_CLAIMS, namespace, name)
+    refused_by(lambda: api.create(RESOURCE_CLAIMS, namespace, resource_claim("unlabelled", {})),
+               writes, "managed-by=flexinfer")
+    # A tenant's claim: neither relabelled into flexinfer's, nor changed, nor deleted.
+    apply(kubectl, namespace, resource_claim("users-claim", {"team": "ml"}))
+    refused_by(lambda: api.patch(RESOURCE_CLAIMS, namespace, "users-claim",
+                                 {"metadata": {"labels": MANAGED}}), writes, "managed-by=flexinfer")
+    refused_by(lambda: api.patch(RESOURCE_CLAIMS, namespace, "users-claim",
+                                 {"metadata": {"ownerReferences": []}}),
+               writes, "managed-by=flexinfer")
+    refused_by(lambda: api.delete(RESOURCE_CLAIMS, namespace, "users-claim"),
+               writes, "managed-by=flexinfer")
+    # It reads a group's claim by name only: no list, no watch.
+    with pytest.raises(Rejected) as refused:
+        api.list(RESOURCE_CLAIMS, namespace)
+    assert refused.value.status == 403
 
 
 @pytest.mark.parametrize(("pod", "message"), [

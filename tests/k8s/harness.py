@@ -562,6 +562,38 @@ class PodTimeline:
             return [app for app, _ in self.created]
 
 
+class MemoryTimeline(PodTimeline):
+    """A `PodTimeline` for a packed group (docs/election.md 1.7, "Break-before-make by
+    memory"): at every pod created it sums the footprints of the members with live pods
+    (terminating ones included; a member missing from `footprints` takes the whole
+    card) and records a violation when the sum exceeds `budget`. The sum only grows
+    when a pod is created, so checking there checks every moment of the watch."""
+
+    def __init__(self, cluster: Cluster, *, footprints: dict[str, int], budget: int) -> None:
+        self.footprints = dict(footprints)
+        self.budget = budget
+        self.peak = 0
+        super().__init__(cluster)
+
+    def _add(self, pod: JSON) -> None:
+        app = self._app(pod)
+        if app is None or pod_is_finished(pod):
+            return
+        name = pod["metadata"]["name"]
+        if name not in self.live:
+            self.live[name] = app
+            members = sorted(set(self.live.values()))
+            held = sum(self.footprints.get(member, self.budget + 1) for member in members)
+            self.peak = max(self.peak, held)
+            if held > self.budget:
+                self.violations.append(
+                    f"pod {name} of {app} created while {members} had pods: "
+                    f"{held} of {self.budget} in use"
+                )
+            self.created.append((app, name))
+        self.live[name] = app
+
+
 def metric_value(text: str, name: str, **labels: str) -> float | None:
     """One sample from Prometheus text exposition."""
     for line in text.splitlines():

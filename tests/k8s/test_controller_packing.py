@@ -225,3 +225,34 @@ def device_class(claim: JSON | None) -> str | None:
     if claim is None:
         return None
     return str(claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"])
+
+
+def test_a_member_whose_pods_cannot_share_the_claim_takes_the_whole_card(
+    local_cluster: object, cluster: Cluster
+) -> None:
+    """Two GPUs cannot be one claim's one device: such a member counts as of unknown
+    footprint (docs/election.md 1.7), so it is packed with nobody, whatever it declares."""
+    c = cluster
+    timeline = PodTimeline(c)
+    c.add_model("chat", priority=200, vram=("24Gi", "8Gi"))
+    c.add_model("vision", priority=100, vram=("24Gi", "8Gi"))
+    c.api.patch(MODELS, c.namespace, "vision", {"spec": {"gpu": {"count": 2}}})
+    c.demand("chat")
+    c.demand("vision")
+    with controller(local_cluster, c.namespace, settings=SHARED_CARD):  # type: ignore[arg-type]
+        c.wait_serving("chat")
+        wait_until(lambda: packed(c, "vision").get("reason") == "WaitingForVram",
+                   what="vision told it waits for the whole card")
+        assert "footprint is unknown" in packed(c, "vision")["message"]
+        deadline = time.monotonic() + 3
+        hold_while(
+            lambda: time.monotonic() < deadline,
+            lambda: c.replicas("vision") == 0,
+            what="vision must not start beside chat",
+            interval=0.25,
+        )
+        # Its pods would not reference the claim anyway: they ask for two GPUs.
+        template = c.api.get(DEPLOYMENTS, c.namespace, "vision")["spec"]["template"]["spec"]
+        assert "resourceClaims" not in template
+    timeline.stop()
+    assert timeline.violations == []

@@ -313,6 +313,24 @@ def progress_only(
     )
 
 
+def shown_on_its_way(model: ModelState) -> bool:
+    """Whether the member's status as written already says it holds the card and is on
+    its way to serving: `Active`, and `Pending` or `Loading`, or still `Idle` or
+    `Preempted` with a Ready condition saying why it waits (`WaitingForGPU`,
+    `CacheNotReady`). A reader then knows who holds the card and that it does not serve
+    yet, so a later step of that way (its pod made, loading) is detail an adapter may
+    hold back longer than the first step (docs/controller.md). An `Idle` holder that
+    says no more (a Model alone, scaled from zero) is not: its first step is news."""
+    if model.shared_state is not SharedState.ACTIVE:
+        return False
+    if model.recorded_phase in (Phase.PENDING, Phase.LOADING):
+        return True
+    return model.recorded_phase in (Phase.IDLE, Phase.PREEMPTED) and any(
+        c.type == CONDITION_READY and not c.status and c.reason in _HOLDER_WAITS
+        for c in model.conditions
+    )
+
+
 def takes_over(model: ModelState, target: MemberDecision) -> bool:
     """Whether `target` hands the card to a member whose status does not say it holds
     it, with no Event of its own: the handover's one Event is on the member it evicts

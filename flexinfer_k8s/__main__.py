@@ -111,8 +111,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_COALESCE.total_seconds(),
         help="how long a shared-group holder's progress toward serving (taking the card "
         "from a member it evicts, its phase among Idle, Pending and Loading, and the reason "
-        f"with it) may wait to be written, so a quick swap writes Ready alone; 0 (every "
-        f"step) .. {MAX_STATUS_COALESCE:g}",
+        "with it) may wait to be written, so a quick swap writes Ready alone; once its "
+        "status says it holds the card, its later steps wait six times as long (at most "
+        f"60 s); 0 (every step) .. {MAX_STATUS_COALESCE:g}",
     )
     for policy_flag in policy_flags():
         parser.add_argument(

@@ -12,11 +12,14 @@ A holder's progress toward serving (`MemberChanges.progress`: taking the card fr
 member the same decision evicts, then its phase among Idle, Preempted, Pending and
 Loading, and the reason that goes with it) is written once it has waited `coalesce`
 (or at once with the next change that is news, e.g. Ready), so a swap whose pods
-start quickly writes its new holder once, Ready, rather than at every step; the
-key's timer is armed for when it is due. Until a held takeover is written, the
-evicted member's status names the holder, which the election reads as `Active`
-(`flexinfer_core.group.handed_over`), and the new holder's `Active` condition, when
-written, says it turned at the eviction: nothing of it lives only in memory.
+start quickly writes its new holder once, Ready, rather than at every step; once its
+status says it holds the card on its way (`flexinfer_core.group.shown_on_its_way`),
+its later steps wait `later_steps_wait(coalesce)` (six times as long), so a slow swap
+writes it twice, its takeover and Ready. The key's timer is armed for when it is due.
+Until a held takeover is written, the evicted member's status names the holder, which
+the election reads as `Active` (`flexinfer_core.group.handed_over`), and the new
+holder's `Active` condition, when written, says it turned at the eviction: nothing of
+it lives only in memory.
 
 Who occupies the card is read from the cluster at every reconcile: pods labelled with
 the group (a deleted member's included, until they are gone), and Deployments of
@@ -56,7 +59,7 @@ from flexinfer_core import (
     reports_spec_problem,
     spec_problem,
 )
-from flexinfer_core.group import handed_over
+from flexinfer_core.group import handed_over, shown_on_its_way
 from flexinfer_core.packing import group_budget
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
@@ -89,6 +92,18 @@ log = logging.getLogger("flexinfer.shared")
 
 # How long a holder's progress toward serving may wait to be written (docs/controller.md).
 DEFAULT_COALESCE = timedelta(seconds=5)
+# Once its status says it holds the card on its way to serving (`shown_on_its_way`), how
+# many times as long its later steps may wait, and never longer than a minute: a status
+# lagging its pods by more would mislead more than it saves.
+LATER_STEPS_STRETCH = 6
+MAX_LATER_STEPS_WAIT = timedelta(seconds=60)
+
+
+def later_steps_wait(coalesce: timedelta) -> timedelta:
+    """How long a holder's later step toward serving may wait to be written, once its
+    status says it holds the card (`coalesce` times `LATER_STEPS_STRETCH`, at most
+    `MAX_LATER_STEPS_WAIT`, never less than `coalesce`)."""
+    return max(coalesce, min(coalesce * LATER_STEPS_STRETCH, MAX_LATER_STEPS_WAIT))
 
 
 class SharedGroupReconciler:
@@ -112,6 +127,7 @@ class SharedGroupReconciler:
         self.metrics = wiring.metrics
         self.policy = policy
         self.coalesce = coalesce
+        self.later_wait = later_steps_wait(coalesce)
         # Per group: the lease metrics' labels and what was counted as an acquisition,
         # the members whose `member_active` series exist, and what failing open was
         # last logged for (metrics and logs only; no decision reads these).
@@ -123,7 +139,7 @@ class SharedGroupReconciler:
         # each member's status has differed only in progress (a takeover: since the
         # eviction, as stored). Only that key's reconcile reads or replaces its entry
         # (never one key twice at once); a restart forgets it, which delays such a
-        # write by at most `coalesce` again.
+        # write by at most its wait again.
         self._progress_since: dict[tuple[str, str, str], dict[str, datetime]] = {}
         self.refusals = Refusals(wiring, kind="shared")
         self.ready_times = ReadyTimes(wiring.metrics, since=wiring.clock.now())
@@ -319,6 +335,7 @@ class SharedGroupReconciler:
         waiting: dict[str, datetime] = {}
         held_until: datetime | None = None
         changes = decision.changes(observed)
+        stored = {state.name: state for state in observed}
 
         def status_body(member: MemberDecision) -> JSON:
             return model_status(
@@ -343,7 +360,12 @@ class SharedGroupReconciler:
             write = change.status
             if write and change.progress and self.coalesce > timedelta(0):
                 waiting[change.name] = taking.get(change.name) or since.get(change.name, now)
-                due = waiting[change.name] + self.coalesce
+                # Its first step (taking the card) within the window; once its status
+                # says it holds the card, its later steps may wait longer.
+                wait = (
+                    self.later_wait if shown_on_its_way(stored[change.name]) else self.coalesce
+                )
+                due = waiting[change.name] + wait
                 if now < due:
                     write = False
                     held_until = due if held_until is None else min(held_until, due)

@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from flexinfer_core import (
+    Condition,
     GpuLease,
     Phase,
     Serverless,
@@ -21,7 +22,7 @@ from flexinfer_core import (
     standalone_models,
 )
 from flexinfer_core.election import Threshold
-from flexinfer_core.group import describe_threshold, handed_over, thresholds
+from flexinfer_core.group import describe_threshold, handed_over, shown_on_its_way, thresholds
 
 from .builders import T0, ago, member
 
@@ -475,6 +476,25 @@ def test_a_holder_s_way_to_serving_is_progress_and_serving_is_news() -> None:
     assert step(READY, 1) == (True, False)
     first = decide_group(models, now=T0, running={"chat"})
     assert not any(c.progress for c in first.changes(models))
+
+
+def test_a_holder_is_shown_on_its_way_once_its_status_says_it_holds_the_card() -> None:
+    """What lets an adapter hold a holder's later steps longer than its first: its
+    status already says it holds the card and is not serving yet."""
+    models = swap_scenario()
+    waiting = apply_decision(models, decide_group(models, now=T0, running={"chat"}))
+    before = next(m for m in models if m.name == "coder")
+    coder = next(m for m in waiting if m.name == "coder")
+    assert not shown_on_its_way(before)  # Queued: its taking the card is the news
+    assert (coder.shared_state, coder.recorded_phase) == (ACTIVE, Phase.IDLE)
+    assert shown_on_its_way(coder)  # Idle, but WaitingForGPU says why
+    assert shown_on_its_way(attrs.evolve(coder, recorded_phase=Phase.LOADING))
+    assert not shown_on_its_way(attrs.evolve(coder, recorded_phase=READY))
+    # Active and Idle with nothing said of a wait (a Model alone, scaled from zero):
+    # its first step is news.
+    said = tuple(c for c in coder.conditions if c.type != "Ready")
+    idle = Condition("Ready", False, "Idle", "coder is idle")
+    assert not shown_on_its_way(attrs.evolve(coder, conditions=(*said, idle)))
 
 
 def as_written(models: list) -> list:  # type: ignore[type-arg]

@@ -263,6 +263,64 @@ def test_a_swap_in_a_group_of_two_costs_a_handful_of_writes(
     assert not [k for k in kinds if k.startswith("patch services")], dict(kinds)
 
 
+# A swap slower than the coalescing window: the old pods take twice the window to go,
+# and the new pod loads for longer still. The new holder's status is written twice:
+# once the handover has waited the window (it holds the card, `WaitingForGPU`), then
+# `Ready`; its later steps (its pod made, loading) may wait six windows once its status
+# says it holds the card, so here they ride with `Ready`. Before: each step longer than
+# the window was written too (three statuses of the new holder a swap).
+SLOW_WINDOW = timedelta(seconds=1.5)
+SLOW_SWAPS = 2
+
+
+def test_a_swap_slower_than_the_window_shows_the_takeover_and_then_ready(
+    local_cluster: LocalCluster, cluster: Cluster
+) -> None:
+    c = cluster
+    timeline = PodTimeline(c)
+    for name in ("x", "y"):
+        c.add_model(name, swap_cooldown="0s", idle_timeout="10m", ready_delay="3500ms",
+                    terminate_delay="3s")
+    c.demand("x")
+    seen: dict[str, list[tuple[str, str]]] = {"x": [], "y": []}
+    with controller(local_cluster, c.namespace, policy=SWAP_POLICY,
+                    status_coalesce=SLOW_WINDOW) as ctl:
+        c.wait_serving("x")
+        ctl.controller.wait_idle()
+        leader, other = "x", "y"
+        since = datetime.now(UTC)
+        for _ in range(SLOW_SWAPS):
+            time.sleep(SWAP_POLICY.demand_window.total_seconds() + 0.2)  # the leader idles
+            c.demand(other)
+
+            def ready(name: str = other) -> bool:  # what a reader sees on the way
+                status = c.status(name)
+                shown = (str((status.get("sharedGroup") or {}).get("state")),
+                         str(status.get("phase")))
+                if not seen[name] or seen[name][-1] != shown:
+                    seen[name].append(shown)
+                return shown == ("Active", "Ready")
+
+            wait_until(ready, what=f"{other} serving", timeout=60, interval=0.1)
+            wait_until(lambda old=leader: not c.pods(old), what=f"{leader}'s pods gone")
+            ctl.controller.wait_idle()
+            leader, other = other, leader
+        writes = controller_writes(local_cluster, c.namespace, since=since)
+    timeline.stop()
+    assert timeline.violations == []
+    done = [what for _, _, what, code in writes if code < 300]
+    statuses = Counter(what.split("/")[1] for what in done if what.startswith("patch models/"))
+    # Each Model was the old holder once (Preempted) and the new holder once.
+    assert statuses == {"x": 3, "y": 3}, (statuses, done)
+    assert len(done) <= 6 * SLOW_SWAPS, done
+    # The takeover was shown before Ready, as the truth of its moment: it holds the card.
+    for name in ("x", "y"):
+        states = seen[name]
+        assert ("Active", "Ready") in states, states
+        before = states[: states.index(("Active", "Ready"))]
+        assert any(state == "Active" for state, _ in before), states
+
+
 def test_health_and_metrics_endpoints(local_cluster: object, cluster: Cluster) -> None:
     with controller(local_cluster, cluster.namespace) as ctl:  # type: ignore[arg-type]
         assert ctl.scrape("/healthz") == "ok"

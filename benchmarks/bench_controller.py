@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -36,10 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flexinfer_core import Policy  # noqa: E402
+from flexinfer_core.timestamps import format_rfc3339  # noqa: E402
 from flexinfer_devcluster.localcluster import LocalCluster  # noqa: E402
 from flexinfer_kube.kubeapi import KubeApi, Transient  # noqa: E402
-from flexinfer_kube.resources import DEPLOYMENTS, PODS, Resource  # noqa: E402
-from tests.k8s.harness import Cluster, controller, controller_writes  # noqa: E402
+from flexinfer_kube.resources import (  # noqa: E402
+    DEPLOYMENTS,
+    GPU_GROUPS,
+    MODEL_DEPLOYMENTS,
+    PODS,
+    Resource,
+)
+from tests.k8s.harness import Cluster, controller, controller_writes, on_kwok  # noqa: E402
+from tests.polling import wait_until  # noqa: E402
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 POLICY = Policy(
@@ -225,10 +234,117 @@ def run(swaps: int) -> dict[str, Any]:
         local.stop()
 
 
+def gpu_group_writes(
+    local: LocalCluster, namespace: str, rounds: list[tuple[str, str, str]], *, end: str
+) -> Counter[str]:
+    """`writes_by_kind` for a GPUGroup's swaps: a ModelDeployment's status by whose it
+    is in its round (old or new holder)."""
+    counted: Counter[str] = Counter()
+    for when, _, what, code in controller_writes(
+        local, namespace, since=datetime.fromisoformat(rounds[0][0])
+    ):
+        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        if code >= 300 or stamp > datetime.fromisoformat(end):
+            continue
+        _, old, new = [r for r in rounds if datetime.fromisoformat(r[0]) <= stamp][-1]
+        verb, path = what.split(" ", 1)
+        resource, _, rest = path.partition("/")
+        name, _, subresource = rest.partition("/")
+        kind = f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+        if kind.endswith("modeldeployments/status"):
+            kind += {old: " (old holder)", new: " (new holder)"}.get(name, f" ({name})")
+        counted[kind] += 1
+    return counted
+
+
+def run_gpu_group(swaps: int, *, policy: str) -> dict[str, Any]:
+    """Two ModelDeployments in one GPUGroup (threshold 1, no hysteresis, minimum run or
+    cooldown); each round queues one request for the parked member and none for the
+    other, as the proxy's demand annotations would, and waits until it serves."""
+    local = LocalCluster(name="flexinfer-bench-controller", audit=True)
+    local.start()
+    try:
+        local.kubectl("apply", "--server-side", "-k", str(ROOT / "crds"))
+        local.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        namespace = "bench"
+        admin = KubeApi(local.new_api_client())
+        admin.create(NAMESPACES, "", {"metadata": {"name": namespace}})
+        c = Cluster(local, namespace)
+        for name in ("m1", "m2"):
+            c.api.create(MODEL_DEPLOYMENTS, namespace, {
+                "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+                "metadata": {"name": name},
+                "spec": {"backend": "vllm", "model": f"test/{name}", "idleTimeoutSeconds": 300,
+                         "gpuGroupRef": "gg",
+                         **on_kwok(ready_delay="200ms", terminate_delay="200ms")},
+            })
+        c.api.create(GPU_GROUPS, namespace, {
+            "apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
+            "metadata": {"name": "gg"},
+            "spec": {
+                "models": [{"name": "m1", "priority": 100}, {"name": "m2", "priority": 100}],
+                "scalingPolicy": {"preemptionPolicy": policy, "drainTimeoutSeconds": 60},
+                "antiThrashing": {"enabled": True, "requestQueueThreshold": 1,
+                                  "hysteresisWindowSeconds": 0, "minimumRunDurationSeconds": 0,
+                                  "cooldownAfterPreemptionSeconds": 0},
+            },
+        })
+
+        def ask(member: str, other: str) -> None:
+            stamp = format_rfc3339(datetime.now(UTC).replace(microsecond=0))
+            demand = {"queued": 1, "oldestWaiting": stamp, "reportedAt": stamp}
+            c.api.patch(GPU_GROUPS, namespace, "gg", {"metadata": {"annotations": {
+                f"demand.ai.flexinfer/{member}": json.dumps(demand),
+                f"demand.ai.flexinfer/{other}": None,
+            }}})
+
+        def serving(member: str) -> bool:
+            status = c.api.get(GPU_GROUPS, namespace, "gg").get("status") or {}
+            md = c.api.get(MODEL_DEPLOYMENTS, namespace, member).get("status") or {}
+            return (status.get("activeModel") == member and status.get("phase") == "Active"
+                    and md.get("phase") == "Running")
+
+        def gone(member: str) -> bool:
+            return not c.pods(member)
+
+        rounds: list[tuple[str, str, str]] = []
+        with controller(local, namespace, policy=POLICY) as ctl:
+            ask("m1", "m2")
+            wait_until(lambda: serving("m1"), what="m1 serving")
+            ctl.controller.wait_idle()
+            leader, other = "m1", "m2"
+            for _ in range(swaps):
+                rounds.append((datetime.now(UTC).isoformat(), leader, other))
+                ask(other, leader)
+                wait_until(functools.partial(serving, other), what=f"{other} serving")
+                wait_until(functools.partial(gone, leader), what=f"{leader}'s pods gone")
+                ctl.controller.wait_idle()
+                leader, other = other, leader
+            end = datetime.now(UTC).isoformat()
+        kinds = gpu_group_writes(local, namespace, rounds, end=end)
+        return {
+            "benchmark": "controller_gpugroup_swap_writes",
+            "swaps": swaps,
+            "preemption_policy": policy,
+            "api_writes_per_swap": {
+                "total": round(sum(kinds.values()) / swaps, 2),
+                "by_kind": {k: round(v / swaps, 2) for k, v in kinds.most_common()},
+            },
+        }
+    finally:
+        local.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--swaps", type=int, default=50)
+    parser.add_argument("--gpugroup", choices=("Graceful", "Immediate"), default=None,
+                        help="count a GPUGroup's writes a swap instead (its preemption "
+                        "policy); no timings")
     args = parser.parse_args()
+    if args.gpugroup:
+        print(json.dumps(run_gpu_group(args.swaps, policy=args.gpugroup), indent=2))
+        return
     print(json.dumps(run(args.swaps), indent=2))
 
 

@@ -231,7 +231,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
                 if what == "models/status":  # whose: a swap's two holders, or a bystander
                     what += f" ({roles.get(str(ref.get('name')), 'other member')})"
-                counted[f"{event['verb']} {what}"] += 1
+                code = int((event.get("responseStatus") or {}).get("code") or 0)
+                failed = f", failed {code}" if code >= 300 else ""  # a 409 retried, ...
+                counted[f"{event['verb']} {what}{failed}"] += 1
             writes = {k: round(v / len(swapping), 2) for k, v in counted.most_common()}
             writes["total"] = round(sum(counted.values()) / len(swapping), 2)
         return {

@@ -16,6 +16,10 @@ The controller runs in-process against a `LocalCluster`; pods load and terminate
 0.2 s (kwok). Prints one JSON object. Timings are never asserted anywhere.
 
     .venv/bin/python benchmarks/bench_controller.py --swaps 50
+
+`--gpugroup Graceful|Immediate` counts a GPUGroup's writes instead: two ModelDeployments
+in one group, each round queueing a request for the parked one (its demand annotation)
+and none for the other; the writes by kind, a ModelDeployment's status by whose it is.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import pytest
 
 from flexinfer_core import DEFAULT_POLICY, Policy
 from flexinfer_k8s.__main__ import parse_args
+from flexinfer_k8s.reconcile_shared import later_steps_wait
 
 
 def test_the_defaults_parse() -> None:
@@ -84,3 +85,17 @@ def test_the_gpu_device_class_is_empty_by_default_and_checked_when_set(
     assert "--gpu-device-class 'GPU.AMD.com': must be a DeviceClass name" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("window", "later"),
+    [(0, 0), (1.5, 9), (5, 30), (10, 60), (60, 60)],
+)
+def test_a_holder_s_later_steps_wait_six_windows_at_most_a_minute(
+    window: float, later: float
+) -> None:
+    """`--status-coalesce-seconds` bounds the first step; a holder already shown
+    `Active` waits six times as long for its later ones, never over 60 s nor under
+    the window (0 still writes every step)."""
+    wait = later_steps_wait(timedelta(seconds=window))
+    assert wait == timedelta(seconds=later)

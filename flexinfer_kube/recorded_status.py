@@ -7,11 +7,16 @@ position, message and conditions, exactly as the controller wrote them. Nothing 
 decided here: a phase this module has never heard of (a new member state) is shown as
 it is, so the page follows what the controller writes without a change here.
 
-The holder is the one member the status calls `Active` (a GPUGroup's
+The holders are the members the status calls `Active` (a GPUGroup's
 `status.activeModel`), or while no member is called so, the one the latest eviction
-names (`card_holders`). Statuses are written one after the other, so a reading may
-show two `Active` members: then `holder` is None and `active` names both (readers
-that follow holders over time skip such a reading).
+names (`card_holders`). A group with a VRAM budget (docs/election.md 1.7) may be held
+by several members at once: when every `Active` member's `Packed` condition is True
+and their footprints (`status.vram.footprint`) together fit the budget, the reading
+is a packed one: `packed` is True, `active` lists them all (the leader first) and
+`holder` is the leader, the one whose `Active` reason is not `CoResident`. Otherwise
+two `Active` members are a swap half written (statuses are written one after the
+other): `holder` is None and `active` names both (readers that follow holders over
+time skip such a reading).
 
 Pure functions over Kubernetes JSON: no I/O, no clock.
 """
@@ -22,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from flexinfer_core.group import latest_eviction
+from flexinfer_core import reasons
+from flexinfer_core.group import CONDITION_PACKED, latest_eviction
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_kube.objects import JSON, get_path, gpu_group_member_names, object_key
 
@@ -32,6 +38,9 @@ REASON_CONDITIONS = ("Active", "Ready")
 # Conditions shown per object; the controller writes two or three, a hostile status
 # could carry more (the CRD leaves the list open): a page must not grow with it.
 MAX_CONDITIONS = 8
+# What `status.vram` quantities are written as (the controller's exact binary units).
+_BINARY_UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                 "Ei": 2**60}  # fmt: skip
 
 
 def _text(value: Any) -> str:
@@ -84,6 +93,8 @@ def member_row(obj: Mapping[str, Any]) -> JSON:
         "reason": _reason(conditions),
         "message": _text(get_path(obj, "status", "message")),
         "conditions": conditions,
+        # docs/election.md 1.7: what this member takes on the card, as written.
+        "footprint": _text(get_path(obj, "status", "vram", "footprint")) or None,
     }
 
 
@@ -99,7 +110,8 @@ def _eviction_stamp(obj: Mapping[str, Any]) -> datetime | None:
 
 def card_holders(models: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     """The members of one shared group (or one Model alone) that hold its card, as
-    their statuses say: those whose `sharedGroup.state` is Active. While none says so
+    their statuses say: those whose `sharedGroup.state` is Active (several in a packed
+    group, docs/election.md 1.7: the proxy routes to each). While none says so
     (a new holder's status may follow its handover by the controller's
     --status-coalesce-seconds, docs/controller.md), the member the latest eviction
     names in `preemptedBy`: the evicted member's status is written at the handover."""
@@ -126,8 +138,66 @@ def _queue_order(member: JSON) -> tuple[int, str]:
     return (1 << 30 if position is None else position, member["name"])
 
 
+def _bytes(text: Any) -> int | None:
+    """A `status.vram` quantity as the controller writes it (`9728Mi`, `24Gi`, plain
+    bytes); None for anything else (then nothing is concluded from it)."""
+    if not isinstance(text, str):
+        return None
+    digits = text.rstrip("KMGTPEi")
+    unit = _BINARY_UNITS.get(text[len(digits) :])
+    if unit is None or not digits.isdigit():
+        return None
+    return int(digits) * unit
+
+
+def _packed(obj: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(c, Mapping) and c.get("type") == CONDITION_PACKED and c.get("status") == "True"
+        for c in get_path(obj, "status", "conditions") or []
+    )
+
+
+def packed_leader(models: Iterable[Mapping[str, Any]], holding: frozenset[str]) -> str | None:
+    """The leader of a packed reading of one group's statuses (docs/election.md 1.7), or
+    None when the reading is not one: several members hold the card, each says
+    `Packed` True, their footprints are known and together within the budget their
+    statuses give, and exactly one is not `CoResident` (that one leads). Anything
+    else with several `Active` members is a change written halfway."""
+    holders = [m for m in models if str(get_path(m, "metadata", "name")) in holding]
+    if len(holders) < 2 or not all(_packed(m) for m in holders):
+        return None
+    sizes = [_bytes(get_path(m, "status", "vram", "footprint")) for m in holders]
+    budgets = {_bytes(get_path(m, "status", "vram", "budget")) for m in holders}
+    if None in sizes or len(budgets) != 1 or (budget := budgets.pop()) is None:
+        return None
+    if sum(s for s in sizes if s is not None) > budget:
+        return None
+    leaders = [
+        str(get_path(m, "metadata", "name"))
+        for m in holders
+        if _reason(conditions_of(m)) != reasons.CO_RESIDENT
+    ]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def _vram(objs: list[Mapping[str, Any]], first: str | None) -> JSON | None:
+    """The group's budget and what its holders take of it, as `first`'s status (else
+    any member's) says; None when no member's status has `vram`."""
+    recorded = [
+        vram
+        for obj in sorted(objs, key=lambda o: str(get_path(o, "metadata", "name")) != first)
+        if isinstance(vram := get_path(obj, "status", "vram"), Mapping)
+    ]
+    if not recorded:
+        return None
+    return {
+        "budget": _text(recorded[0].get("budget")) or None,
+        "used": _text(recorded[0].get("used")) or None,
+    }
+
+
 def shared_group_rows(models: Iterable[Mapping[str, Any]]) -> list[JSON]:
-    """Per (namespace, `spec.gpu.shared`) of the Models given: holder and members."""
+    """Per (namespace, `spec.gpu.shared`) of the Models given: holders and members."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for model in models:
         group = _text(get_path(model, "spec", "gpu", "shared"))
@@ -136,10 +206,14 @@ def shared_group_rows(models: Iterable[Mapping[str, Any]]) -> list[JSON]:
     rows = []
     for (namespace, group), objs in sorted(groups.items()):
         holding = card_holders(objs)
+        leader = packed_leader(objs, holding)
         rows_of = [member_row(obj) for obj in objs]
-        members = sorted(rows_of, key=lambda m: (m["name"] not in holding, *_queue_order(m)))
+        members = sorted(
+            rows_of,
+            key=lambda m: (m["name"] not in holding, m["name"] != leader, *_queue_order(m)),
+        )
         active = [m["name"] for m in members if m["name"] in holding]
-        holder = active[0] if len(active) == 1 else None
+        holder = active[0] if len(active) == 1 else leader
         rows.append(
             {
                 "kind": "SharedGroup",
@@ -147,6 +221,8 @@ def shared_group_rows(models: Iterable[Mapping[str, Any]]) -> list[JSON]:
                 "name": group,
                 "holder": holder,
                 "active": active,
+                "packed": leader is not None,
+                "vram": _vram(objs, holder),
                 "phase": next((m["phase"] for m in members if m["name"] == holder), None),
                 "reason": next((m["reason"] for m in members if m["name"] == holder), ""),
                 "message": next((m["message"] for m in members if m["name"] == holder), ""),
@@ -176,14 +252,24 @@ def gpu_group_row(group: Mapping[str, Any], members: Mapping[str, Mapping[str, A
         row["queuedRequests"] = _int_or_none(recorded.get("queuedRequests"))
         row["queuedSince"] = _text(recorded.get("queuedSince")) or None
         row["preemptedBy"] = _text(recorded.get("preemptedBy")) or None
+        row["footprint"] = _text(recorded.get("footprint")) or None
         rows.append(row)
     active = _text(get_path(group, "status", "activeModel"))
+    vram = get_path(group, "status", "vram")
     return {
         "kind": "GPUGroup",
         "namespace": namespace,
         "name": name,
         "holder": active or None,
         "active": [active] if active else [],
+        # Its members take turns (docs/election.md 3): never several holders.
+        "packed": False,
+        "vram": {
+            "budget": _text(vram.get("budget")) or None,
+            "used": _text(vram.get("used")) or None,
+        }
+        if isinstance(vram, Mapping)
+        else None,
         "phase": _text(get_path(group, "status", "phase")) or None,
         "reason": _reason(conditions),
         "message": _text(get_path(group, "status", "message")),

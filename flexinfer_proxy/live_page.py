@@ -6,13 +6,14 @@ member's phase, state and conditions, exactly as the controller wrote them in st
 with this proxy's own queues beside each member (requests waiting and the oldest
 wait); every model with requests waiting; and the last swaps on a timeline.
 
-Swaps are what this proxy saw: the holder of each group, read from the objects it
+Swaps are what this proxy saw: the holders of each group, read from the objects it
 already watches (no Events, no extra permission), compared at each change the
-directory reports and at each `/status.json`; a new holder is one timeline entry
-(`at` is when the proxy saw it). A reading with two `Active` members (between the
-two status writes of a swap) is skipped. The first holder seen of a group after the
-proxy starts is not a swap: it is where the group's strip on the page begins (its
-`observedSince`).
+directory reports and at each `/status.json`; a new holder, or for a packed group
+(docs/election.md 1.7) a new set of holders, is one timeline entry (`at` is when the
+proxy saw it). A reading with two `Active` members that is not a packed one (between
+the two status writes of a swap) is skipped. The first holders seen of a group after
+the proxy starts are not a swap: they are where the group's strip on the page begins
+(its `observedSince`).
 
 Bounds: the timeline keeps the last `TIMELINE_LENGTH` swaps over all groups (a
 ring: the oldest goes first); the JSON lists each group and model the directory
@@ -77,6 +78,9 @@ class Swap:
     group: str
     previous: str | None
     holder: str | None
+    # Every holder before and after, the leader first: several in a packed group.
+    previous_holders: tuple[str, ...] = ()
+    holders: tuple[str, ...] = ()
 
     def as_json(self) -> JSON:
         return {
@@ -86,6 +90,8 @@ class Swap:
             "group": self.group,
             "from": self.previous,
             "to": self.holder,
+            "fromHolders": list(self.previous_holders),
+            "toHolders": list(self.holders),
         }
 
 
@@ -106,7 +112,8 @@ class LivePage:
         self._queues = queues
         self._clock = clock
         self.timeline: deque[Swap] = deque(maxlen=timeline_length)
-        self._holders: dict[tuple[str, str, str], str | None] = {}
+        # Per group: (holder, every holder), as last read.
+        self._holders: dict[tuple[str, str, str], tuple[str | None, tuple[str, ...]]] = {}
         self._since: dict[tuple[str, str, str], str] = {}  # when each group was first seen
         self._scheduled: asyncio.TimerHandle | None = None
         directory.subscribe(self._changed)
@@ -152,17 +159,26 @@ class LivePage:
             key = (group["kind"], group["namespace"], group["name"])
             seen.add(key)
             group["observedSince"] = self._since.setdefault(key, at)
-            if len(group["active"]) > 1:
+            if len(group["active"]) > 1 and not group["packed"]:
                 continue  # between the two status writes of a swap
-            holder = group["holder"]
+            holding = (group["holder"], tuple(group["active"]))
             if key not in self._holders:
-                self._holders[key] = holder
+                self._holders[key] = holding
                 continue
             previous = self._holders[key]
-            if previous == holder:
+            if previous == holding:
                 continue
-            self._holders[key] = holder
-            self.timeline.append(Swap(at, *key, previous=previous, holder=holder))
+            self._holders[key] = holding
+            self.timeline.append(
+                Swap(
+                    at,
+                    *key,
+                    previous=previous[0],
+                    holder=holding[0],
+                    previous_holders=previous[1],
+                    holders=holding[1],
+                )
+            )
         for gone in set(self._since) - seen:
             del self._since[gone]
             self._holders.pop(gone, None)

@@ -181,6 +181,80 @@ def test_two_active_members_mid_swap_make_no_holder() -> None:
     assert (group["holder"], group["active"]) == (None, ["a", "b"])
 
 
+def packed_model(
+    name: str, footprint: str, *, reason: str = "CoResident", used: str = "9728Mi",
+    budget: str = "24Gi", packed: bool = True, state: str = "Active",
+) -> JSON:
+    """A member of a budgeted group as the controller writes it (docs/election.md 1.7):
+    `Packed` and `status.vram` beside its `Active` condition."""
+    model = shared_model(name, state=state, phase="Ready" if state == "Active" else "Idle",
+                         position=0 if state == "Active" else 1, reason=reason)
+    model["spec"]["gpu"] |= {"vramBudget": budget, "vramEstimate": footprint}
+    model["status"]["conditions"].append(
+        condition("Packed", packed, reason if packed else "Queued", "fits: 9.5 of 24 GiB used")
+    )
+    model["status"]["vram"] = {"footprint": footprint, "budget": budget, "used": used}
+    return model
+
+
+def test_a_packed_group_has_several_holders_and_its_leader_is_the_holder() -> None:
+    """Several Active members each saying Packed, within the budget together: every one
+    holds the card (the proxy routes to each), the leader is named, the use is shown."""
+    models = [
+        packed_model("embed", "4Gi"),
+        packed_model("coder", "16Gi", state="Queued", packed=False),
+        packed_model("chat", "5632Mi", reason="HighestPriority"),
+    ]
+    assert card_holders(models) == {"chat", "embed"}
+    (group,) = recorded_groups(models=models, gpu_groups=[], model_deployments=[])
+    assert (group["holder"], group["active"], group["packed"]) == ("chat", ["chat", "embed"], True)
+    assert (group["phase"], group["reason"]) == ("Ready", "HighestPriority")
+    assert group["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+    assert [(m["name"], m["footprint"]) for m in group["members"]] == [
+        ("chat", "5632Mi"), ("embed", "4Gi"), ("coder", "16Gi")
+    ]  # fmt: skip
+
+
+def test_a_packed_reading_that_does_not_add_up_is_a_change_half_written() -> None:
+    """Statuses are written one after the other: an evicted member may still read
+    Active and Packed beside the one that took its room. Over the budget together, or
+    two leaders, or a holder not Packed: nobody is named, as for a swap half written."""
+    chat = packed_model("chat", "5632Mi", reason="HighestPriority")
+    over = [chat, packed_model("embed", "4Gi"), packed_model("coder", "16Gi")]
+    two_leaders = [chat, packed_model("embed", "4Gi", reason="Demanded")]
+    unpacked = [chat, packed_model("embed", "4Gi", packed=False)]
+    for models in (over, two_leaders, unpacked):
+        (group,) = recorded_groups(models=models, gpu_groups=[], model_deployments=[])
+        assert (group["holder"], group["packed"]) == (None, False)
+        assert len(group["active"]) == len(card_holders(models)) > 1
+
+
+def test_the_timeline_follows_a_packed_group_s_set_of_holders() -> None:
+    async def run() -> list[JSON]:
+        directory = _swapping_directory()
+        clock = ManualClock(NOW)
+        proxy = Proxy(directory, RecordingSink(), clock=clock)
+        page = LivePage(directory, proxy.queues, clock=clock)
+        chat = packed_model("chat", "5632Mi", reason="HighestPriority")
+        readings = [
+            [chat],  # where the strip starts
+            [chat, packed_model("embed", "4Gi")],  # embed sits beside chat
+            [chat, packed_model("embed", "4Gi"), packed_model("coder", "16Gi")],  # half
+            [chat, packed_model("coder", "16Gi", used="21Gi")],  # coder evicted embed
+        ]
+        for models in readings:
+            directory.objects = RecordedObjects(models=models)
+            page.groups()
+        timeline: list[JSON] = page.status()["timeline"]
+        return timeline
+
+    timeline = asyncio.run(run())
+    assert [(s["from"], s["fromHolders"], s["to"], s["toHolders"]) for s in timeline] == [
+        ("chat", ["chat"], "chat", ["chat", "embed"]),
+        ("chat", ["chat", "embed"], "chat", ["chat", "coder"]),
+    ]
+
+
 def test_a_gpu_group_shows_its_active_model_and_each_members_recorded_state() -> None:
     (group,) = recorded_groups(models=[], gpu_groups=[GPU_GROUP], model_deployments=[MD_A])
     assert (group["kind"], group["holder"], group["reason"]) == ("GPUGroup", "md-a", "Active")
@@ -276,6 +350,8 @@ def test_swaps_are_holder_changes_kept_in_a_bounded_ring() -> None:
         "group": "card",
         "from": "b",
         "to": "a",
+        "fromHolders": ["b"],
+        "toHolders": ["a"],
     }
 
 

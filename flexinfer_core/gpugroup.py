@@ -117,11 +117,14 @@ class GpuGroupMember:
     # The report's `inFlight`: requests its server is answering (docs/election.md 1.6);
     # 0 once the report is stale, as its queue.
     in_flight: int = attrs.field(default=0, validator=int_between(0, None), kw_only=True)
-    # `spec.models[].vramEstimate` in bytes (None: unknown); shown in status only: the
-    # v1alpha1 decision runs one member at a time (docs/election.md 1.7).
+    # `spec.models[].vramEstimate` in bytes (None: unknown); shown in status, and read
+    # only by the packing of `flexinfer_core.gpugroup_packing` (docs/election.md 3).
     vram_estimate: int | None = attrs.field(
         default=None, validator=positive_bytes_or_none, kw_only=True
     )
+    # Its recorded `modelStatuses[].state` is Active: it holds a seat on the card (the
+    # active model, or a member packed beside it). Read only by the packing.
+    seated: bool = attrs.field(default=False, kw_only=True)
 
     @property
     def eligible(self) -> bool:

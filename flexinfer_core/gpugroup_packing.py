@@ -14,11 +14,12 @@ then admits other members beside the leader while their footprints
    many as it needs, each only when its priority is higher, and never while its own
    cooldown after preemption runs. When even that would not make room, it waits.
 
-A seated member's queue is served by its own server, so it does not compete for the
-leader's place: the section 3 decision is taken with those queues left out (a queued
-request of a seated member never swaps the leader). When that decision idles the
-group while a seated member is still in use, that member leads instead (it keeps the
-card; the one that idled gives up its seat).
+The leader is whoever section 3 names, as without a budget: when that is a member
+already on the card, the leader's name moves (a swap is recorded) but the set stays,
+and the former leader keeps its seat while it fits and is in use, with no eviction.
+When section 3 idles the group because the leader idled out while a seated member is
+still in use, that member leads instead (no swap is recorded). Every member on the
+card counts the card's last swap as activity, as the active model does.
 
 Break-before-make by memory: a holder without pods starts only when the footprints of
 every member with pods (terminating ones included; unknown: the whole card) and of
@@ -26,9 +27,10 @@ the holders started before it, in the order of the set, plus its own fit the bud
 A member evicted from its seat is scaled to 0 at once (Preempted, with a Warning
 Event naming who needed the room); its footprint counts until its pods are gone.
 
-With no budget, or a leader of unknown footprint, the decision is exactly
-`decide_gpu_group`'s. Not wired into the controller yet: it runs a GPUGroup's members
-one at a time (`flexinfer_core.gpugroup`), and says so in the `Packed` condition.
+With no budget, or a leader whose footprint is unknown or above the budget (it holds
+the card alone), the decision is exactly `decide_gpu_group`'s. Not wired into the
+controller yet: it runs a GPUGroup's members one at a time (`flexinfer_core.gpugroup`)
+and says so in the `Packed` condition.
 
 Pure: no I/O, no clock.
 """
@@ -91,8 +93,10 @@ def _in_use(state: GpuGroupState, m: GpuGroupMember, *, now: datetime) -> bool:
     if m.queued > 0:
         return True
     times = [m.last_request]
-    if m.name == state.current_model:
-        times.append(state.last_swap_time)  # becoming active counts as activity
+    if _seated(state, m):
+        # As for the active model (section 3): the card's last swap counts as activity
+        # of every member on it, so one that stays seated through a swap is in use.
+        times.append(state.last_swap_time)
     last = max((t for t in times if t is not None), default=None)
     return last is not None and now - last < m.idle_timeout
 
@@ -104,20 +108,6 @@ def _cooling(state: GpuGroupState, m: GpuGroupMember, *, now: datetime) -> bool:
 
 def _seated(state: GpuGroupState, m: GpuGroupMember) -> bool:
     return m.seated or m.name == state.current_model
-
-
-def _leader_election_state(state: GpuGroupState) -> GpuGroupState:
-    """`state` with the queues of seated members other than the active model left
-    out: their own servers answer them, so they never swap the leader."""
-    return attrs.evolve(
-        state,
-        members=tuple(
-            attrs.evolve(m, queued=0, oldest_waiting=None)
-            if m.seated and m.name != state.current_model and m.queued
-            else m
-            for m in state.members
-        ),
-    )
 
 
 def _no_room(m: GpuGroupMember, need: int | None, free: int, size: int) -> str:
@@ -275,15 +265,23 @@ def _memory_gate(state: GpuGroupState, holders: Iterable[str], *, size: int) -> 
     return tuple(waiting)
 
 
-def _promoted(state: GpuGroupState, decision: GpuGroupDecision, *, now: datetime) -> str | None:
+def _promoted(
+    state: GpuGroupState, decision: GpuGroupDecision, *, now: datetime, budget: int
+) -> str | None:
     """When the section 3 decision idles the group (the active model idled out) while
-    a seated member is still in use: the best such member, which keeps the card."""
+    a seated member of known footprint within the budget is still in use: the best such
+    member, which keeps the card."""
     if decision.active_model is not None or decision.phase is GpuGroupPhase.FAILED:
         return None
     in_use = [
         m
         for m in sorted(state.members, key=member_order)
-        if m.eligible and m.seated and m.name != state.current_model and _in_use(state, m, now=now)
+        if m.eligible
+        and m.seated
+        and m.name != state.current_model
+        and m.vram_estimate is not None
+        and m.vram_estimate <= budget
+        and _in_use(state, m, now=now)
     ]
     return in_use[0].name if in_use else None
 
@@ -297,8 +295,8 @@ def decide_packed_gpu_group(state: GpuGroupState, *, now: datetime) -> PackedGpu
             plain, _alone(state, plain, "the GPUGroup sets no spec.vramBudget", budget=None)
         )
     observed = _without_stale_demand(state, now=now)
-    decision = decide_gpu_group(_leader_election_state(observed), now=now)
-    promoted = _promoted(observed, decision, now=now)
+    decision = plain
+    promoted = _promoted(observed, decision, now=now, budget=state.vram_budget)
     if promoted is not None:
         decision = attrs.evolve(
             decision,
@@ -308,7 +306,7 @@ def decide_packed_gpu_group(state: GpuGroupState, *, now: datetime) -> PackedGpu
             message=f"{promoted} keeps the GPU: it is still in use",
         )
     packing = pack_gpu_group(observed, decision, now=now)
-    if not packing.used:  # the leader is alone: exactly the decision without packing
+    if not packing.used:  # the leader is alone: exactly section 3's decision
         return PackedGpuGroupDecision(plain, packing)
     return PackedGpuGroupDecision(_revised(observed, decision, packing, now=now), packing)
 
@@ -331,16 +329,13 @@ def _revised(
     by_name = {m.name: m for m in state.members}
     statuses = []
     for row in decision.member_statuses:
-        member = by_name[row.name]
         if row.name in holders:
             row = attrs.evolve(row, state=MemberState.ACTIVE, preempted_at=None, preempted_by="")
         elif row.name in evicted:
             row = attrs.evolve(
                 row, state=MemberState.PREEMPTED, preempted_at=now, preempted_by=evicted[row.name]
             )
-        statuses.append(
-            attrs.evolve(row, queued_requests=member.queued, queued_since=member.oldest_waiting)
-        )
+        statuses.append(row)
     # The Preempted Event of a member that keeps its seat goes, and an evicted member's
     # is the one below, which says who needed the room.
     events = tuple(

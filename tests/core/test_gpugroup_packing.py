@@ -4,10 +4,11 @@ the decision of `decide_gpu_group`."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import attrs
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexinfer_core import (
     AntiThrashing,
@@ -204,9 +205,9 @@ def test_a_seated_member_idle_past_its_timeout_gives_up_its_seat_quietly() -> No
     assert packed.decision.member_events == ()
 
 
-def test_a_seated_member_s_queue_never_swaps_the_leader() -> None:
-    # embed is more important and has requests queued (its server is still loading):
-    # without packing it would take the card from chat; packed, it is served beside it.
+def test_a_seated_member_that_takes_the_lead_keeps_the_former_leader_beside_it() -> None:
+    # embed is more important and has requests queued: section 3 names it the holder.
+    # Packed, the former leader stays on the card beside it: no eviction, no Event.
     state = group(
         holding("chat", 8 * GIB, priority=100),
         holding("embed", 8 * GIB, priority=300, ready=False, queued=5,
@@ -214,13 +215,17 @@ def test_a_seated_member_s_queue_never_swaps_the_leader() -> None:
         current_model="chat",
         last_swap_time=ago(600),
     )  # fmt: skip
-    assert decide_gpu_group(state, now=T0).action is GpuGroupAction.SWAP
     packed = decide(state)
-    assert (packed.decision.action, packed.decision.active_model) == (GpuGroupAction.KEEP, "chat")
-    assert packed.packing.holders == ("chat", "embed")
-    assert packed.decision.swap_count == 0
-    (embed,) = [s for s in packed.decision.member_statuses if s.name == "embed"]
-    assert embed.queued_requests == 5
+    assert (packed.decision.action, packed.decision.active_model) == (GpuGroupAction.SWAP, "embed")
+    assert packed.packing.holders == ("embed", "chat")
+    assert packed.packing.evicted == () and packed.decision.member_events == ()
+    assert states(packed) == {"chat": MemberState.ACTIVE, "embed": MemberState.ACTIVE}
+    (chat,) = [s for s in packed.decision.member_statuses if s.name == "chat"]
+    assert (chat.preempted_at, chat.preempted_by) == (None, "")
+    assert dict(packed.decision.desired_replicas) == {"chat": 1, "embed": 1}
+    # Without packing chat would be preempted and scaled to 0.
+    plain = decide_gpu_group(state, now=T0)
+    assert dict(plain.desired_replicas)["chat"] == 0
 
 
 def test_when_the_leader_idles_out_a_seated_member_in_use_keeps_the_card() -> None:
@@ -288,3 +293,30 @@ def test_only_as_many_are_evicted_as_the_newcomer_needs_the_lowest_ranked_first(
     # 12 of 20 used, 8 free: one 4 GiB seat is enough, and b ranks below c.
     assert packed.packing.evicted == (("b", "big"),)
     assert packed.packing.holders == ("lead", "big", "c")
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpu_group_states(), st.data())
+def test_generated_packings_fit_and_hold_once_applied(
+    case: tuple[GpuGroupState, datetime], data: st.DataObject
+) -> None:
+    """Over generated groups given a budget and footprints: the holders' footprints fit
+    the budget and the leader is one of them; and once a decision is applied (its
+    seats recorded, pods as they were), deciding again keeps the same holders and
+    evicts nobody."""
+    state, now = case
+    sizes = st.sampled_from((None, 4 * GIB, 8 * GIB, 16 * GIB))
+    members = tuple(attrs.evolve(m, vram_estimate=data.draw(sizes)) for m in state.members)
+    state = attrs.evolve(state, members=members, vram_budget=24 * GIB)
+    first = decide_packed_gpu_group(state, now=now)
+    packing = first.packing
+    if first.decision.active_model is not None:
+        assert packing.holders[0] == first.decision.active_model
+    if packing.used:
+        sizes_of = {m.name: m.vram_estimate or 0 for m in members}
+        assert sum(sizes_of[h] for h in packing.holders) == packing.used <= 24 * GIB
+    # The leader's name may move to a member already on the card (a member's cooldown
+    # is cleared once it holds a seat, say): the set of holders stays, nobody goes.
+    second = decide_packed_gpu_group(record_packed_decision(state, first), now=now)
+    assert set(second.packing.holders) == set(packing.holders)
+    assert second.packing.evicted == ()

@@ -8,12 +8,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster.localcluster import LocalCluster
 from flexinfer_kube.kubeapi import KubeApi
 from flexinfer_proxy.api_keys import SecretKeySource
+from flexinfer_proxy.app import Proxy, ProxyConfig, serve
 from flexinfer_proxy.demand import (
     ALREADY_CURRENT,
     CHANGED_SINCE,
@@ -566,3 +569,117 @@ def test_requests_in_flight_are_written_where_the_controller_reads_them(
         "inFlight": 2,
         "reportedAt": format_rfc3339(now),
     }
+
+
+def _packed_status(
+    footprint: str, *, reason: str, holds: bool, used: str = "9728Mi"
+) -> dict[str, Any]:
+    """A budgeted group's member as the controller writes it (docs/election.md 1.7)."""
+    at = format_rfc3339(_now())
+    words = "fits: 9.5 of 24 GiB used" if holds else "coder needs 16 GiB, 14.5 free"
+    return {
+        "phase": "Ready" if holds else "Idle",
+        "sharedGroup": {"groupName": "card", "state": "Active" if holds else "Queued",
+                        "queuePosition": 0 if holds else 1},
+        "conditions": [
+            {"type": "Active", "status": "True" if holds else "False", "reason": reason,
+             "message": words, "lastTransitionTime": at},
+            {"type": "Packed", "status": "True" if holds else "False",
+             "reason": reason if holds else "WaitingForVram", "message": words,
+             "lastTransitionTime": at},
+        ],
+        "vram": {"footprint": footprint, "budget": "24Gi", "used": used},
+    }  # fmt: skip
+
+
+@async_test
+async def test_every_holder_of_a_packed_group_answers_at_once_with_no_queue(
+    kubectl: Kubectl, namespace: str, api: KubeApi, backends: dict[str, Any]
+) -> None:
+    """chat leads a budgeted group and embed sits beside it (both Active, Packed True,
+    as the controller writes them; coder waits for room). The proxy over the real API
+    server sends a request for each holder to its own server at once: both streams are
+    open together, neither waits in a queue; only coder's request waits. The page's
+    data names both holders, the leader, and the budget's use."""
+    alpha, beta = backends["alpha"], backends["beta"]
+    sizes = {"chat": "5632Mi", "embed": "4Gi", "coder": "16Gi"}
+    for name, size in sizes.items():
+        body = model(name, gpu={"shared": "card", "vramBudget": "24Gi", "vramEstimate": size})
+        await asyncio.to_thread(apply, kubectl, namespace, body)
+    statuses = {
+        "chat": _packed_status("5632Mi", reason="HighestPriority", holds=True),
+        "embed": _packed_status("4Gi", reason="CoResident", holds=True),
+        "coder": _packed_status("16Gi", reason="Queued", holds=False),
+    }
+    for name, status in statuses.items():
+        await asyncio.to_thread(kubectl.patch_status, namespace, f"model/{name}",
+                                {"status": status})  # fmt: skip
+    directory = KubeDirectory(
+        api,
+        namespaces=[namespace],
+        endpoint_overrides={"chat": alpha.endpoint, "embed": beta.endpoint,
+                            "coder": alpha.endpoint},
+        watch_timeout_seconds=5,
+    )  # fmt: skip
+    proxy = Proxy(directory, KubeDemandSink(api), registry=CollectorRegistry(),
+                  config=ProxyConfig(min_queue_wait=timedelta(seconds=30)))  # fmt: skip
+    server, port = await serve(proxy, host="127.0.0.1", port=0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _until(lambda: directory.synced, what="the initial lists")
+        await _until(
+            lambda: all((e := _found(directory, n)) is not None and e.ready
+                        for n in ("chat", "embed")),
+            what="chat and embed Ready",
+        )  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            tag = f"packed-{namespace}"
+
+            async def stream(name: str) -> tuple[int, dict[str, str], list[bytes]]:
+                body = {"model": name, "stream": True, "hold": True, "tag": f"{tag}-{name}"}
+                async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                    head = dict(response.headers)
+                    lines = [line async for line in response.content if line.strip()]
+                    return response.status, head, lines
+
+            answers = [asyncio.create_task(stream(n)) for n in ("chat", "embed")]
+            waiting = asyncio.create_task(
+                session.post(f"{url}/v1/chat/completions", json={"model": "coder"})
+            )
+            # Both arrived at their own servers while neither answer is done: served
+            # together. Each is held after its first event until released below.
+            await _until(
+                lambda: _arrived(session, alpha, f"{tag}-chat"), what="chat at its server"
+            )
+            await _until(
+                lambda: _arrived(session, beta, f"{tag}-embed"), what="embed at its server"
+            )
+            assert not any(a.done() for a in answers)
+            assert proxy.queues.depth(f"{namespace}/chat") == 0
+            assert proxy.queues.depth(f"{namespace}/embed") == 0
+            await _until(lambda: proxy.queues.depth(f"{namespace}/coder") == 1,
+                         what="coder's request to wait")  # fmt: skip
+            data = proxy.live.status()
+            (group,) = [g for g in data["groups"] if g["name"] == "card"]
+            assert (group["holder"], group["active"], group["packed"]) == (
+                "chat", ["chat", "embed"], True
+            )  # fmt: skip
+            assert group["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+            assert [w["name"] for w in data["waiting"]] == ["coder"]
+            await alpha.release(session, f"{tag}-chat")
+            await beta.release(session, f"{tag}-embed")
+            for status, head, lines in await asyncio.gather(*answers):
+                assert status == 200 and lines[-1].strip() == b"data: [DONE]"
+                assert "x-flexinfer-queue-position" not in {h.lower() for h in head}
+            waiting.cancel()
+        # Asked for, both: the proxy marked each active, and nothing else of theirs.
+        for name in ("chat", "embed"):
+            status = await asyncio.to_thread(status_of, kubectl, namespace, f"model/{name}")
+            assert status["lastActiveTime"]
+            assert status["sharedGroup"]["state"] == "Active"
+    finally:
+        await server.cleanup()
+
+
+async def _arrived(session: aiohttp.ClientSession, backend: Any, tag: str) -> bool:
+    return tag in await backend.arrivals(session)

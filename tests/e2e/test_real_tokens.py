@@ -28,12 +28,22 @@ import aiohttp
 import pytest
 
 from flexinfer_core import Policy
+from flexinfer_devcluster import gpudriver
 from flexinfer_devcluster.localcluster import LocalCluster
+from flexinfer_devcluster.policy import dev_policy
 from flexinfer_devcluster.processnode import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION
 from flexinfer_devcluster.tinymodel import write_tiny_model
+from flexinfer_k8s.render.workloads import RenderSettings
 from flexinfer_kube.resources import MODELS
-from tests.k8s.harness import Cluster, PodTimeline, controller, drains_observed
+from tests.k8s.harness import (
+    Cluster,
+    MemoryTimeline,
+    PodTimeline,
+    controller,
+    drains_observed,
+)
 from tests.k8s.kubectl import create_namespace, delete_namespace, install_crds, kubectl_for
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.k8s
 DEADLINE_SECONDS = 300.0  # real servers on 2 shared cores: a generous bound, not a timing
@@ -402,3 +412,122 @@ async def test_a_long_answer_past_the_drain_timeout_is_cut_with_an_error_event(
     assert status == 200 and text.strip(), text
     assert timeline.violations == []
     assert timeline.created_apps()[:2] == ["low", "high"]
+
+
+# docs/election.md 1.7 with real servers: three Models in one budgeted group on the
+# process node, their pods sharing the group's ResourceClaim (the fake DRA driver's one
+# device of the process node). The process node runs them on the CPU, so a footprint is
+# what a Model declares (`vramEstimate`): two small ones fit together (16 of 24 GiB);
+# the third is larger (16 GiB) and more important, and fits beside one of them only.
+PACKED_BUDGET = 24  # GiB
+PACKED = {"small-a": (8, 100), "small-b": (8, 100), "large": (16, 300)}
+PACKED_ANSWER = 3000  # tokens each: long enough that two answers overlap, on any load
+QUEUE_HEADER = "x-flexinfer-queue-position"
+
+
+def packed_body(name: str, model_file: Path) -> dict[str, Any]:
+    size, priority = PACKED[name]
+    body = tiny_model_body(name, model_file)
+    body["spec"]["gpu"] |= {
+        "shared": "packed",
+        "priority": priority,
+        "vramBudget": f"{PACKED_BUDGET}Gi",
+        "vramEstimate": f"{size}Gi",
+    }
+    body["spec"]["llamacpp"] = {"ctxSize": LONG_CONTEXT}
+    return body
+
+
+async def timed_stream(
+    session: aiohttp.ClientSession, base: str, model: str
+) -> tuple[float, float, int, dict[str, str]]:
+    """(when its first token came, when it ended, tokens, headers) of one long answer."""
+    loop = asyncio.get_running_loop()
+    body = {**chat(model, stream=True, max_tokens=PACKED_ANSWER), "ignore_eos": True}
+    first, tokens = 0.0, 0
+    async with session.post(f"{base}/v1/chat/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        headers = dict(response.headers)
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data:"))
+            assert "error" not in chunk, chunk
+            if (chunk.get("choices") or [{}])[0].get("delta", {}).get("content"):
+                tokens += 1
+                first = first or loop.time()
+    return first, loop.time(), tokens, headers
+
+
+def pod_names(c: Cluster, name: str) -> set[str]:
+    return {p["metadata"]["name"] for p in c.pods(name)}
+
+
+@async_test
+async def test_two_packed_models_answer_at_once_and_a_larger_one_evicts_just_enough(
+    local_cluster: LocalCluster, cluster: Cluster, proxy: str, long_context_model: Path
+) -> None:
+    c = cluster
+    for name in PACKED:
+        await asyncio.to_thread(c.api.create, MODELS, c.namespace,
+                                packed_body(name, long_context_model))  # fmt: skip
+    footprints = {name: size for name, (size, _) in PACKED.items()}
+    timeline = MemoryTimeline(c, footprints=footprints, budget=PACKED_BUDGET)
+    shared_card = RenderSettings(policy=dev_policy(), gpu_device_class=gpudriver.DEVICE_CLASS)
+    # The default demand window: large stays asked for while it waits for its room.
+    policy = Policy(default_swap_cooldown=timedelta(0))
+    small = ("small-a", "small-b")
+    with controller(local_cluster, c.namespace, policy=policy, settings=shared_card):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=280)) as session:
+            # Cold: both small ones asked for at once; they fit together, so both start.
+            cold = await asyncio.gather(*(complete(session, proxy, n, stream=False)
+                                          for n in small))  # fmt: skip
+            for status, text, _ in cold:
+                assert status == 200 and text.strip(), text
+            await asyncio.to_thread(wait_until, lambda: c.holders() == set(small),
+                                    what="both small models to hold the card")  # fmt: skip
+            pods = {n: await asyncio.to_thread(pod_names, c, n) for n in small}
+            assert all(len(p) == 1 for p in pods.values()), pods
+
+            # Warm: a long answer from each at once. Both run together, each on its own
+            # server: neither waits in a queue, nothing is swapped.
+            answers = await asyncio.gather(*(timed_stream(session, proxy, n) for n in small))
+            firsts, ends = [a[0] for a in answers], [a[1] for a in answers]
+            together, whole = min(ends) - max(firsts), max(ends) - min(firsts)
+            print(f"two packed answers of {PACKED_ANSWER} tokens each: both streamed "
+                  f"together for {together:.1f} s of {whole:.1f} s")  # fmt: skip
+            assert max(firsts) < min(ends), f"the answers did not overlap: {answers}"
+            for _, _, tokens, headers in answers:
+                assert tokens > 1
+                assert QUEUE_HEADER not in {h.lower() for h in headers}, headers
+            assert {n: await asyncio.to_thread(pod_names, c, n) for n in small} == pods
+            assert sorted(app for app, _ in timeline.created) == sorted(small)
+
+            # The larger, more important one: 16 GiB with 8 free. It evicts one small
+            # model (just enough), waits for its pod to be gone, and answers.
+            status, text, _ = await complete(session, proxy, "large", stream=False)
+            assert status == 200 and text.strip(), text
+            holders = await asyncio.to_thread(c.holders)
+            assert "large" in holders and len(holders) == 2, holders
+            (survivor,) = holders & set(small)
+            (evicted,) = set(small) - holders
+            # The survivor kept its seat and its server: the same pod answers, warm.
+            assert await asyncio.to_thread(pod_names, c, survivor) == pods[survivor]
+            status, text, headers = await complete(session, proxy, survivor, stream=False)
+            assert status == 200 and text.strip(), text
+            assert QUEUE_HEADER not in {h.lower() for h in headers}, headers
+            await asyncio.to_thread(wait_until, lambda: not c.pods(evicted),
+                                    what=f"{evicted}'s pod to be gone")  # fmt: skip
+            # Evicted by large, once, and told so (since, still asked for, it waits for
+            # room: WaitingForVram, "may not evict large, ...").
+            status = await asyncio.to_thread(c.status, evicted)
+            assert status["sharedGroup"]["preemptedBy"] == "large", status
+            events = await asyncio.to_thread(c.events, evicted)
+            assert [e["message"] for e in events if e["reason"] == "Preempted"] == [
+                f"{evicted} was preempted by large: {evicted} needs 8 GiB, 0 free; large leads"
+            ], events
+    timeline.stop()
+    print(f"most footprint of live pods at once: {timeline.peak} of {PACKED_BUDGET} GiB")
+    assert timeline.violations == []
+    assert [app for app, _ in timeline.created][2:] == ["large"]

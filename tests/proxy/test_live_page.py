@@ -453,3 +453,20 @@ def test_the_documented_bounds_are_the_codes() -> None:
     text = " ".join(DOC.read_text().split())
     assert f"the timeline keeps the last {TIMELINE_LENGTH} swaps" in text
     assert f"with at most {MAX_CONDITIONS} conditions per object" in text
+
+
+def test_flexinfer_status_json_shows_a_packed_group_s_holders_and_budget(tmp_path: Path) -> None:
+    objects = [
+        packed_model("chat", "5632Mi", reason="HighestPriority"),
+        packed_model("embed", "4Gi"),
+        packed_model("coder", "16Gi", state="Queued", packed=False),
+    ]
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    view = load_manifests([str(path)], namespace="ai")
+    (recorded,) = status_data(view, now=NOW, policy=DEFAULT_POLICY)["recorded"]
+    assert (recorded["holder"], recorded["active"], recorded["packed"]) == (
+        "chat", ["chat", "embed"], True
+    )  # fmt: skip
+    assert recorded["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+    assert [m["footprint"] for m in recorded["members"]] == ["5632Mi", "4Gi", "16Gi"]

@@ -56,7 +56,7 @@ from flexinfer_core.gpugroup import (
     record_gpu_group_decision,
 )
 from flexinfer_core.group import Event
-from flexinfer_core.packing import Seat, format_gib
+from flexinfer_core.packing import Seat, _no_room, format_gib
 
 
 @attrs.frozen
@@ -108,14 +108,6 @@ def _cooling(state: GpuGroupState, m: GpuGroupMember, *, now: datetime) -> bool:
 
 def _seated(state: GpuGroupState, m: GpuGroupMember) -> bool:
     return m.seated or m.name == state.current_model
-
-
-def _no_room(m: GpuGroupMember, need: int | None, free: int, size: int) -> str:
-    if need is None:
-        return f"{m.name}'s footprint is unknown: it needs the whole card"
-    if need > size:
-        return f"{m.name} needs {format_gib(need)} GiB, more than the {format_gib(size)} GiB budget"
-    return f"{m.name} needs {format_gib(need)} GiB, {format_gib(free)} free"
 
 
 def _alone(

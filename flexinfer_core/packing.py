@@ -23,7 +23,7 @@ Pure: no I/O, no clock (`now` is the ballot's).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 
@@ -248,7 +248,14 @@ def pack(ballot: Ballot, election: Election) -> Packing:
     return Packing(budget, holders, tuple(seats), tuple(evicted), used)
 
 
-def _no_room(m: ModelState, need: int | None, free: int, size: int) -> str:
+class Named(Protocol):
+    """A member of either kind of group (a Model's `ModelState`, a GPUGroup's member)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+def _no_room(m: Named, need: int | None, free: int, size: int) -> str:
     if need is None:
         return f"{m.name}'s footprint is unknown: it needs the whole card"
     if need > size:

@@ -13,8 +13,9 @@ in a membership conflict reports to none (the controller holds it at zero).
 
 A Model advertises its `spec.serviceLabels` (a service label goes to it first) while
 its group's statuses say it holds the card (`flexinfer_kube.recorded_status.
-card_holders`); a ModelDeployment those its Service's `ai.flexinfer/active-services`
-annotation lists.
+card_holders`: every holder of a packed group, docs/election.md 1.7, each Ready one
+routed on its own at once); a ModelDeployment those its Service's
+`ai.flexinfer/active-services` annotation lists.
 
 A Model is Ready when `status.phase` is Ready; a ModelDeployment when
 `status.readyReplicas` >= 1 (or, while the controller does not write that field,

@@ -8,7 +8,7 @@ then admits other members beside the leader while their footprints
 1. the leader, whatever its footprint (unknown, or above the budget: it is alone);
 2. the members that hold a seat (`seated`: their recorded state is Active), best
    first (`member_order`), while they fit and are still in use (requests queued, or
-   a request younger than their idle timeout);
+   a request or the card's last swap younger than their idle timeout);
 3. the members with queued requests, best first, while they fit. One that does not
    fit evicts seated members (never the leader), the lowest-ranked first and only as
    many as it needs, each only when its priority is higher, and never while its own
@@ -18,8 +18,7 @@ The leader is whoever section 3 names, as without a budget: when that is a membe
 already on the card, the leader's name moves (a swap is recorded) but the set stays,
 and the former leader keeps its seat while it fits and is in use, with no eviction.
 When section 3 idles the group because the leader idled out while a seated member is
-still in use, that member leads instead (no swap is recorded). Every member on the
-card counts the card's last swap as activity, as the active model does.
+still in use, that member leads instead (no swap is recorded).
 
 Break-before-make by memory: a holder without pods starts only when the footprints of
 every member with pods (terminating ones included; unknown: the whole card) and of

@@ -152,10 +152,16 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def writes_by_kind(
-    local: LocalCluster, namespace: str, rounds: list[tuple[str, str, str]], *, end: str
+    local: LocalCluster,
+    namespace: str,
+    rounds: list[tuple[str, str, str]],
+    *,
+    end: str,
+    members: str = "models",
 ) -> Counter[str]:
     """The controller's successful writes of every round, by `verb resource/subresource`;
-    a Model's status by whose it is in its round (old or new holder)."""
+    a member's status (`members`: the members' resource, Models or a GPUGroup's
+    ModelDeployments) by whose it is in its round (old or new holder)."""
     counted: Counter[str] = Counter()
     for when, _, what, code in controller_writes(
         local, namespace, since=datetime.fromisoformat(rounds[0][0])
@@ -168,7 +174,7 @@ def writes_by_kind(
         resource, _, rest = path.partition("/")
         name, _, subresource = rest.partition("/")
         kind = f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
-        if kind.endswith("models/status"):
+        if kind.endswith(f" {members}/status"):
             kind += {old: " (old holder)", new: " (new holder)"}.get(name, f" ({name})")
         counted[kind] += 1
     return counted
@@ -243,22 +249,7 @@ def gpu_group_writes(
 ) -> Counter[str]:
     """`writes_by_kind` for a GPUGroup's swaps: a ModelDeployment's status by whose it
     is in its round (old or new holder)."""
-    counted: Counter[str] = Counter()
-    for when, _, what, code in controller_writes(
-        local, namespace, since=datetime.fromisoformat(rounds[0][0])
-    ):
-        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
-        if code >= 300 or stamp > datetime.fromisoformat(end):
-            continue
-        _, old, new = [r for r in rounds if datetime.fromisoformat(r[0]) <= stamp][-1]
-        verb, path = what.split(" ", 1)
-        resource, _, rest = path.partition("/")
-        name, _, subresource = rest.partition("/")
-        kind = f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
-        if kind.endswith("modeldeployments/status"):
-            kind += {old: " (old holder)", new: " (new holder)"}.get(name, f" ({name})")
-        counted[kind] += 1
-    return counted
+    return writes_by_kind(local, namespace, rounds, end=end, members="modeldeployments")
 
 
 def run_gpu_group(swaps: int, *, policy: str) -> dict[str, Any]:

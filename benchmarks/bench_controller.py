@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,10 @@ def writes_by_kind(
     return counted
 
 
-def run(swaps: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[tuple[LocalCluster, str, Cluster]]:
+    """A started local cluster with an audit log, the CRDs and the namespace `bench`;
+    stopped on the way out."""
     local = LocalCluster(name="flexinfer-bench-controller", audit=True)
     local.start()
     try:
@@ -189,7 +193,13 @@ def run(swaps: int) -> dict[str, Any]:
         namespace = "bench"
         admin = KubeApi(local.new_api_client())
         admin.create(NAMESPACES, "", {"metadata": {"name": namespace}})
-        c = Cluster(local, namespace)
+        yield local, namespace, Cluster(local, namespace)
+    finally:
+        local.stop()
+
+
+def run(swaps: int) -> dict[str, Any]:
+    with bench_cluster() as (local, namespace, c):
         for name in ("x", "y"):
             c.add_model(name, swap_cooldown="0s", idle_timeout="10m",
                         ready_delay="200ms", terminate_delay="200ms")
@@ -240,8 +250,6 @@ def run(swaps: int) -> dict[str, Any]:
                 "controller": "in-process, 2 workers",
             },
         }
-    finally:
-        local.stop()
 
 
 def gpu_group_writes(
@@ -256,15 +264,7 @@ def run_gpu_group(swaps: int, *, policy: str) -> dict[str, Any]:
     """Two ModelDeployments in one GPUGroup (threshold 1, no hysteresis, minimum run or
     cooldown); each round queues one request for the parked member and none for the
     other, as the proxy's demand annotations would, and waits until it serves."""
-    local = LocalCluster(name="flexinfer-bench-controller", audit=True)
-    local.start()
-    try:
-        local.kubectl("apply", "--server-side", "-k", str(ROOT / "crds"))
-        local.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        namespace = "bench"
-        admin = KubeApi(local.new_api_client())
-        admin.create(NAMESPACES, "", {"metadata": {"name": namespace}})
-        c = Cluster(local, namespace)
+    with bench_cluster() as (local, namespace, c):
         for name in ("m1", "m2"):
             c.api.create(MODEL_DEPLOYMENTS, namespace, {
                 "apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
@@ -326,8 +326,6 @@ def run_gpu_group(swaps: int, *, policy: str) -> dict[str, Any]:
                 "by_kind": {k: round(v / swaps, 2) for k, v in kinds.most_common()},
             },
         }
-    finally:
-        local.stop()
 
 
 def main() -> None:

@@ -29,7 +29,8 @@ Event naming who needed the room); its footprint counts until its pods are gone.
 With no budget, or a leader whose footprint is unknown or above the budget (it holds
 the card alone), the decision is exactly `decide_gpu_group`'s. Not wired into the
 controller yet: it runs a GPUGroup's members one at a time (`flexinfer_core.gpugroup`)
-and says so in the `Packed` condition.
+and says so in the `Packed` condition. `settled_packing` is the packing as it reads
+once the decision is written.
 
 Pure: no I/O, no clock.
 """
@@ -320,11 +321,28 @@ def _revised(
     by_name = {m.name: m for m in state.members}
     statuses = []
     for row in decision.member_statuses:
-        if row.name in holders:
+        if row.name == leader:
             row = attrs.evolve(row, state=MemberState.ACTIVE, preempted_at=None, preempted_by="")
-        elif row.name in evicted:
+        elif row.name in holders:
+            # Not preempted by this decision (it keeps its seat), but an earlier
+            # preemption's record stays, and with it its cooldown: cleared, the next
+            # decision could name it leader at once with no news (a swap of names).
+            seated = by_name[row.name]
             row = attrs.evolve(
-                row, state=MemberState.PREEMPTED, preempted_at=now, preempted_by=evicted[row.name]
+                row,
+                state=MemberState.ACTIVE,
+                preempted_at=seated.preempted_at,
+                preempted_by=seated.preempted_by,
+            )
+        elif row.name in evicted:
+            # Queued requests outrank the eviction in what it is called, as in section
+            # 3 (and so in the next decision): Queued, else Preempted.
+            queued = row.state is MemberState.QUEUED
+            row = attrs.evolve(
+                row,
+                state=MemberState.QUEUED if queued else MemberState.PREEMPTED,
+                preempted_at=now,
+                preempted_by=evicted[row.name],
             )
         statuses.append(row)
     # The Preempted Event of a member that keeps its seat goes, and an evicted member's
@@ -377,10 +395,23 @@ def record_packed_decision(state: GpuGroupState, packed: PackedGpuGroupDecision)
     )
 
 
+def settled_packing(
+    state: GpuGroupState, packed: PackedGpuGroupDecision, *, now: datetime
+) -> GpuGroupPacking:
+    """The packing of `packed` as it reads once its status is written (`record_packed_
+    decision`): the same holders, each member's words as the next decision with no news
+    says them (a newcomer admitted by demand is then seated, a member just evicted is
+    then cooling). What the GPUGroup's status says of the packing is read from this, so
+    the next reconcile rewrites nothing."""
+    recorded = _without_stale_demand(record_packed_decision(state, packed), now=now)
+    return pack_gpu_group(recorded, packed.decision, now=now)
+
+
 __all__ = [
     "GpuGroupPacking",
     "PackedGpuGroupDecision",
     "decide_packed_gpu_group",
     "pack_gpu_group",
     "record_packed_decision",
+    "settled_packing",
 ]

@@ -315,8 +315,58 @@ def test_generated_packings_fit_and_hold_once_applied(
     if packing.used:
         sizes_of = {m.name: m.vram_estimate or 0 for m in members}
         assert sum(sizes_of[h] for h in packing.holders) == packing.used <= 24 * GIB
-    # The leader's name may move to a member already on the card (a member's cooldown
-    # is cleared once it holds a seat, say): the set of holders stays, nobody goes.
+    # The leader's name may move to a member already on the card (one loading leads by
+    # section 3, say): the set of holders stays, nobody goes.
     second = decide_packed_gpu_group(record_packed_decision(state, first), now=now)
     assert set(second.packing.holders) == set(packing.holders)
     assert second.packing.evicted == ()
+
+
+def test_a_member_seated_in_its_cooldown_keeps_its_record_and_is_not_named_leader_next() -> None:
+    """gamma was preempted 10 s ago and asks again: the cooldown keeps beta leading, and
+    gamma sits beside it. Its preemption's record (and so its cooldown) stays: cleared,
+    the next decision with no news would name gamma leader (a Swap Event, a write)."""
+    state = group(
+        holding("beta", 4 * GIB, last_request=ago(10), seated=False),
+        asking("gamma", 4 * GIB, preempted_at=ago(10), preempted_by="beta"),
+        current_model="beta",
+        budget=16 * GIB,
+        anti_thrashing=AntiThrashing(enabled=True, request_queue_threshold=1,
+                                     hysteresis_window=timedelta(0),
+                                     minimum_run_duration=timedelta(0),
+                                     cooldown_after_preemption=timedelta(seconds=60)),
+    )  # fmt: skip
+    first = decide(state)
+    assert first.decision.active_model == "beta"
+    assert first.decision.reason == reasons.COOLDOWN_AFTER_PREEMPTION
+    assert first.packing.holders == ("beta", "gamma")
+    (gamma,) = [s for s in first.decision.member_statuses if s.name == "gamma"]
+    assert (gamma.state, gamma.preempted_at, gamma.preempted_by) == (
+        MemberState.ACTIVE, ago(10), "beta"
+    )  # fmt: skip
+    again = decide(record_packed_decision(state, first))
+    assert again.decision.action is not GpuGroupAction.SWAP
+    assert again.decision.active_model == "beta" and again.decision.group_events == ()
+    assert again.decision.member_statuses == first.decision.member_statuses
+
+
+def test_an_evicted_member_with_queued_requests_is_called_queued_as_section_3_would() -> None:
+    """embed, seated and still asked for, is evicted to make room for big (its cooldown
+    starts); with requests queued it is called Queued, as the next decision calls it,
+    not Preempted now and Queued one reconcile later."""
+    state = group(
+        holding("chat", 8 * GIB, priority=100),
+        holding("embed", 8 * GIB, priority=100, queued=1, oldest_waiting=ago(5),
+                reported_at=ago(0)),
+        asking("big", 16 * GIB, priority=300),
+        current_model="chat",
+        last_swap_time=ago(600),
+    )  # fmt: skip
+    first = decide(state)
+    assert first.packing.evicted == (("embed", "big"),)
+    (embed,) = [s for s in first.decision.member_statuses if s.name == "embed"]
+    assert (embed.state, embed.preempted_at, embed.preempted_by) == (
+        MemberState.QUEUED, T0, "big"
+    )  # fmt: skip
+    again = decide(record_packed_decision(state, first))
+    assert again.decision.member_statuses == first.decision.member_statuses

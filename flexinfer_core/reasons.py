@@ -126,5 +126,8 @@ VRAM_BUDGET_CONFLICT: Final = "VramBudgetConflict"
 NO_VRAM_BUDGET: Final = "NoVramBudget"
 # A group with a budget on a cluster whose pods cannot share a card (no DRA driver).
 NO_SHARED_CARD: Final = "NoSharedCard"
-# A GPUGroup with a budget: its members still take turns (scalingPolicy Exclusive).
+# A GPUGroup with a budget (its `Packed` condition): one holder within the budget, with
+# room for others beside it; or a holder that takes the card alone (its footprint is
+# unknown, or above the budget).
+FITS: Final = "Fits"
 EXCLUSIVE: Final = "Exclusive"

@@ -22,6 +22,7 @@ from flexinfer_core import (
     GpuGroupPhase,
     GpuGroupState,
     InvalidFieldError,
+    MemberState,
     Policy,
     SpecProblem,
     demand_annotation_key,
@@ -29,7 +30,8 @@ from flexinfer_core import (
     reasons,
 )
 from flexinfer_core.durations import seconds_window
-from flexinfer_core.group import CONDITION_PACKED
+from flexinfer_core.gpugroup_packing import GpuGroupPacking
+from flexinfer_core.group import CONDITION_PACKED, NO_SHARED_CARD_CONDITION
 from flexinfer_core.packing import format_gib
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_model_deployments import idle_timeout_of
@@ -95,6 +97,9 @@ def gpu_group_state_from_k8s(
                     ),
                     preempted_at=parse_rfc3339(row.get("preemptedAt")),
                     preempted_by=str(row.get("preemptedBy") or ""),
+                    # Recorded Active: it holds a seat on the card (read only by the
+                    # packing, docs/election.md 3, so that a packed set is kept as written).
+                    seated=row.get("state") == MemberState.ACTIVE.value,
                     exists=md is not None,
                     conflict=conflict,
                     cache_ready=name not in caches_not_ready,
@@ -185,12 +190,16 @@ def unreadable_members(
 
 
 def _packed(
-    group: Mapping[str, Any], decision: GpuGroupDecision, state: GpuGroupState | None
+    group: Mapping[str, Any],
+    decision: GpuGroupDecision,
+    state: GpuGroupState | None,
+    packing: GpuGroupPacking | None,
 ) -> tuple[list[Condition], JSON | None, dict[str, str | None]]:
     """The `Packed` condition, `status.vram` and each member's footprint of a GPUGroup
-    that sets `spec.vramBudget` (or once did): its members still take turns one at a
-    time (docs/election.md 1.7), which the condition says; the holder's footprint is
-    the budget's use. Nothing for a group that never set one."""
+    that sets `spec.vramBudget` (or once did), docs/election.md 3, "Packing". `packing`:
+    the decision's packing as it reads once written (`settled_packing`), None when the
+    cluster cannot put two servers on one card (no `--gpu-device-class`): its members
+    then take turns, which the condition says. Nothing for a group that never set one."""
     budget = state.vram_budget if state is not None else None
     had = any(
         isinstance(c, Mapping) and c.get("type") == CONDITION_PACKED
@@ -206,21 +215,46 @@ def _packed(
         for m in state.members
     }
     holder = state.member(decision.active_model) if decision.active_model else None
-    used = holder.vram_estimate if holder is not None else None
-    held = (
-        f"{format_gib(used)} of {format_gib(budget)} GiB held by {holder.name}"
-        if (used and holder is not None)
-        else f"the budget is {format_gib(budget)} GiB"
-    )
-    said = (
-        "the GPUGroup's members take turns one at a time (scalingPolicy.strategy "
-        f"Exclusive): {held}"
-    )
+    used = packing.used if packing is not None and packing.used else None
+    if used is None and holder is not None:
+        used = holder.vram_estimate  # alone: what it takes, when known
     vram: JSON = {
         "budget": format_quantity(budget),
         "used": format_quantity(used) if used else None,
     }
-    return [Condition(CONDITION_PACKED, False, reasons.EXCLUSIVE, said)], vram, footprints
+    condition: Condition
+    if packing is None:
+        condition = NO_SHARED_CARD_CONDITION
+    elif holder is None:
+        condition = Condition(
+            CONDITION_PACKED,
+            False,
+            reasons.QUEUED,
+            f"no member holds the card; the budget is {format_gib(budget)} GiB",
+        )
+    elif not packing.used:
+        condition = Condition(
+            CONDITION_PACKED, False, reasons.EXCLUSIVE, packing.seat(holder.name).message
+        )
+    else:
+        fits = f"fits: {format_gib(packing.used)} of {format_gib(budget)} GiB used"
+        words = [
+            f"{', '.join(packing.holders)} hold the card together: {fits}"
+            if packing.packed
+            else f"{holder.name} holds the card: {fits}"
+        ]
+        words += [
+            seat.message
+            for seat in packing.seats
+            if seat.reason == reasons.WAITING_FOR_VRAM and seat.message
+        ]
+        condition = Condition(
+            CONDITION_PACKED,
+            True,
+            reasons.CO_RESIDENT if packing.packed else reasons.FITS,
+            "; ".join(words),
+        )
+    return [condition], vram, footprints
 
 
 def gpu_group_status(
@@ -229,11 +263,14 @@ def gpu_group_status(
     *,
     now: datetime,
     state: GpuGroupState | None = None,
+    packing: GpuGroupPacking | None = None,
 ) -> JSON:
     """The GPUGroup status the decision describes (everything the controller owns);
-    `state`: the group as read, for its VRAM budget and footprints."""
+    `state`: the group as read, for its VRAM budget and footprints; `packing`: how a
+    budgeted group's members share the card (`settled_packing`), None when they cannot
+    (no shared card: they take turns)."""
     generation = generation_of(group)
-    packed, vram, footprints = _packed(group, decision, state)
+    packed, vram, footprints = _packed(group, decision, state, packing)
     draining = decision.phase is GpuGroupPhase.DRAINING
     ready = decision.phase is GpuGroupPhase.ACTIVE
     status: JSON = {

@@ -321,8 +321,10 @@ def test_graceful_keeps_a_member_answering_requests_until_they_end(
 def test_a_vram_budget_is_shown_and_members_still_take_turns(
     local_cluster: object, cluster: Cluster
 ) -> None:
-    """docs/election.md 1.7: a GPUGroup reads spec.vramBudget and its members'
-    footprints and shows them; its members take turns one at a time all the same."""
+    """docs/election.md 3: a GPUGroup reads spec.vramBudget and its members' footprints
+    and shows them; on a controller without --gpu-device-class its members take turns
+    one at a time all the same, and its Packed condition says why
+    (test_controller_gpugroup_packing: with one, they pack)."""
     c = cluster
     timeline = PodTimeline(c)
     add_member(c, "m1")
@@ -342,8 +344,8 @@ def test_a_vram_budget_is_shown_and_members_still_take_turns(
         assert {r["name"]: r.get("footprint") for r in status["modelStatuses"]} == {
             "m1": "4Gi", "m2": "4Gi"}
         packed = next(x for x in status["conditions"] if x["type"] == "Packed")
-        assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
-        assert packed["message"].endswith("4 of 24 GiB held by m1")
+        assert (packed["status"], packed["reason"]) == ("False", "NoSharedCard")
+        assert "--gpu-device-class" in packed["message"]
         # m2 asked for too: both fit the budget, but it takes its turn (a swap).
         queue(c, "m2", 1)
         wait_until(lambda: active(c, "m2"), what="m2 active")

@@ -22,6 +22,7 @@ from flexinfer_core import (
     membership_of,
     reasons,
 )
+from flexinfer_core.gpugroup_packing import decide_packed_gpu_group, settled_packing
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s.convert_gpugroups import (
     gpu_group_state_from_k8s,
@@ -841,7 +842,8 @@ def budgeted_group(**spec: Any) -> dict[str, Any]:
     }
 
 
-def test_a_gpu_group_budget_is_shown_and_its_members_take_turns() -> None:
+def test_a_gpu_group_budget_without_a_shared_card_is_shown_and_its_members_take_turns() -> None:
+    """No --gpu-device-class (no packing given): the shared groups' own words."""
     group = budgeted_group(vramBudget="24Gi")
     mds = {"a": {"metadata": {"name": "a"}, "spec": {}}, "b": {"metadata": {"name": "b"}}}
     pods = {"a": [pod("a", ready=True)]}
@@ -856,9 +858,9 @@ def test_a_gpu_group_budget_is_shown_and_its_members_take_turns() -> None:
     assert status["vram"] == {"budget": "24Gi", "used": "5632Mi"}
     assert [row["footprint"] for row in status["modelStatuses"]] == ["5632Mi", None]
     packed = next(c for c in status["conditions"] if c["type"] == "Packed")
-    assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
-    assert packed["message"].endswith("one at a time (scalingPolicy.strategy Exclusive): "
-                                      "5.5 of 24 GiB held by a")
+    assert (packed["status"], packed["reason"]) == ("False", "NoSharedCard")
+    assert "--gpu-device-class" in packed["message"]
+    assert packed["message"].endswith("runs one member at a time")
     stored = store_status(group, status)
     assert not status_differs(stored["status"], status)
     # Taken away: the numbers go, and the condition says there is no budget.
@@ -897,3 +899,90 @@ def test_a_bad_gpu_group_quantity_names_the_field(where: str, value: str, field:
     with pytest.raises(InvalidFieldError) as raised:
         gpu_group_state_from_k8s(group, model_deployments={}, member_pods={})
     assert raised.value.field == field and value in str(raised.value)
+
+
+def packed_group(**recorded: Any) -> dict[str, Any]:
+    """chat (5.5 GiB) holds a 24 GiB card; embed (4 GiB) and coder (16 GiB) were just
+    asked for."""
+    asked = json.dumps({"queued": 1, "oldestWaiting": format_rfc3339(NOW - timedelta(seconds=5)),
+                        "reportedAt": format_rfc3339(NOW)})  # fmt: skip
+    return {
+        "metadata": {"name": "gg", "namespace": "ns", "generation": 1,
+                     "annotations": {"demand.ai.flexinfer/embed": asked,
+                                     "demand.ai.flexinfer/coder": asked}},
+        "spec": {
+            "vramBudget": "24Gi",
+            "models": [
+                {"name": "chat", "priority": 300, "vramEstimate": "5632Mi"},
+                {"name": "embed", "priority": 200, "vramEstimate": "4Gi"},
+                {"name": "coder", "priority": 100, "vramEstimate": "16Gi"},
+            ],
+        },
+        "status": {"activeModel": "chat",
+                   "lastSwapTime": format_rfc3339(NOW - timedelta(minutes=10)),
+                   "modelStatuses": [{"name": "chat", "state": "Active"}], **recorded},
+    }  # fmt: skip
+
+
+PACKED_MDS = {n: {"metadata": {"name": n}, "spec": {}} for n in ("chat", "embed", "coder")}
+# chat was asked for a moment ago: it keeps the card.
+PACKED_MDS["chat"]["status"] = {"lastAccessTime": format_rfc3339(NOW - timedelta(seconds=5))}
+
+
+def decide_packed(group: dict[str, Any], pods: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    state = gpu_group_state_from_k8s(group, model_deployments=PACKED_MDS, member_pods=pods)
+    packed = decide_packed_gpu_group(state, now=NOW)
+    status = gpu_group_status(
+        group, packed.decision, now=NOW, state=state,
+        packing=settled_packing(state, packed, now=NOW),
+    )  # fmt: skip
+    return state, status
+
+
+def test_a_packed_gpu_group_says_every_holder_active_and_what_they_take() -> None:
+    group = packed_group()
+    pods = {"chat": [pod("chat", ready=True)]}
+    state, status = decide_packed(group, pods)
+    assert [m.seated for m in state.members] == [True, False, False]
+    assert status["activeModel"] == "chat"  # the leader stays
+    assert {r["name"]: r["state"] for r in status["modelStatuses"]} == {
+        "chat": "Active", "embed": "Active", "coder": "Queued"
+    }  # fmt: skip
+    assert {r["name"]: r["footprint"] for r in status["modelStatuses"]} == {
+        "chat": "5632Mi", "embed": "4Gi", "coder": "16Gi"
+    }  # fmt: skip
+    assert status["vram"] == {"budget": "24Gi", "used": "9728Mi"}  # 5.5 + 4, coder out
+    packed = next(c for c in status["conditions"] if c["type"] == "Packed")
+    assert (packed["status"], packed["reason"]) == ("True", "CoResident")
+    assert packed["message"].startswith(
+        "chat, embed hold the card together: fits: 9.5 of 24 GiB used; coder needs 16 GiB, "
+        "14.5 free"
+    )
+    # Written, then read back: the recorded states are the seats, and deciding again
+    # with no news writes nothing.
+    stored = store_status(group, status)
+    again, second = decide_packed(stored, pods)
+    assert [m.seated for m in again.members] == [True, True, False]
+    assert not status_differs(stored["status"], second)
+
+
+def test_a_packed_gpu_group_whose_holder_is_alone_says_why() -> None:
+    group = packed_group()
+    group["spec"]["models"][0].pop("vramEstimate")  # chat's footprint is unknown
+    _, status = decide_packed(group, {"chat": [pod("chat", ready=True)]})
+    assert {r["name"]: r["state"] for r in status["modelStatuses"]}["embed"] != "Active"
+    packed = next(c for c in status["conditions"] if c["type"] == "Packed")
+    assert (packed["status"], packed["reason"]) == ("False", "Exclusive")
+    assert packed["message"] == "holds the card alone: chat's footprint is unknown"
+    assert status["vram"] == {"budget": "24Gi", "used": None}
+
+
+def test_a_lone_holder_within_the_budget_fits_and_leaves_room() -> None:
+    group = packed_group()
+    group["metadata"]["annotations"] = {}
+    _, status = decide_packed(group, {"chat": [pod("chat", ready=True)]})
+    packed = next(c for c in status["conditions"] if c["type"] == "Packed")
+    assert (packed["status"], packed["reason"], packed["message"]) == (
+        "True", "Fits", "chat holds the card: fits: 5.5 of 24 GiB used"
+    )  # fmt: skip
+    assert status["vram"] == {"budget": "24Gi", "used": "5632Mi"}

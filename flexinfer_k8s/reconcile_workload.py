@@ -55,7 +55,13 @@ from flexinfer_k8s.render.workloads import (
     render_workload,
     selector_labels,
 )
-from flexinfer_k8s.shared_card import budgeted, claim_owner_problem, device_class_of, in_use
+from flexinfer_k8s.shared_card import (
+    budgeted,
+    claim_owner_problem,
+    device_class_of,
+    gpu_group_budgeted,
+    in_use,
+)
 from flexinfer_k8s.status_diff import merge_conditions, status_differs
 from flexinfer_kube.kubeapi import NotFound, Rejected
 from flexinfer_kube.objects import JSON, get_path, name_of, namespace_of
@@ -165,8 +171,8 @@ def _replicas_governed_by(
     groups = groups_listing(namespace_of(obj), name_of(obj))
     if groups:
         return (
-            f"it is a member of GPUGroup {', '.join(groups)}, whose decision runs one member "
-            "at a time: change the group's spec.models[].priority, or send requests through "
+            f"it is a member of GPUGroup {', '.join(groups)}, whose decision says which members "
+            "run: change the group's spec.models[].priority, or send requests through "
             "the proxy"
         )
     return (
@@ -304,12 +310,16 @@ class WorkloadReconciler:
         return Outcome(recheck, wrote, problem.reason if problem else reasons.RENDERED)
 
     def _shared_card(self, workload: Workload) -> gpu_claim.SharedCard | None:
-        """The group's card, for a Model of a budgeted shared group when the controller
-        has a DRA device class (`--gpu-device-class`); None renders exactly as without."""
-        if workload.kind is not Kind.MODEL or not workload.group:
+        """The group's card, for a Model of a budgeted shared group or a ModelDeployment of
+        a GPUGroup that sets `spec.vramBudget`, when the controller has a DRA device class
+        (`--gpu-device-class`); None renders exactly as without."""
+        if not workload.group or not self.settings.gpu_device_class:
             return None
-        if not self.settings.gpu_device_class:
-            return None
+        if workload.kind is Kind.MODEL_DEPLOYMENT:
+            group = self.cache.get(GPU_GROUPS, workload.namespace, workload.group)
+            if group is None or not gpu_group_budgeted(group):
+                return None
+            return gpu_claim.shared_card_of_gpu_group(group)
         members = self.cache.shared_group_models(workload.namespace, workload.group)
         if not budgeted(members):
             return None
@@ -336,9 +346,16 @@ class WorkloadReconciler:
             live = self._live_claim(namespace, name)  # someone was first: whose is it?
             if live is None:
                 return False, None, RECHECK_AFTER
-        members = self.cache.shared_group_models(namespace, workload.group)
-        uids = {str(get_path(m, "metadata", "uid") or "") for m in members} - {""}
-        clash = claim_owner_problem(live, group=workload.group, member_uids=uids)
+        gpu_group = workload.kind is Kind.MODEL_DEPLOYMENT
+        owning: list[JSON | None] = (
+            [self.cache.get(GPU_GROUPS, namespace, workload.group)]
+            if gpu_group
+            else list(self.cache.shared_group_models(namespace, workload.group))
+        )
+        uids = {str(get_path(o, "metadata", "uid") or "") for o in owning} - {""}
+        clash = claim_owner_problem(
+            live, group=workload.group, member_uids=uids, gpu_group=gpu_group
+        )
         if clash:
             return False, Problem(reasons.NAME_CLASH, clash), CLAIM_CLASH_RECHECK
         if get_path(live, "metadata", "deletionTimestamp"):

@@ -1,13 +1,14 @@
-"""A budgeted shared group's one card, as the controller reads it from the cluster.
+"""A budgeted group's one card, as the controller reads it from the cluster.
 
-docs/election.md 1.7 and docs/rendering.md ("One card for a packed group"). With the
-controller's `--gpu-device-class`, a shared group of Models whose members set a VRAM
-budget holds its card as one ResourceClaim (`render.gpu_claim`) that every member's pod
-references. This module says which groups are budgeted (`budgeted`), which members'
-pods cannot share the claim (`cannot_share`: their footprint then counts as the whole
-card), and whether a live claim of the group's name is flexinfer's own for this group
-(`claim_owner_problem`): a claim flexinfer did not create is never taken over or
-changed. Pure: objects in, values out.
+docs/election.md 1.7 and 3 and docs/rendering.md ("One card for a packed group"). With
+the controller's `--gpu-device-class`, a shared group of Models whose members set a
+VRAM budget, or a GPUGroup that sets `spec.vramBudget`, holds its card as one
+ResourceClaim (`render.gpu_claim`) that every member's pod references. This module says
+which groups are budgeted (`budgeted`, `gpu_group_budgeted`), which members' pods
+cannot share the claim (`cannot_share`, `deployment_cannot_share`: their footprint then
+counts as the whole card), and whether a live claim of the group's name is flexinfer's
+own for this group (`claim_owner_problem`): a claim flexinfer did not create is never
+taken over or changed. Pure: objects in, values out.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 
 from flexinfer_core import InvalidFieldError
 from flexinfer_k8s.render.gpu_claim import sharing_problem
-from flexinfer_k8s.render.workload import workload_from_model
+from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MANAGED_BY
 from flexinfer_kube.objects import get_path, name_of, namespace_of
-from flexinfer_kube.resources import MODELS
+from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS
 
 COMPONENT = "shared-gpu"
 """The claim's `app.kubernetes.io/component` label (`render.gpu_claim`)."""
@@ -43,34 +44,58 @@ def cannot_share(model: Mapping[str, Any], device_class: str) -> str:
     return sharing_problem(workload, device_class)
 
 
-def claim_owner_problem(claim: Mapping[str, Any], *, group: str, member_uids: set[str]) -> str:
+def gpu_group_budgeted(group: Mapping[str, Any] | None) -> bool:
+    """Whether a GPUGroup sets `spec.vramBudget`: its members' pods then reference the
+    group's claim (with the controller's device class), whoever holds the card."""
+    return get_path(group, "spec", "vramBudget") not in (None, "")
+
+
+def deployment_cannot_share(md: Mapping[str, Any], device_class: str, *, group: str) -> str:
+    """Why a GPUGroup member's pods cannot reference the group's claim (a sentence), or
+    "" when they can; as `cannot_share` for a ModelDeployment of GPUGroup `group`."""
+    try:
+        workload = workload_from_model_deployment(md, group=group)
+    except InvalidFieldError as error:
+        return f"ModelDeployment {name_of(md)}'s spec cannot be read: {error}"
+    return sharing_problem(workload, device_class)
+
+
+def claim_owner_problem(
+    claim: Mapping[str, Any],
+    *,
+    group: str,
+    member_uids: set[str],
+    gpu_group: bool = False,
+) -> str:
     """Why the live claim `claim`, named as `group`'s, is not flexinfer's claim for the
-    group's current members (a sentence naming it), or "" when it is: labelled managed
-    by flexinfer for this group of Models, and owned by at least one current member."""
+    group (a sentence naming it), or "" when it is: labelled managed by flexinfer for
+    this group, and owned by at least one of `member_uids` (a shared group of Models:
+    its current members; `gpu_group`: the GPUGroup itself, whose members are
+    ModelDeployments)."""
     name = f"ResourceClaim {namespace_of(claim)}/{name_of(claim)}"
+    what = f"GPUGroup {group}" if gpu_group else f"shared group {group}"
     labels = get_path(claim, "metadata", "labels") or {}
     wanted = {
         **MANAGED_BY,
         GROUP_LABEL: group,
-        KIND_LABEL: MODELS.kind,
+        KIND_LABEL: MODEL_DEPLOYMENTS.kind if gpu_group else MODELS.kind,
         "app.kubernetes.io/component": COMPONENT,
     }
     if any(labels.get(key) != value for key, value in wanted.items()):
         return (
-            f"{name} exists and was not created by flexinfer for shared group {group}: its "
+            f"{name} exists and was not created by flexinfer for {what}: its "
             "members' pods would use a device someone else allocates, so nothing is applied; "
             "delete or rename that claim"
         )
+    owner_kind = GPU_GROUPS.kind if gpu_group else MODELS.kind
     owners = {
         str(ref.get("uid"))
         for ref in get_path(claim, "metadata", "ownerReferences") or []
-        if ref.get("kind") == MODELS.kind
+        if ref.get("kind") == owner_kind
     }
     if not owners & member_uids:
-        return (
-            f"{name} belongs to earlier members of shared group {group} (waiting for the "
-            "garbage collector to remove it)"
-        )
+        whose = f"an earlier GPUGroup {group}" if gpu_group else f"earlier members of {what}"
+        return f"{name} belongs to {whose} (waiting for the garbage collector to remove it)"
     return ""
 
 

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from flexinfer_k8s.render.gpu_claim import claim_manifest, shared_card_of_models
-from flexinfer_k8s.render.workload import workload_from_model
+from flexinfer_k8s.render.gpu_claim import (
+    claim_manifest,
+    shared_card_of_gpu_group,
+    shared_card_of_models,
+)
+from flexinfer_k8s.render.workload import workload_from_model, workload_from_model_deployment
 from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MANAGED_BY
 from flexinfer_k8s.shared_card import (
     budgeted,
     cannot_share,
     claim_owner_problem,
+    deployment_cannot_share,
     device_class_of,
+    gpu_group_budgeted,
     in_use,
 )
 
@@ -66,3 +72,48 @@ def test_the_device_class_and_whether_a_pod_holds_the_claim() -> None:
     assert device_class_of(claim) == "gpu.amd.com"
     assert not in_use(claim)
     assert in_use({**claim, "status": {"reservedFor": [{"resource": "pods", "name": "p"}]}})
+
+
+def gpu_group(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
+            "metadata": {"name": "night", "namespace": "team", "uid": "uid-night"},
+            "spec": {"models": [{"name": "d"}], **spec}}  # fmt: skip
+
+
+def deployment(name: str, **resources: Any) -> dict[str, Any]:
+    return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+            "spec": {"backend": "vllm", "model": "o/r", **resources}}  # fmt: skip
+
+
+def test_a_gpu_group_is_budgeted_by_its_own_spec_vram_budget() -> None:
+    assert not gpu_group_budgeted(gpu_group())
+    assert not gpu_group_budgeted(None)
+    assert gpu_group_budgeted(gpu_group(vramBudget="24Gi"))
+
+
+def test_only_a_gpu_group_member_on_one_amd_gpu_shares_the_card() -> None:
+    assert deployment_cannot_share(deployment("d"), "gpu.amd.com", group="night") == ""
+    nvidia = deployment("d", resources={"limits": {"nvidia.com/gpu": 1}})
+    assert "1 nvidia GPU(s)" in deployment_cannot_share(nvidia, "gpu.amd.com", group="night")
+    assert "--gpu-device-class" in deployment_cannot_share(deployment("d"), "", group="night")
+
+
+def test_a_gpu_group_claim_is_ours_only_when_labelled_for_it_and_owned_by_the_group() -> None:
+    group = gpu_group(vramBudget="24Gi")
+    claim = claim_manifest(
+        workload_from_model_deployment(deployment("d"), group="night"),
+        shared_card_of_gpu_group(group),
+        device_class="gpu.amd.com",
+        labels={**MANAGED_BY, GROUP_LABEL: "night", KIND_LABEL: "ModelDeployment"},
+    )
+    ok = claim_owner_problem(claim, group="night", member_uids={"uid-night"}, gpu_group=True)
+    assert ok == ""
+    # A shared group of Models named alike does not own it, nor it theirs.
+    assert "not created" in claim_owner_problem(claim, group="night", member_uids={"uid-night"})
+    # The GPUGroup deleted and made again: the claim is the earlier one's.
+    said = claim_owner_problem(claim, group="night", member_uids={"uid-new"}, gpu_group=True)
+    assert "belongs to an earlier GPUGroup night" in said
+    foreign = {**claim, "metadata": {"name": claim["metadata"]["name"], "namespace": "team"}}
+    said = claim_owner_problem(foreign, group="night", member_uids={"uid-night"}, gpu_group=True)
+    assert "was not created by flexinfer for GPUGroup night" in said

@@ -27,10 +27,12 @@ A member evicted from its seat is scaled to 0 at once (Preempted, with a Warning
 Event naming who needed the room); its footprint counts until its pods are gone.
 
 With no budget, or a leader whose footprint is unknown or above the budget (it holds
-the card alone), the decision is exactly `decide_gpu_group`'s. Not wired into the
-controller yet: it runs a GPUGroup's members one at a time (`flexinfer_core.gpugroup`)
-and says so in the `Packed` condition. `settled_packing` is the packing as it reads
-once the decision is written.
+the card alone), the decision is exactly `decide_gpu_group`'s. The controller decides
+with this when it has a DRA device class (`--gpu-device-class`), so that the holders'
+pods can share the group's one ResourceClaim (`flexinfer_k8s.reconcile_gpugroup`);
+without one, a budgeted GPUGroup's members take turns (`decide_gpu_group`) and its
+`Packed` condition says why. `settled_packing` is the packing as it reads once the
+decision is written: what the GPUGroup's status says of it.
 
 Pure: no I/O, no clock.
 """

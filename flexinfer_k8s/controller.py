@@ -137,7 +137,7 @@ class Controller:
             shared_card=shared_card or bool(self.device_class),
             device_class=self.device_class,
         )
-        self.gpugroups = GpuGroupReconciler(wiring)
+        self.gpugroups = GpuGroupReconciler(wiring, device_class=self.device_class)
         self.caches = CacheReconciler(
             wiring, settings=settings, finetune_image=finetune_image, timeouts=cache_timeouts
         )

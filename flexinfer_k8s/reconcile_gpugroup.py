@@ -1,4 +1,14 @@
-"""Reconcile one GPUGroup: members' demand and pods -> `decide_gpu_group` -> apply the diff.
+"""Reconcile one GPUGroup: members' demand and pods -> the decision -> apply the diff.
+
+The decision is section 3's (`decide_gpu_group`, one member at a time), or, when the
+controller has a DRA device class (`--gpu-device-class`) and the group sets
+`spec.vramBudget`, the packed one (`decide_packed_gpu_group`, docs/election.md 3,
+"Packing"): the members that fit hold the card together, each `Active` in
+`status.modelStatuses`, their pods all referencing the group's one ResourceClaim
+(rendered by `reconcile_workload`). A member whose pods cannot reference it (not on
+one AMD GPU) counts as unknown footprint: the whole card. A packed group's scale-ups
+wait, on the live pod list, until the footprints of every member with pods plus the
+new holder's own fit the budget (`write_plan.Interlock`).
 
 Members are ModelDeployments named in `spec.models`; each runs as the Deployment of
 the same name. A listed ModelDeployment whose membership is in conflict (another
@@ -23,17 +33,26 @@ group. Nothing else is written; a reconcile that changes nothing writes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+
+import attrs
 
 from flexinfer_core import (
     DeploymentPhase,
     GpuGroupDecision,
+    GpuGroupState,
     InvalidFieldError,
     Membership,
     Scope,
     decide_gpu_group,
     reports_spec_problem,
     spec_problem,
+)
+from flexinfer_core.gpugroup_packing import (
+    GpuGroupPacking,
+    decide_packed_gpu_group,
+    settled_packing,
 )
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s import observe
@@ -46,6 +65,7 @@ from flexinfer_k8s.drain_times import DrainTimes
 from flexinfer_k8s.outcome import Applied, Outcome, Refusals, Wiring, recheck_soon
 from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.ready_times import ReadyTimes
+from flexinfer_k8s.shared_card import deployment_cannot_share
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import (
     Interlock,
@@ -62,9 +82,17 @@ from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 log = logging.getLogger("flexinfer.gpugroup")
 
 
+def _holder(decision: GpuGroupDecision) -> frozenset[str]:
+    return frozenset({decision.active_model} if decision.active_model else ())
+
+
 class GpuGroupReconciler:
-    def __init__(self, wiring: Wiring) -> None:
+    def __init__(self, wiring: Wiring, *, device_class: str = "") -> None:
         self.wiring = wiring
+        # The DRA device class of a budgeted group's claim (`--gpu-device-class`): with
+        # it, a GPUGroup that sets `spec.vramBudget` packs; without, its members take
+        # turns, and its `Packed` condition says why (docs/election.md 3).
+        self.device_class = device_class
         self.cache = wiring.cache
         self.writer = wiring.writer
         self.refusals = Refusals(wiring, kind="gpugroup")
@@ -96,10 +124,10 @@ class GpuGroupReconciler:
                 model=member,
                 handed_over_at=swapped_at if member == active else None,
             )
-        decision = decide_gpu_group(state, now=now)
+        state, decision, packing, holders = self._decide(snapshot, now=now)
         self._observe_drains(snapshot, decision, swapped_at=swapped_at, now=now)
 
-        wanted = gpu_group_status(group, decision, now=now, state=state)
+        wanted = gpu_group_status(group, decision, now=now, state=state, packing=packing)
         statuses: list[StatusWrite] = []
         if status_differs(group.get("status"), wanted):
             # The Events of a swap are the decision's: recorded only once the status
@@ -128,7 +156,7 @@ class GpuGroupReconciler:
                 now=now,
                 rewrite_last_access_time=member in decision.rewrite_last_access_time,
                 # Kept up by the decision without holding the card: it drains.
-                draining=member != decision.active_model and decision.replicas_for(member) > 0,
+                draining=member not in holders and decision.replicas_for(member) > 0,
             )
             if write is not None:
                 trailing.append(write)
@@ -136,14 +164,7 @@ class GpuGroupReconciler:
             namespace=namespace,
             group=name,
             kind="gpugroup",
-            # The decision saw these members' pods and chose to start beside them (an
-            # Immediate preemption, a drain past its timeout); any other in the live
-            # list (a former member's included) is one the cache had not seen.
-            interlock=Interlock(
-                group=name,
-                kind=MODEL_DEPLOYMENTS.kind,
-                accounted=frozenset(m for m in members if live_pods(member_pods[m])),
-            ),
+            interlock=self._interlock(name, state, members, member_pods, packed=packing),
             statuses=tuple(statuses),
             scales=tuple(scales),
             trailing=tuple(trailing),
@@ -172,6 +193,80 @@ class GpuGroupReconciler:
                 },
             )
         return Outcome(next_at, wrote, decision.reason)
+
+    def _decide(
+        self, snapshot: observe.GpuGroupSnapshot, *, now: datetime
+    ) -> tuple[GpuGroupState, GpuGroupDecision, GpuGroupPacking | None, frozenset[str]]:
+        """The group as decided on, the decision, its packing as written (None: the
+        members take turns) and the members that hold the card.
+
+        With a DRA device class and `spec.vramBudget` the members that fit share the card
+        (`decide_packed_gpu_group`, docs/election.md 3, "Packing"); a member whose pods
+        cannot reference the group's claim counts as unknown footprint (the whole card).
+        Otherwise section 3 decides alone, one member at a time."""
+        state = snapshot.state
+        if not self.device_class or state.vram_budget is None:
+            decision = decide_gpu_group(state, now=now)
+            return state, decision, None, _holder(decision)
+        state = self._sharing(snapshot)
+        packed = decide_packed_gpu_group(state, now=now)
+        holders = (
+            frozenset(packed.packing.holders) if packed.packing.used else _holder(packed.decision)
+        )
+        return state, packed.decision, settled_packing(state, packed, now=now), holders
+
+    def _sharing(self, snapshot: observe.GpuGroupSnapshot) -> GpuGroupState:
+        """The group with the footprint of a member whose pods cannot share its claim
+        (`shared_card.deployment_cannot_share`: not on one AMD GPU) unknown."""
+        state = snapshot.state
+        name = state.name
+        alone = {
+            member
+            for member, md in snapshot.model_deployments.items()
+            if deployment_cannot_share(md, self.device_class, group=name)
+        }
+        if not alone & {m.name for m in state.members if m.vram_estimate is not None}:
+            return state
+        return attrs.evolve(
+            state,
+            members=tuple(
+                attrs.evolve(m, vram_estimate=None) if m.name in alone else m
+                for m in state.members
+            ),
+        )
+
+    @staticmethod
+    def _interlock(
+        group: str,
+        state: GpuGroupState,
+        members: Sequence[str],
+        member_pods: Mapping[str, Sequence[JSON]],
+        *,
+        packed: GpuGroupPacking | None,
+    ) -> Interlock:
+        """What a scale-up checks in the live pod list (write_plan.Interlock).
+
+        Members taking turns: the decision saw these members' pods and chose to start
+        beside them (an Immediate preemption, a drain past its timeout); any other in
+        the live list (a former member's included) is one the cache had not seen.
+        Packed (several may hold the card): every live pod counts by its member's
+        footprint, the co-holders' that the decision counted included, and a holder
+        starts only when they and its own fit the budget; a pod of a member of unknown
+        footprint, or of no member, takes the whole card."""
+        if packed is None or not packed.used:
+            return Interlock(
+                group=group,
+                kind=MODEL_DEPLOYMENTS.kind,
+                accounted=frozenset(m for m in members if live_pods(member_pods[m])),
+            )
+        return Interlock(
+            group=group,
+            kind=MODEL_DEPLOYMENTS.kind,
+            budget=state.vram_budget,
+            footprints=tuple(
+                sorted((m.name, m.vram_estimate) for m in state.members if m.vram_estimate)
+            ),
+        )
 
     def _observe_drains(
         self,

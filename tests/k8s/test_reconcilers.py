@@ -28,7 +28,7 @@ from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
 from flexinfer_k8s.metrics import ControllerMetrics
 from flexinfer_k8s.outcome import Outcome
 from flexinfer_k8s.reconcile_shared import DEFAULT_COALESCE
-from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL
+from flexinfer_k8s.render.workloads import GROUP_LABEL, KIND_LABEL, MODEL_LABEL, RenderSettings
 from flexinfer_kube.clock import ManualClock
 from flexinfer_kube.kubeapi import Conflict, Rejected
 from flexinfer_kube.resources import (
@@ -134,7 +134,7 @@ class World:
     """The fake API server and a controller over it whose informers never start: the
     test puts objects in both, as a watch would, and runs keys one at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, settings: RenderSettings | None = None) -> None:
         self.api = FakeApi()
         self.clock = ManualClock(T0)
         self.metrics = ControllerMetrics(CollectorRegistry())
@@ -144,6 +144,7 @@ class World:
             namespaces=[NS],
             clock=self.clock,
             resync_seconds=0,
+            render_settings=settings,
         )
         for informer in self.controller.cache.informers:
             informer.healthy = True  # listed: nothing fails open unless a test says so
@@ -308,6 +309,145 @@ def test_a_gpugroup_scale_up_the_live_pod_list_contradicts_is_deferred_then_done
     assert world.replicas("m1") == 0 and world.replicas("m2") == 0
     assert world.status(GPU_GROUPS, "gg")["activeModel"] == "m2"
     deferred_until_the_pod_is_gone(world, key, old="m1", new="m2")
+
+
+# --- a packed GPUGroup (docs/election.md 3, "Packing") ---------------------------------------
+
+GIB = 2**30
+PACKED = {"chat": 8, "embed": 8, "big": 16}  # GiB, on a 24 GiB card
+
+
+def demand_report(seconds_ago: float = 5) -> str:
+    return json.dumps({
+        "queued": 1,
+        "oldestWaiting": format_rfc3339(T0 - timedelta(seconds=seconds_ago)),
+        "reportedAt": format_rfc3339(T0),
+    })
+
+
+def packed_world(*, device_class: str = "gpu.example.com") -> tuple[World, WorkKey]:
+    """GPUGroup gg (a 24 GiB budget): chat (8 GiB) serves, embed (8 GiB) was just asked
+    for, big (16 GiB, more important) is parked; the controller has a device class
+    (or, with "", none)."""
+    world = World(settings=RenderSettings(gpu_device_class=device_class))
+    world.put(GPU_GROUPS, {
+        "metadata": {"name": "gg", "namespace": NS, "generation": 1, "uid": "uid-gg",
+                     "annotations": {"demand.ai.flexinfer/embed": demand_report()}},
+        "spec": {
+            "vramBudget": "24Gi",
+            "models": [{"name": n, "priority": 300 if n == "big" else 100,
+                        "vramEstimate": f"{size}Gi"} for n, size in PACKED.items()],
+            "scalingPolicy": {"preemptionPolicy": "Graceful", "drainTimeoutSeconds": 60},
+            # One queued request never takes the lead from chat: the others join it.
+            "antiThrashing": {"enabled": True, "requestQueueThreshold": 5,
+                              "hysteresisWindowSeconds": 0},
+        },
+        "status": {"phase": "Active", "activeModel": "chat",
+                   "lastSwapTime": format_rfc3339(T0 - timedelta(hours=1)), "swapCount": 1,
+                   "modelStatuses": [{"name": "chat", "state": "Active"}]},
+    })  # fmt: skip
+    for name in PACKED:
+        md, workload = gpu_group_member(name, 1 if name == "chat" else 0)
+        if name == "chat":
+            md["status"] = {"lastAccessTime": format_rfc3339(T0 - timedelta(seconds=5))}
+        world.put(MODEL_DEPLOYMENTS, md)
+        world.put(DEPLOYMENTS, workload)
+    world.put(PODS, member_pod("chat"))
+    world.api.calls.clear()
+    return world, ("gpugroup", NS, "gg")
+
+
+def member_pod(name: str) -> JSON:
+    found = pod(name)
+    found["metadata"]["labels"] = {MODEL_LABEL: name, KIND_LABEL: "ModelDeployment",
+                                   GROUP_LABEL: "gg"}  # fmt: skip
+    return found
+
+
+def member_states(world: World) -> dict[str, str]:
+    return {r["name"]: r["state"] for r in world.status(GPU_GROUPS, "gg")["modelStatuses"]}
+
+
+def test_a_packed_gpugroup_starts_a_member_that_fits_beside_the_holder() -> None:
+    """chat holds the card; embed fits beside it (16 of 24 GiB): it is scaled up with
+    chat left as it is, both are Active, the group's Packed condition says what they
+    take; once embed serves, neither member is told it drains (the proxy would hold
+    its requests), and a reconcile with no news writes nothing."""
+    world, key = packed_world()
+    world.run(key)
+    assert (world.replicas("chat"), world.replicas("embed"), world.replicas("big")) == (1, 1, 0)
+    assert ("PATCH", "deployments", "chat", "scale") not in world.api.calls
+    assert member_states(world) == {"chat": "Active", "embed": "Active", "big": "Idle"}
+    status = world.status(GPU_GROUPS, "gg")
+    assert status["activeModel"] == "chat"
+    assert status["vram"] == {"budget": "24Gi", "used": "16Gi"}
+    packed = next(c for c in status["conditions"] if c["type"] == "Packed")
+    assert (packed["status"], packed["reason"], packed["message"]) == (
+        "True", "CoResident", "chat, embed hold the card together: fits: 16 of 24 GiB used"
+    )  # fmt: skip
+
+    world.put(PODS, member_pod("embed"))
+    world.run(key)
+    for name in ("chat", "embed"):
+        assert world.status(MODEL_DEPLOYMENTS, name)["phase"] == "Running", name
+    world.api.calls.clear()
+    world.run(key)
+    assert world.api.verbs(skip=("GET", "LIST")) == []
+
+
+def test_without_a_device_class_a_budgeted_gpugroup_takes_turns_and_says_why() -> None:
+    """The same group on a controller without --gpu-device-class: embed is not started
+    beside chat, and the group's Packed condition gives the shared groups' reason."""
+    world, key = packed_world(device_class="")
+    world.run(key)
+    assert (world.replicas("chat"), world.replicas("embed")) == (1, 0)
+    assert member_states(world)["embed"] != "Active"
+    packed = next(c for c in world.status(GPU_GROUPS, "gg")["conditions"]
+                  if c["type"] == "Packed")  # fmt: skip
+    assert (packed["status"], packed["reason"]) == ("False", "NoSharedCard")
+
+
+def test_a_larger_member_evicts_just_enough_and_starts_only_once_the_memory_is_free() -> None:
+    """chat and embed hold the card (16 of 24 GiB); big (16 GiB, more important) is asked
+    for: embed alone is evicted (8 + 16 fit), scaled to 0 at once and told why; big
+    waits while embed's pod holds its 8 GiB, on the live pod list too (the cache
+    already says it is gone), and starts beside chat once it is gone."""
+    world, key = packed_world()
+    world.run(key)
+    world.put(PODS, member_pod("embed"))
+    world.run(key)
+    group = world.controller.cache.get(GPU_GROUPS, NS, "gg")
+    assert group is not None
+    group = json.loads(json.dumps(group))
+    # embed was served a moment ago (its queue is empty: still in use); big is asked for.
+    group["metadata"]["annotations"] = {"demand.ai.flexinfer/big": demand_report()}
+    embed = world.controller.cache.get(MODEL_DEPLOYMENTS, NS, "embed")
+    assert embed is not None
+    embed = json.loads(json.dumps(embed))
+    embed["status"]["lastAccessTime"] = format_rfc3339(T0 - timedelta(seconds=2))
+    world.put(MODEL_DEPLOYMENTS, embed)
+    world.put(GPU_GROUPS, group)
+    world.api.calls.clear()
+
+    world.run(key)
+    assert (world.replicas("chat"), world.replicas("embed"), world.replicas("big")) == (1, 0, 0)
+    assert member_states(world) == {"chat": "Active", "embed": "Preempted", "big": "Active"}
+    events = [obj for (verb, plural, obj, _) in world.api.calls if verb == "POST"]
+    assert "Preempted" in events
+    # The cache says embed's pod is gone; the API server still has it.
+    world.controller.cache.store(PODS).forget(NS, "embed-0")
+    world.api.calls.clear()
+    world.clock.advance(timedelta(seconds=1))
+    deferred = world.run(key)
+    assert ("LIST", "pods", "", "") in world.api.calls
+    assert world.replicas("big") == 0
+    assert deferred is not None and deferred.next_change_at is not None
+
+    world.api.remove(PODS, NS, "embed-0")
+    world.clock.advance(timedelta(seconds=1))
+    world.run(key)
+    assert (world.replicas("chat"), world.replicas("embed"), world.replicas("big")) == (1, 0, 1)
+    assert world.status(GPU_GROUPS, "gg")["vram"]["used"] == "24Gi"
 
 
 # --- a status write that fails --------------------------------------------------------------

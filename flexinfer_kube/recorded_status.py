@@ -7,16 +7,18 @@ position, message and conditions, exactly as the controller wrote them. Nothing 
 decided here: a phase this module has never heard of (a new member state) is shown as
 it is, so the page follows what the controller writes without a change here.
 
-The holders are the members the status calls `Active` (a GPUGroup's
-`status.activeModel`), or while no member is called so, the one the latest eviction
-names (`card_holders`). A group with a VRAM budget (docs/election.md 1.7) may be held
-by several members at once: when every `Active` member's `Packed` condition is True
-and their footprints (`status.vram.footprint`) together fit the budget, the reading
-is a packed one: `packed` is True, `active` lists them all (the leader first) and
-`holder` is the leader, the one whose `Active` reason is not `CoResident`. Otherwise
-two `Active` members are a swap half written (statuses are written one after the
-other): `holder` is None and `active` names both (readers that follow holders over
-time skip such a reading).
+The holders are the members the status calls `Active`, or while no member is called
+so, the one the latest eviction names (`card_holders`). A group with a VRAM budget
+(docs/election.md 1.7) may be held by several members at once: when every `Active`
+member's `Packed` condition is True and their footprints (`status.vram.footprint`)
+together fit the budget, the reading is a packed one: `packed` is True, `active` lists
+them all (the leader first) and `holder` is the leader, the one whose `Active` reason
+is not `CoResident`. Otherwise two `Active` members are a swap half written (statuses
+are written one after the other): `holder` is None and `active` names both (readers
+that follow holders over time skip such a reading). A GPUGroup's holder is its
+`status.activeModel`; when its `Packed` condition is True (docs/election.md 3,
+"Packing"), every member its `modelStatuses` call `Active` holds the card beside it
+(`packed`, the leader first): one status, written at once, never half written.
 
 Pure functions over Kubernetes JSON: no I/O, no clock.
 """
@@ -254,16 +256,20 @@ def gpu_group_row(group: Mapping[str, Any], members: Mapping[str, Mapping[str, A
         row["preemptedBy"] = _text(recorded.get("preemptedBy")) or None
         row["footprint"] = _text(recorded.get("footprint")) or None
         rows.append(row)
-    active = _text(get_path(group, "status", "activeModel"))
+    leader = _text(get_path(group, "status", "activeModel"))
     vram = get_path(group, "status", "vram")
+    # A packed GPUGroup (docs/election.md 3, "Packing"): every member it records Active
+    # holds the card, its activeModel leads; the status is one object, written at once,
+    # so no half-written reading needs telling apart.
+    seated = [row["name"] for row in rows if row["state"] == "Active" and row["name"] != leader]
+    packed = bool(leader) and bool(seated) and _packed(group)
     return {
         "kind": "GPUGroup",
         "namespace": namespace,
         "name": name,
-        "holder": active or None,
-        "active": [active] if active else [],
-        # Its members take turns (docs/election.md 3): never several holders.
-        "packed": False,
+        "holder": leader or None,
+        "active": ([leader, *seated] if packed else [leader]) if leader else [],
+        "packed": packed,
         "vram": {
             "budget": _text(vram.get("budget")) or None,
             "used": _text(vram.get("used")) or None,

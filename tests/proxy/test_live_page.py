@@ -8,6 +8,7 @@ The browser test over a real cluster and proxy is tests/e2e/test_live_page_brows
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -262,6 +263,30 @@ def test_a_gpu_group_shows_its_active_model_and_each_members_recorded_state() ->
     a, b = group["members"]
     assert (a["name"], a["phase"], a["state"]) == ("md-a", "Running", "Active")
     assert (b["name"], b["phase"], b["state"], b["queuedRequests"]) == ("md-b", None, "Queued", 2)
+
+
+def test_a_packed_gpu_group_shows_every_member_it_records_active_leader_first() -> None:
+    """As the controller writes a packed GPUGroup: md-a leads, md-b sits beside it
+    (both Active), the Packed condition True; both hold the card, md-a is the holder."""
+    group = copy.deepcopy(GPU_GROUP)
+    group["spec"]["models"].insert(0, {"name": "md-c"})
+    group["status"]["modelStatuses"] = [
+        {"name": "md-c", "state": "Queued", "queuedRequests": 1, "footprint": "16Gi"},
+        {"name": "md-b", "state": "Active", "queuedRequests": 0, "footprint": "4Gi"},
+        {"name": "md-a", "state": "Active", "queuedRequests": 0, "footprint": "5632Mi"},
+    ]
+    group["status"]["vram"] = {"budget": "24Gi", "used": "9728Mi"}
+    group["status"]["conditions"].append(
+        condition("Packed", True, "CoResident",
+                  "md-a, md-b hold the card together: fits: 9.5 of 24 GiB used")
+    )  # fmt: skip
+    (row,) = recorded_groups(models=[], gpu_groups=[group], model_deployments=[MD_A])
+    assert (row["holder"], row["active"], row["packed"]) == ("md-a", ["md-a", "md-b"], True)
+    assert row["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+    # Without Packed True (a controller without a shared card), one holder only.
+    group["status"]["conditions"][-1] = condition("Packed", False, "NoSharedCard", "")
+    (row,) = recorded_groups(models=[], gpu_groups=[group], model_deployments=[MD_A])
+    assert (row["holder"], row["active"], row["packed"]) == ("md-a", ["md-a"], False)
 
 
 def test_conditions_shown_are_bounded() -> None:

@@ -147,9 +147,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help="the DeviceClass of the cluster's Dynamic Resource Allocation driver for its AMD "
         "GPUs (gpu.amd.com with AMD's driver): the members of a shared group with a VRAM "
-        "budget then share one card through the group's ResourceClaim and are packed while "
-        "their footprints fit (docs/election.md 1.7); empty (the default): no such driver, "
-        "and a budgeted group runs one member at a time",
+        "budget, and of a GPUGroup with spec.vramBudget, then share one card through the "
+        "group's ResourceClaim and are packed while their footprints fit (docs/election.md "
+        "1.7 and 3); empty (the default): no such driver, and a budgeted group runs one "
+        "member at a time",
     )
     parser.add_argument(
         "--cache-image",

@@ -683,3 +683,124 @@ async def test_every_holder_of_a_packed_group_answers_at_once_with_no_queue(
 
 async def _arrived(session: aiohttp.ClientSession, backend: Any, tag: str) -> bool:
     return tag in await backend.arrivals(session)
+
+
+@async_test
+async def test_every_holder_of_a_packed_gpugroup_answers_at_once_with_no_queue(
+    kubectl: Kubectl, namespace: str, api: KubeApi, backends: dict[str, Any]
+) -> None:
+    """A GPUGroup as the controller writes it once packed (docs/election.md 3): gchat
+    leads, gembed sits beside it (both Active in modelStatuses, both ModelDeployments
+    Running, Packed True), gcoder waits for room. Through the proxy over the real API
+    server a request for each holder reaches its own server at once, neither queued;
+    only gcoder's waits (and is reported as its queue on the group). The page's data
+    names both holders, the leader, and the budget's use. (Not chat, embed, coder nor card:
+    the shared group of the test above, in this namespace too, has those names.)"""
+    alpha, beta = backends["alpha"], backends["beta"]
+    sizes = {"gchat": "5632Mi", "gembed": "4Gi", "gcoder": "16Gi"}
+    group = {
+        "apiVersion": "ai.flexinfer/v1alpha1", "kind": "GPUGroup",
+        "metadata": {"name": "gcard"},
+        "spec": {"vramBudget": "24Gi",
+                 "models": [{"name": n, "vramEstimate": s} for n, s in sizes.items()]},
+    }  # fmt: skip
+    await asyncio.to_thread(apply, kubectl, namespace, group)
+    for name in sizes:
+        await asyncio.to_thread(apply, kubectl, namespace,
+                                model_deployment(name, gpuGroupRef="gcard"))  # fmt: skip
+    at = format_rfc3339(_now())
+    for name in sizes:
+        holds = name != "gcoder"
+        status = {"phase": "Running" if holds else "Idle", "replicas": int(holds),
+                  "readyReplicas": int(holds),
+                  "conditions": [{"type": "Ready", "status": "True" if holds else "False",
+                                  "reason": "Running" if holds else "NotActive",
+                                  "message": "", "lastTransitionTime": at}]}  # fmt: skip
+        await asyncio.to_thread(kubectl.patch_status, namespace, f"modeldeployment/{name}",
+                                {"status": status})  # fmt: skip
+    words = "gchat, gembed hold the card together: fits: 9.5 of 24 GiB used"
+    group_status = {
+        "phase": "Active", "message": "gchat holds the GPU", "activeModel": "gchat",
+        "swapCount": 1, "lastSwapTime": at,
+        "modelStatuses": [
+            {"name": "gchat", "state": "Active", "queuedRequests": 0, "footprint": "5632Mi"},
+            {"name": "gembed", "state": "Active", "queuedRequests": 0, "footprint": "4Gi"},
+            {"name": "gcoder", "state": "Idle", "queuedRequests": 0, "footprint": "16Gi"},
+        ],
+        "vram": {"budget": "24Gi", "used": "9728Mi"},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KeepCurrent",
+             "message": "gchat holds the GPU", "lastTransitionTime": at},
+            {"type": "Packed", "status": "True", "reason": "CoResident", "message": words,
+             "lastTransitionTime": at},
+        ],
+    }  # fmt: skip
+    await asyncio.to_thread(kubectl.patch_status, namespace, "gpugroup/gcard",
+                            {"status": group_status})  # fmt: skip
+    directory = KubeDirectory(
+        api,
+        namespaces=[namespace],
+        endpoint_overrides={"gchat": alpha.endpoint, "gembed": beta.endpoint,
+                            "gcoder": alpha.endpoint},
+        watch_timeout_seconds=5,
+    )  # fmt: skip
+    proxy = Proxy(directory, KubeDemandSink(api), registry=CollectorRegistry(),
+                  config=ProxyConfig(min_queue_wait=timedelta(seconds=30)))  # fmt: skip
+    server, port = await serve(proxy, host="127.0.0.1", port=0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _until(lambda: directory.synced, what="the initial lists")
+        await _until(
+            lambda: all((e := _found(directory, n)) is not None and e.ready
+                        and e.gpu_group == "gcard" for n in ("gchat", "gembed")),
+            what="gchat and gembed Ready members of gcard",
+        )  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            tag = f"packed-gg-{namespace}"
+
+            async def stream(name: str) -> tuple[int, dict[str, str], list[bytes]]:
+                body = {"model": name, "stream": True, "hold": True, "tag": f"{tag}-{name}"}
+                async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                    head = dict(response.headers)
+                    lines = [line async for line in response.content if line.strip()]
+                    return response.status, head, lines
+
+            answers = [asyncio.create_task(stream(n)) for n in ("gchat", "gembed")]
+            waiting = asyncio.create_task(
+                session.post(f"{url}/v1/chat/completions", json={"model": "gcoder"})
+            )
+            await _until(
+                lambda: _arrived(session, alpha, f"{tag}-gchat"), what="gchat at its server"
+            )
+            await _until(
+                lambda: _arrived(session, beta, f"{tag}-gembed"), what="gembed at its server"
+            )
+            assert not any(a.done() for a in answers)
+            assert proxy.queues.depth(f"{namespace}/gchat") == 0
+            assert proxy.queues.depth(f"{namespace}/gembed") == 0
+            await _until(lambda: proxy.queues.depth(f"{namespace}/gcoder") == 1,
+                         what="gcoder's request to wait")  # fmt: skip
+            data = proxy.live.status()
+            (row,) = [g for g in data["groups"] if g["name"] == "gcard"]
+            assert (row["kind"], row["holder"], row["active"], row["packed"]) == (
+                "GPUGroup", "gchat", ["gchat", "gembed"], True
+            )  # fmt: skip
+            assert row["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+            await alpha.release(session, f"{tag}-gchat")
+            await beta.release(session, f"{tag}-gembed")
+            for status, head, lines in await asyncio.gather(*answers):
+                assert status == 200 and lines[-1].strip() == b"data: [DONE]"
+                assert "x-flexinfer-queue-position" not in {h.lower() for h in head}
+
+            def coder_reported() -> bool:
+                stored = kubectl.json("get", "-n", namespace, "gpugroup/gcard")
+                notes = stored["metadata"].get("annotations") or {}
+                return "demand.ai.flexinfer/gcoder" in notes
+
+            await _until(lambda: coder_reported(), what="gcoder's queue on the group")
+            waiting.cancel()
+        # The proxy wrote no status: the seats stay as the controller wrote them.
+        stored = status_of(kubectl, namespace, "gpugroup/gcard")
+        assert [r["state"] for r in stored["modelStatuses"]] == ["Active", "Active", "Idle"]
+    finally:
+        await server.cleanup()

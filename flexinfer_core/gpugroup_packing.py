@@ -32,7 +32,10 @@ with this when it has a DRA device class (`--gpu-device-class`), so that the hol
 pods can share the group's one ResourceClaim (`flexinfer_k8s.reconcile_gpugroup`);
 without one, a budgeted GPUGroup's members take turns (`decide_gpu_group`) and its
 `Packed` condition says why. `settled_packing` is the packing as it reads once the
-decision is written: what the GPUGroup's status says of it.
+decision is written: what the GPUGroup's status says of it. `decide_gpu_group_on_card`
+is the whole rule as the controller applies it, and `flexinfer explain`, `status` and
+`doctor` with it: packed when the card can be shared and the group sets a budget, else
+section 3 alone.
 
 Pure: no I/O, no clock.
 """
@@ -409,11 +412,53 @@ def settled_packing(
     return pack_gpu_group(recorded, packed.decision, now=now)
 
 
+@attrs.frozen
+class GpuGroupOutcome:
+    """A GPUGroup decided as the controller decides it: the decision, its packing as the
+    status writes it (`settled_packing`; None: the members take turns) and the members
+    that hold the card (the leader alone unless packed)."""
+
+    decision: GpuGroupDecision
+    packing: GpuGroupPacking | None
+    holders: frozenset[str]
+
+
+def decide_gpu_group_on_card(
+    state: GpuGroupState, *, now: datetime, shared_card: bool
+) -> GpuGroupOutcome:
+    """The decision for a GPUGroup: with `shared_card` (the controller's
+    `--gpu-device-class`: the cluster can put two servers on one card) and a budget,
+    `decide_packed_gpu_group`; otherwise `decide_gpu_group`, one member at a time.
+    `state`: the group as observed, a member whose pods cannot share the card read with
+    an unknown footprint."""
+    if not shared_card or state.vram_budget is None:
+        decision = decide_gpu_group(state, now=now)
+        return GpuGroupOutcome(decision, None, _holder(decision))
+    packed = decide_packed_gpu_group(state, now=now)
+    holders = frozenset(packed.packing.holders) if packed.packing.used else _holder(packed.decision)
+    return GpuGroupOutcome(packed.decision, settled_packing(state, packed, now=now), holders)
+
+
+def record_gpu_group_outcome(state: GpuGroupState, outcome: GpuGroupOutcome) -> GpuGroupState:
+    """The GPUGroup as observed once `outcome`'s status is written: with a packing,
+    every member Active in it holds a seat (`record_packed_decision`)."""
+    if outcome.packing is None:
+        return record_gpu_group_decision(state, outcome.decision)
+    return record_packed_decision(state, PackedGpuGroupDecision(outcome.decision, outcome.packing))
+
+
+def _holder(decision: GpuGroupDecision) -> frozenset[str]:
+    return frozenset({decision.active_model} if decision.active_model else ())
+
+
 __all__ = [
+    "GpuGroupOutcome",
     "GpuGroupPacking",
     "PackedGpuGroupDecision",
+    "decide_gpu_group_on_card",
     "decide_packed_gpu_group",
     "pack_gpu_group",
+    "record_gpu_group_outcome",
     "record_packed_decision",
     "settled_packing",
 ]

@@ -36,8 +36,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-import attrs
-
 from flexinfer_core import (
     DeploymentPhase,
     GpuGroupDecision,
@@ -45,15 +43,10 @@ from flexinfer_core import (
     InvalidFieldError,
     Membership,
     Scope,
-    decide_gpu_group,
     reports_spec_problem,
     spec_problem,
 )
-from flexinfer_core.gpugroup_packing import (
-    GpuGroupPacking,
-    decide_packed_gpu_group,
-    settled_packing,
-)
+from flexinfer_core.gpugroup_packing import GpuGroupPacking
 from flexinfer_core.timestamps import parse_rfc3339
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_gpugroups import (
@@ -61,11 +54,11 @@ from flexinfer_k8s.convert_gpugroups import (
     unreadable_group_status,
 )
 from flexinfer_k8s.convert_model_deployments import member_status, unreadable_status
+from flexinfer_k8s.decide_gpugroup import decide_gpu_group_snapshot
 from flexinfer_k8s.drain_times import DrainTimes
 from flexinfer_k8s.outcome import Applied, Outcome, Refusals, Wiring, recheck_soon
 from flexinfer_k8s.pods import live_pods
 from flexinfer_k8s.ready_times import ReadyTimes
-from flexinfer_k8s.shared_card import deployment_cannot_share
 from flexinfer_k8s.status_diff import recorded_conditions, status_differs
 from flexinfer_k8s.write_plan import (
     Interlock,
@@ -80,10 +73,6 @@ from flexinfer_kube.objects import get_path, name_of, namespace_of
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS
 
 log = logging.getLogger("flexinfer.gpugroup")
-
-
-def _holder(decision: GpuGroupDecision) -> frozenset[str]:
-    return frozenset({decision.active_model} if decision.active_model else ())
 
 
 class GpuGroupReconciler:
@@ -198,42 +187,12 @@ class GpuGroupReconciler:
         self, snapshot: observe.GpuGroupSnapshot, *, now: datetime
     ) -> tuple[GpuGroupState, GpuGroupDecision, GpuGroupPacking | None, frozenset[str]]:
         """The group as decided on, the decision, its packing as written (None: the
-        members take turns) and the members that hold the card.
-
-        With a DRA device class and `spec.vramBudget` the members that fit share the card
-        (`decide_packed_gpu_group`, docs/election.md 3, "Packing"); a member whose pods
-        cannot reference the group's claim counts as unknown footprint (the whole card).
-        Otherwise section 3 decides alone, one member at a time."""
-        state = snapshot.state
-        if not self.device_class or state.vram_budget is None:
-            decision = decide_gpu_group(state, now=now)
-            return state, decision, None, _holder(decision)
-        state = self._sharing(snapshot)
-        packed = decide_packed_gpu_group(state, now=now)
-        holders = (
-            frozenset(packed.packing.holders) if packed.packing.used else _holder(packed.decision)
+        members take turns) and the members that hold the card
+        (`decide_gpu_group_snapshot`, as `flexinfer explain` decides it too)."""
+        state, outcome = decide_gpu_group_snapshot(
+            snapshot, device_class=self.device_class, now=now
         )
-        return state, packed.decision, settled_packing(state, packed, now=now), holders
-
-    def _sharing(self, snapshot: observe.GpuGroupSnapshot) -> GpuGroupState:
-        """The group with the footprint of a member whose pods cannot share its claim
-        (`shared_card.deployment_cannot_share`: not on one AMD GPU) unknown."""
-        state = snapshot.state
-        name = state.name
-        alone = {
-            member
-            for member, md in snapshot.model_deployments.items()
-            if deployment_cannot_share(md, self.device_class, group=name)
-        }
-        if not alone & {m.name for m in state.members if m.vram_estimate is not None}:
-            return state
-        return attrs.evolve(
-            state,
-            members=tuple(
-                attrs.evolve(m, vram_estimate=None) if m.name in alone else m
-                for m in state.members
-            ),
-        )
+        return state, outcome.decision, outcome.packing, outcome.holders
 
     @staticmethod
     def _interlock(

@@ -23,9 +23,14 @@ from flexinfer_core.election import Ballot, RuleCheck, explain_election, is_dema
 from flexinfer_core.gpugroup import (
     GpuGroupDecision,
     GpuGroupState,
-    decide_gpu_group,
     explain_gpu_group,
-    record_gpu_group_decision,
+)
+from flexinfer_core.gpugroup_packing import (
+    GpuGroupOutcome,
+    GpuGroupPacking,
+    decide_gpu_group_on_card,
+    decide_packed_gpu_group,
+    record_gpu_group_outcome,
 )
 from flexinfer_core.group import (
     NO_SHARED_CARD_CONDITION,
@@ -257,49 +262,73 @@ class GpuGroupExplanation:
     rules: tuple[RuleCheck, ...]
     # The changes ahead with no new request, earliest first (up to `limit`).
     upcoming: tuple[NextChange, ...]
+    # A packed group's packing as its status writes it (docs/election.md 3, "Packing"):
+    # each member's seat and why; None when its members take turns.
+    packing: GpuGroupPacking | None = None
+    # The members that hold the card: the leader, and beside it the co-residents.
+    holders: frozenset[str] = frozenset()
 
 
 def explain_gpu_group_ahead(
-    state: GpuGroupState, *, now: datetime, limit: int = 3
+    state: GpuGroupState, *, now: datetime, limit: int = 3, shared_card: bool = False
 ) -> GpuGroupExplanation:
-    """`explain_gpu_group`, plus what changes next: the decision recorded (as the
-    controller writes it) and decided again at each `next_change_at` ahead."""
+    """The controller's decision (`decide_gpu_group_on_card`: packed with `shared_card`
+    and a budget), section 3's steps (`explain_gpu_group`), and what changes next: the
+    decision recorded (as the controller writes it) and decided again at each
+    `next_change_at` ahead."""
+
+    def decide(observed: GpuGroupState, at: datetime) -> GpuGroupOutcome:
+        return decide_gpu_group_on_card(observed, now=at, shared_card=shared_card)
+
     trace = explain_gpu_group(state, now=now)
-    recorded = record_gpu_group_decision(state, trace.decision)
-    base = decide_gpu_group(recorded, now=now)
-    probe = base  # the last decision looked at; its next_change_at is the next instant
+    outcome = decide(state, now)
+    recorded = record_gpu_group_outcome(state, outcome)
+    base = probe = decide(recorded, now)  # probe: the last looked at; its timer is next
     found: list[NextChange] = []
     for _ in range(MAX_LOOKAHEAD):
-        instant = probe.next_change_at
+        instant = probe.decision.next_change_at
         if instant is None:
             break
-        later = probe = decide_gpu_group(recorded, now=instant)
-        if (later.active_model, later.reason, later.desired_replicas) == (
-            base.active_model,
-            base.reason,
-            base.desired_replicas,
-        ):
+        later = probe = decide(recorded, instant)
+        if _gpu_key(later) == _gpu_key(base):
             continue
-        if later.active_model != base.active_model:
-            what = (
-                f"{later.active_model} takes the GPU"
-                if later.active_model
-                else "the group scales to zero"
+        now_leader, was_leader = later.decision.active_model, base.decision.active_model
+        when = later.decision.message
+        if now_leader != was_leader:
+            what = f"{now_leader} takes the GPU" if now_leader else "the group scales to zero"
+        elif later.holders != base.holders:
+            joins, leaves = (
+                sorted(later.holders - base.holders),
+                sorted(base.holders - later.holders),
             )
+            what = "; ".join(
+                [f"{name} joins the card" for name in joins]
+                + [f"{name} leaves the card" for name in leaves]
+            )
+            # Each one's seat as this decision says it (before it is written).
+            seats = decide_packed_gpu_group(recorded, now=instant).packing
+            when = "; ".join(seats.seat(name).message for name in (*joins, *leaves))
         else:
-            what = f"{later.active_model or 'nobody'} holds as {later.reason}"
+            what = f"{now_leader or 'nobody'} holds as {later.decision.reason}"
         found.append(
             NextChange(
                 at=instant,
                 what=what,
-                when=later.message,
-                leader=later.active_model,
-                reason=later.reason,
-                message=later.message,
+                when=when,
+                leader=now_leader,
+                reason=later.decision.reason,
+                message=later.decision.message,
             )
         )
-        if later.active_model != base.active_model or len(found) >= limit:
+        if now_leader != was_leader or len(found) >= limit:
             break
-        recorded = record_gpu_group_decision(recorded, later)
-        base = probe = decide_gpu_group(recorded, now=instant)
-    return GpuGroupExplanation(trace.decision, trace.rules, tuple(found))
+        recorded = record_gpu_group_outcome(recorded, later)
+        base = probe = decide(recorded, instant)
+    return GpuGroupExplanation(
+        outcome.decision, trace.rules, tuple(found), outcome.packing, outcome.holders
+    )
+
+
+def _gpu_key(outcome: GpuGroupOutcome) -> tuple[object, ...]:
+    decision = outcome.decision
+    return (decision.active_model, decision.reason, decision.desired_replicas, outcome.holders)

@@ -314,3 +314,29 @@ def test_the_drain_step_names_the_drainer_and_its_deadline() -> None:
         f"at the latest until {deadline} (the 1m drain timeout after the swap)"
     )
     assert "the pods of a" in trace.rules[10].why
+
+
+def test_a_packed_gpu_group_looks_ahead_as_the_controller_decides_it() -> None:
+    """With a shared card and a budget (docs/election.md 3, "Packing"), the decision is
+    the packed one and the changes ahead count a co-resident leaving the card."""
+    gib = 2**30
+    members = (
+        GpuGroupMember(name="chat", last_request=ago(5), has_pods=True, ready=True,
+                       seated=True, vram_estimate=8 * gib),
+        GpuGroupMember(name="embed", last_request=ago(200), has_pods=True, ready=True,
+                       seated=True, vram_estimate=8 * gib),
+    )  # fmt: skip
+    state = _gpu_state(members=members, current_model="chat", vram_budget=24 * gib)
+    packed = explain_gpu_group_ahead(state, now=T0, shared_card=True)
+    assert packed.holders == {"chat", "embed"}
+    assert packed.packing is not None and packed.packing.holders == ("chat", "embed")
+    assert dict(packed.decision.desired_replicas) == {"chat": 1, "embed": 1}
+    first = packed.upcoming[0]
+    # embed's 5m idle timeout lapses 100 s on: it gives up its seat, chat keeps the card.
+    assert (first.at, first.what, first.leader) == (ago(200) + timedelta(minutes=5),
+                                                    "embed leaves the card", "chat")  # fmt: skip
+    assert first.when == "embed is idle past its idle timeout and gives up its seat"
+    # Without a shared card the members take turns: embed is not kept up beside chat.
+    plain = explain_gpu_group_ahead(state, now=T0)
+    assert plain.packing is None and plain.holders == {"chat"}
+    assert dict(plain.decision.desired_replicas)["embed"] == 0

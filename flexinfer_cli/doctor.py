@@ -33,7 +33,12 @@ from typing import Any
 import attrs
 
 from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
-from flexinfer_cli.explain import add_policy_flags, policy_from, shared_card_from
+from flexinfer_cli.explain import (
+    add_policy_flags,
+    device_class_from,
+    policy_from,
+    shared_card_from,
+)
 from flexinfer_cli.nodes import VENDOR_LABEL, plan_labels
 from flexinfer_cli.output import FAILED, FORMATS, OK, UsageError, emit, timestamp
 from flexinfer_cli.view import ClusterView
@@ -42,7 +47,6 @@ from flexinfer_core import (
     ModelState,
     Phase,
     Policy,
-    decide_gpu_group,
     decide_group,
     format_duration,
     parse_duration,
@@ -51,6 +55,7 @@ from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import observe
 from flexinfer_k8s.convert_leases import gpu_lease_from_k8s
 from flexinfer_k8s.convert_models import model_cache_ref, model_state_group
+from flexinfer_k8s.decide_gpugroup import decide_gpu_group_snapshot
 from flexinfer_k8s.reconcile_cache import job_phase
 from flexinfer_k8s.render.finetune import job_name
 from flexinfer_kube.clock import SystemClock
@@ -97,6 +102,8 @@ class Settings:
     proxy_account: str
     # As the controller's --gpu-device-class: a group with a VRAM budget may pack.
     shared_card: bool = False
+    # The controller's --gpu-device-class itself: with it a budgeted GPUGroup packs.
+    device_class: str = ""
 
 
 CHECKS: tuple[tuple[str, str], ...] = (
@@ -150,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             max_swaps=args.max_swaps,
             proxy_account=args.proxy_service_account,
             shared_card=shared_card_from(args),
+            device_class=device_class_from(args),
         )
     except FlexinferError as error:
         raise UsageError(str(error)) from None
@@ -552,7 +560,12 @@ def demand_reaches_controller(
                 )
     for obj in view.objects(GPU_GROUPS, namespace):
         gpu_group = observe.gpu_group_snapshot(view, obj)
-        wanted = decide_gpu_group(gpu_group.state, now=settings.now)
+        # As the controller decides it: a packed group may keep a seated member as its
+        # leader where section 3 alone would idle it (docs/election.md 3, "Packing").
+        _, outcome = decide_gpu_group_snapshot(
+            gpu_group, device_class=settings.device_class, now=settings.now
+        )
+        wanted = outcome.decision
         oldest = [m.oldest_waiting for m in gpu_group.state.members if m.oldest_waiting]
         recorded = get_path(obj, "status", "activeModel") or None
         if oldest and min(oldest) <= late and wanted.active_model != recorded:

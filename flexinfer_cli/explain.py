@@ -64,9 +64,12 @@ from flexinfer_core.explain import (
     explain_gpu_group_ahead,
     explain_group,
 )
+from flexinfer_core.group import CONDITION_PACKED
 from flexinfer_core.timestamps import format_rfc3339, parse_rfc3339
 from flexinfer_k8s import observe
+from flexinfer_k8s.convert_gpugroups import gpu_group_status
 from flexinfer_k8s.convert_models import model_state_group
+from flexinfer_k8s.decide_gpugroup import packs, sharing_state
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.objects import name_of, namespace_of
 from flexinfer_kube.resources import DEPLOYMENTS, GPU_GROUPS, GPU_LEASES, MODEL_DEPLOYMENTS, MODELS
@@ -148,7 +151,6 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
             help=f"{flag.help}; default {flag.default}",
         )
 
-
     # Not an election timing but a setting the decision depends on all the same
     # (docs/election.md 1.7): whether a group with a VRAM budget may pack.
     group.add_argument(
@@ -162,7 +164,12 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
 
 def shared_card_from(args: argparse.Namespace) -> bool:
     """Whether the controller these flags describe lets a budgeted group pack."""
-    return bool(getattr(args, "gpu_device_class", ""))
+    return bool(device_class_from(args))
+
+
+def device_class_from(args: argparse.Namespace) -> str:
+    """The controller's `--gpu-device-class` these flags describe ("" when none)."""
+    return str(getattr(args, "gpu_device_class", "") or "")
 
 
 def policy_from(args: argparse.Namespace) -> Policy:
@@ -202,10 +209,24 @@ def run(args: argparse.Namespace) -> int:
     view, namespace = read_view(args)
     apply_what_ifs(view, namespace, demand=args.demand, lease_group=args.lease, at=at)
     if kind == "gpugroup":
-        data = explain_gpu_group(view, namespace, name, at=at, changes=args.changes)
+        data = explain_gpu_group(
+            view,
+            namespace,
+            name,
+            at=at,
+            changes=args.changes,
+            device_class=device_class_from(args),
+        )
         text = gpu_group_text(data)
     elif kind == "modeldeployment":
-        data = explain_model_deployment(view, namespace, name, at=at, changes=args.changes)
+        data = explain_model_deployment(
+            view,
+            namespace,
+            name,
+            at=at,
+            changes=args.changes,
+            device_class=device_class_from(args),
+        )
         text = model_deployment_text(data)
     else:
         group = name if kind == "group" else model_group(view, namespace, name)
@@ -237,7 +258,6 @@ def apply_what_ifs(
     at: datetime,
 ) -> None:
     stamp = format_rfc3339(at)
-    groups_with = {name_of(g): g for g in view.objects(GPU_GROUPS, namespace)}
     for name in demand:
         model = view.get(MODELS, namespace, name)
         md = view.get(MODEL_DEPLOYMENTS, namespace, name)
@@ -245,7 +265,8 @@ def apply_what_ifs(
             _evolve(view, MODELS, model, status={"lastActiveTime": stamp})
         elif md is not None:
             # A GPUGroup member's demand is the proxy's report on the group.
-            listed = [g for g in groups_with.values() if name in _members_of(g)]
+            # Read afresh: an earlier --demand may have written this group's report.
+            listed = [g for g in view.objects(GPU_GROUPS, namespace) if name in _members_of(g)]
             key = demand_annotation_key(name)
             for group in listed:
                 # One more queued request on top of the proxy's last report.
@@ -574,25 +595,53 @@ def _ago(value: str | None, at: datetime) -> str:
 
 
 def explain_gpu_group(
-    view: ClusterView, namespace: str, name: str, *, at: datetime, changes: int = 3
+    view: ClusterView,
+    namespace: str,
+    name: str,
+    *,
+    at: datetime,
+    changes: int = 3,
+    device_class: str = "",
 ) -> dict[str, Any]:
+    """The GPUGroup decided as the controller decides it (`decide_gpu_group_snapshot`:
+    packed with `device_class` and a budget), section 3's steps, each member's seat
+    and the changes ahead."""
     group = view.get(GPU_GROUPS, namespace, name)
     if group is None:
         raise CommandError(f"GPUGroup {name!r} not found in namespace {namespace}")
     snapshot = observe.gpu_group_snapshot(view, group)
-    explanation = explain_gpu_group_ahead(snapshot.state, now=at, limit=changes)
+    state = sharing_state(snapshot, device_class)
+    explanation = explain_gpu_group_ahead(
+        state, now=at, limit=changes, shared_card=packs(snapshot, device_class)
+    )
     decision = explanation.decision
+    packing = explanation.packing
+    # The condition `Packed` the controller writes for this decision, in its words.
+    written = gpu_group_status(group, decision, now=at, state=state, packing=packing)
+    packed = next((c for c in written["conditions"] if c.get("type") == CONDITION_PACKED), None)
     return {
         "kind": "GPUGroup",
         "namespace": namespace,
         "group": name,
         "at": format_rfc3339(at),
         "leader": decision.active_model,
+        # Every member on the card, the leader first (as the controller scales them).
+        "holders": list(packing.holders)
+        if packing is not None and packing.used
+        else sorted(explanation.holders),
         "reason": decision.reason,
         "message": decision.message,
         "action": decision.action.value,
         "phase": decision.phase.value,
         "blockedBy": decision.blocked_by,
+        "packed": None
+        if packed is None
+        else {
+            "status": packed["status"],
+            "reason": packed["reason"],
+            "message": packed["message"],
+        },
+        "vram": written.get("vram"),
         "rules": rules_json(explanation.rules),
         "members": [
             {
@@ -604,6 +653,15 @@ def explain_gpu_group(
                 "replicas": snapshot.replicas.get(s.name),
                 "preemptedAt": timestamp(s.preempted_at),
                 "preemptedBy": s.preempted_by or None,
+                # Why it is or is not on the card beside the leader (docs/election.md 3,
+                # "Packing"); None when the members take turns.
+                "seat": None
+                if packing is None
+                else {
+                    "admitted": packing.seat(s.name).admitted,
+                    "reason": packing.seat(s.name).reason,
+                    "message": packing.seat(s.name).message,
+                },
             }
             for s in decision.member_statuses
         ],
@@ -619,6 +677,7 @@ def gpu_group_text(data: dict[str, Any]) -> str:
         f"GPUGroup {data['group']} (namespace {data['namespace']}), at {clock(at)}",
         f"Holder: {data['leader'] or 'none'} ({data['reason']}, {data['action']}, phase "
         f"{data['phase']}): {data['message']}",
+        *_packed_lines(data),
         "",
         "Steps (docs/election.md 3, in order):",
         render_table(
@@ -631,7 +690,7 @@ def gpu_group_text(data: dict[str, Any]) -> str:
         "",
         "Members:",
         render_table(
-            ["name", "state", "queued", "queued since", "replicas", "preempted by"],
+            ["name", "state", "queued", "queued since", "replicas", "preempted by", "card"],
             [
                 [
                     m["name"],
@@ -640,6 +699,7 @@ def gpu_group_text(data: dict[str, Any]) -> str:
                     _ago(m["queuedSince"], at),
                     _replicas(m),
                     m["preemptedBy"],
+                    _seat_words(m["seat"]),
                 ]
                 for m in data["members"]
             ],
@@ -658,15 +718,43 @@ def gpu_group_text(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _packed_lines(data: dict[str, Any]) -> list[str]:
+    """The condition `Packed` the controller writes (a group that sets a budget)."""
+    packed = data.get("packed")
+    if not packed:
+        return []
+    holders = ", ".join(data.get("holders") or []) or "none"
+    return [
+        f"Packing (docs/election.md 3): {packed['reason']}: {packed['message']}",
+        f"On the card: {holders}",
+    ]
+
+
+def _seat_words(seat: dict[str, Any] | None) -> str:
+    """A member's seat: `on (CoResident): fits: 9.5 of 24 GiB used`, or why not."""
+    if seat is None:
+        return "-"
+    where = "on" if seat["admitted"] else "off"
+    return f"{where} ({seat['reason']}): {seat['message']}" if seat["message"] else where
+
+
 def explain_model_deployment(
-    view: ClusterView, namespace: str, name: str, *, at: datetime, changes: int = 3
+    view: ClusterView,
+    namespace: str,
+    name: str,
+    *,
+    at: datetime,
+    changes: int = 3,
+    device_class: str = "",
 ) -> dict[str, Any]:
     md = view.get(MODEL_DEPLOYMENTS, namespace, name)
     if md is None:
         raise CommandError(f"ModelDeployment {name!r} not found in namespace {namespace}")
     membership = view.membership(md)
     if membership.kind is MembershipKind.MEMBER and membership.group:
-        data = explain_gpu_group(view, namespace, membership.group, at=at, changes=changes)
+        data = explain_gpu_group(
+            view, namespace, membership.group, at=at, changes=changes, device_class=device_class
+        )
         data["member"] = name
         return data
     # Standalone, or held at zero by a membership conflict (its reason says which).
@@ -692,8 +780,11 @@ def explain_model_deployment(
 
 def model_deployment_text(data: dict[str, Any]) -> str:
     if data["kind"] == "GPUGroup":
+        member = next((m for m in data["members"] if m["name"] == data["member"]), None)
+        seat = member["seat"] if member is not None else None
+        card = "" if seat is None else f"\nOn the card beside the leader: {_seat_words(seat)}"
         return (
-            f"ModelDeployment {data['member']} is a member of GPUGroup {data['group']}\n\n"
+            f"ModelDeployment {data['member']} is a member of GPUGroup {data['group']}{card}\n\n"
             + gpu_group_text(data)
         )
     at = parse_rfc3339(data["at"])

@@ -23,7 +23,12 @@ from datetime import datetime
 from typing import Any
 
 from flexinfer_cli.cluster import Target, add_cluster_flags, connect, list_cluster
-from flexinfer_cli.explain import add_policy_flags, policy_from, shared_card_from
+from flexinfer_cli.explain import (
+    add_policy_flags,
+    device_class_from,
+    policy_from,
+    shared_card_from,
+)
 from flexinfer_cli.output import (
     FORMATS,
     OK,
@@ -43,7 +48,6 @@ from flexinfer_core import (
     GroupDecision,
     Membership,
     Policy,
-    decide_gpu_group,
     decide_standalone,
     reasons,
 )
@@ -55,6 +59,7 @@ from flexinfer_k8s import observe
 from flexinfer_k8s.cache import WATCHED
 from flexinfer_k8s.convert_leases import GPU_LEASE_LABEL
 from flexinfer_k8s.convert_models import model_state_group
+from flexinfer_k8s.decide_gpugroup import decide_gpu_group_snapshot
 from flexinfer_kube.clock import SystemClock
 from flexinfer_kube.informers import Informer, wait_all
 from flexinfer_kube.objects import name_of, namespace_of
@@ -89,10 +94,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     target = connect(args)
     if args.watch:
-        return watch(target, policy=policy, fmt=args.output, shared_card=shared_card_from(args))
+        return watch(
+            target,
+            policy=policy,
+            fmt=args.output,
+            shared_card=shared_card_from(args),
+            device_class=device_class_from(args),
+        )
     view = list_cluster(target.api, target.namespace)
     now = SystemClock().now()
-    data = status_data(view, now=now, policy=policy, shared_card=shared_card_from(args))
+    data = status_data(
+        view,
+        now=now,
+        policy=policy,
+        shared_card=shared_card_from(args),
+        device_class=device_class_from(args),
+    )
     emit(data, fmt=args.output, table=status_text(data, now=now, namespace=target.namespace))
     return OK
 
@@ -101,8 +118,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status_data(
-    view: ClusterView, *, now: datetime, policy: Policy, shared_card: bool = False
+    view: ClusterView,
+    *,
+    now: datetime,
+    policy: Policy,
+    shared_card: bool = False,
+    device_class: str = "",
 ) -> dict[str, Any]:
+    """`shared_card`: a shared group of Models with a budget packs; `device_class`: the
+    controller's `--gpu-device-class`, with which a budgeted GPUGroup packs."""
     groups, models = [], []
     for namespace in view.namespaces():
         for key in sorted({model_state_group(m) for m in view.objects(MODELS, namespace)}):
@@ -120,7 +144,7 @@ def status_data(
         "sharedGroups": groups,
         "models": sorted(models, key=lambda m: (m["namespace"], m["name"])),
         "gpuGroups": [
-            gpu_group_row(view, group, now=now)
+            gpu_group_row(view, group, now=now, device_class=device_class)
             for group in sorted(view.objects(GPU_GROUPS), key=_key)
         ],
         "modelDeployments": [
@@ -242,14 +266,27 @@ def standalone_model_row(
     }
 
 
-def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+def gpu_group_row(
+    view: ClusterView, group: dict[str, Any], *, now: datetime, device_class: str = ""
+) -> dict[str, Any]:
     snapshot = observe.gpu_group_snapshot(view, group)
-    decision: GpuGroupDecision = decide_gpu_group(snapshot.state, now=now)
-    budget = snapshot.state.vram_budget
-    holder = snapshot.state.member(decision.active_model) if decision.active_model else None
+    # As the controller decides it: packed with `device_class` and a budget.
+    state, outcome = decide_gpu_group_snapshot(snapshot, device_class=device_class, now=now)
+    decision: GpuGroupDecision = outcome.decision
+    packing = outcome.packing
+    budget = state.vram_budget
+    holder = state.member(decision.active_model) if decision.active_model else None
     queued = sorted(
-        (m for m in snapshot.state.members if m.queued > 0),
+        (m for m in state.members if m.queued > 0),
         key=lambda m: (-m.priority, m.oldest_waiting or now, m.name),
+    )
+    holders = (
+        list(packing.holders) if packing is not None and packing.used else sorted(outcome.holders)
+    )
+    used = (
+        packing.used
+        if packing is not None and packing.used
+        else (holder.vram_estimate if holder is not None else None)
     )
     return {
         "namespace": namespace_of(group),
@@ -263,13 +300,16 @@ def gpu_group_row(view: ClusterView, group: dict[str, Any], *, now: datetime) ->
         "swaps": decision.swap_count,
         "lastSwapTime": timestamp(decision.last_swap_time),
         "nextChangeAt": format_rfc3339(decision.next_change_at),
-        # docs/election.md 1.7: a GPUGroup's members take turns; its budget and the
-        # holder's footprint are shown. None when it sets no budget.
+        # docs/election.md 3, "Packing": every member on the card, the leader first.
+        "holders": holders,
+        # The budget and what the holders' footprints take; None when it sets no budget.
         "vram": None
         if budget is None
         else {
             "budgetBytes": budget,
-            "usedBytes": holder.vram_estimate if holder is not None else None,
+            "usedBytes": used,
+            # False: the controller has no --gpu-device-class; one member at a time.
+            "sharedCard": packing is not None,
         },
     }
 
@@ -360,7 +400,7 @@ def status_text(data: dict[str, Any], *, now: datetime, namespace: str | None) -
         if any(g["vram"] for g in data["gpuGroups"]):
             headers.insert(4, "vram")
             for row, g in zip(rows, data["gpuGroups"], strict=True):
-                row.insert(len(_ns(g, wide_ns)) + 4, _vram(g["vram"], []))
+                row.insert(len(_ns(g, wide_ns)) + 4, _vram(g["vram"], g["holders"]))
         blocks.append("GPUGroups:\n" + render_table(_ns_head(wide_ns) + headers, rows))
     if data["modelDeployments"]:
         rows = [
@@ -442,7 +482,14 @@ def _scales_down(row: dict[str, Any], now: datetime) -> str:
 # --- -w -------------------------------------------------------------------------------
 
 
-def watch(target: Target, *, policy: Policy, fmt: str, shared_card: bool = False) -> int:
+def watch(
+    target: Target,
+    *,
+    policy: Policy,
+    fmt: str,
+    shared_card: bool = False,
+    device_class: str = "",
+) -> int:
     """Follow the cluster with informers; print a block whenever what it shows changes."""
     view = ClusterView(source="cluster")
     changed = threading.Event()
@@ -477,6 +524,7 @@ def watch(target: Target, *, policy: Policy, fmt: str, shared_card: bool = False
             changed=changed,
             stop=stop,
             shared_card=shared_card,
+            device_class=device_class,
         )
     except KeyboardInterrupt:
         pass
@@ -497,12 +545,15 @@ def _follow(
     stop: threading.Event,
     clock_now: Callable[[], datetime] = lambda: SystemClock().now(),
     shared_card: bool = False,
+    device_class: str = "",
 ) -> None:
     shown: Any = None
     while not stop.is_set():
         changed.clear()
         now = clock_now()
-        data = status_data(view, now=now, policy=policy, shared_card=shared_card)
+        data = status_data(
+            view, now=now, policy=policy, shared_card=shared_card, device_class=device_class
+        )
         # Ages move every second; only what the block says counts as a change (the
         # table does not show `recorded`, the JSON does).
         hidden = {"at"} if fmt in ("json", "yaml") else {"at", "recorded"}

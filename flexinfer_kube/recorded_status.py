@@ -159,6 +159,25 @@ def _packed(obj: Mapping[str, Any]) -> bool:
     )
 
 
+# A GPUGroup's `Packed` reasons that the controller writes only when it can pack it
+# (`--gpu-device-class` and a budget) and its leader does not hold the card alone.
+_SIDE_BY_SIDE = frozenset({reasons.CO_RESIDENT, reasons.FITS, reasons.QUEUED})
+
+
+def gpu_group_packs(group: Mapping[str, Any]) -> bool:
+    """Whether a GPUGroup's status says its members that fit start side by side on the
+    card (docs/election.md 3, "Packing"): its condition `Packed` reads `CoResident`,
+    `Fits` or `Queued` (nobody holds it yet). Not when the members take turns
+    (`NoSharedCard`, `NoVramBudget`, no condition) or the leader holds the card alone
+    (`Exclusive`)."""
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == CONDITION_PACKED
+        and c.get("reason") in _SIDE_BY_SIDE
+        for c in get_path(group, "status", "conditions") or []
+    )
+
+
 def packed_leader(models: Iterable[Mapping[str, Any]], holding: frozenset[str]) -> str | None:
     """The leader of a packed reading of one group's statuses (docs/election.md 1.7), or
     None when the reading is not one: several members hold the card, each says

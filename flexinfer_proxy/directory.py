@@ -65,6 +65,8 @@ class ModelEntry:
     advertises: a Model's own while it holds its group's card.
     `node` is the node a Model's server last became Ready on (`status.nodeName`;
     None when it never has, and for a ModelDeployment): its swap times are kept by it.
+    `side_by_side`: its GPUGroup packs (`recorded_status.gpu_group_packs`): members
+    that fit start together rather than one after another.
     """
 
     name: str
@@ -81,6 +83,7 @@ class ModelEntry:
     active_services: tuple[str, ...] = ()
     priority: int = DEFAULT_PRIORITY
     node: str | None = None
+    side_by_side: bool = False
     # `namespace/name`: unique across the cluster (queues, demand and metrics are kept
     # by it). Made once: it is read several times for every request.
     key: str = attrs.field(init=False, eq=False, repr=False)

@@ -57,9 +57,10 @@ from flexinfer_kube.objects import (
     gpu_group_listings,
     gpu_group_member_names,
     gpu_group_ref,
+    name_of,
     object_key,
 )
-from flexinfer_kube.recorded_status import card_holders
+from flexinfer_kube.recorded_status import card_holders, gpu_group_packs
 from flexinfer_kube.resources import GPU_GROUPS, MODEL_DEPLOYMENTS, MODELS, SERVICES, Resource
 from flexinfer_proxy.directory import (
     DEFAULT_COLD_START_TIMEOUT,
@@ -184,12 +185,15 @@ def entry_from_object(
     override: str | None = None,
     gpu_groups: Mapping[str, Collection[str]] | None = None,
     holders: Collection[str] | None = None,
+    packing_groups: Collection[str] = (),
 ) -> ModelEntry:
     """A Model or ModelDeployment (as the API returns it) as a routable entry.
 
     `gpu_groups` maps the GPUGroups of its namespace to the names they list; it
     decides a ModelDeployment's group. `holders`: the members of a Model's shared
     group that hold the card (`card_holders`; None: the Model's own status decides).
+    `packing_groups`: the GPUGroups of its namespace whose members start side by side
+    (`gpu_group_packs`).
     """
     namespace, name = object_key(obj)
     endpoint = (
@@ -230,6 +234,7 @@ def entry_from_object(
         active_services=active_services,
         priority=priority if isinstance(priority, int) else DEFAULT_PRIORITY,
         node=node if isinstance(node, str) and node else None,
+        side_by_side=gpu_group is not None and gpu_group in packing_groups,
     )
 
 
@@ -410,13 +415,15 @@ class KubeDirectory:
             holders = None
             if kind is ModelKind.MODEL and (group := _group_index(obj)):
                 holders = card_holders(self._stores[MODELS].by_index("group", group[0]))
+            groups = self._stores[GPU_GROUPS].objects(namespace)
             return entry_from_object(
                 kind,
                 obj,
                 service=service,
                 override=override,
-                gpu_groups=gpu_group_listings(self._stores[GPU_GROUPS].objects(namespace)),
+                gpu_groups=gpu_group_listings(groups),
                 holders=holders,
+                packing_groups={name_of(g) for g in groups if gpu_group_packs(g)},
             )
         return None
 

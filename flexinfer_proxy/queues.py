@@ -203,9 +203,11 @@ class RequestQueues:
         `Retry-After`).
 
         0 for a Ready model (it waits only for the drain). Else the rest of the
-        model's swap in progress (`SwapTimes.remaining`); for a GPUGroup member,
-        behind every other member of its group whose requests began waiting earlier
-        and is not Ready: the rest of their swaps, then its own whole swap.
+        model's swap in progress (`SwapTimes.remaining`); for a member of a GPUGroup
+        whose members take turns, behind every other member of its group whose
+        requests began waiting earlier and is not Ready: the rest of their swaps, then
+        its own whole swap. A member of a packed GPUGroup (`side_by_side`) starts
+        beside the others: the rest of its own swap only.
         """
         entry = self._directory.lookup(key)
         if entry is None or entry.ready:
@@ -213,7 +215,7 @@ class RequestQueues:
         now = self._clock.now()
         started = self._swap_started.get(key, now)
         ahead = 0.0
-        if entry.gpu_group:
+        if entry.gpu_group and not entry.side_by_side:
             for other_key, other_started in self._swap_started.items():
                 other = self._directory.lookup(other_key)
                 if (

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from flexinfer_kube.recorded_status import gpu_group_packs
 from flexinfer_proxy.directory import ModelKind
 from flexinfer_proxy.kube_directory import (
     entry_from_object,
@@ -197,3 +198,30 @@ def test_a_rendered_service_is_known_by_its_labels_and_owner() -> None:
     assert not owned_by(_rendered(), recreated, MODEL), "a Service left by a deleted Model"
     assert not owned_by(_rendered(ownerReferences=[]), model, MODEL)
 
+
+@pytest.mark.parametrize(
+    ("reason", "side_by_side"),
+    [
+        ("CoResident", True),  # several hold the card
+        ("Fits", True),  # one holds it, room beside it
+        ("Queued", True),  # nobody holds it yet, but the controller can pack it
+        ("Exclusive", False),  # the leader takes the card alone: the others wait
+        ("NoSharedCard", False),  # no --gpu-device-class: one member at a time
+        ("NoVramBudget", False),
+        (None, False),  # no Packed condition: a group without a budget
+    ],
+)
+def test_a_member_of_a_packed_gpu_group_starts_side_by_side(
+    reason: str | None, side_by_side: bool
+) -> None:
+    """docs/election.md 3, "Packing": the group's condition `Packed` says whether its
+    members that fit start together (the proxy's wait estimate counts on it)."""
+    conditions = [] if reason is None else [{"type": "Packed", "status": "True", "reason": reason}]
+    group = {"metadata": {"name": "card", "namespace": "ns"}, "status": {"conditions": conditions}}
+    assert gpu_group_packs(group) is side_by_side
+    member = obj(spec={"gpuGroupRef": "card"})
+    packing = {"card"} if gpu_group_packs(group) else set()
+    made = entry_from_object(
+        DEPLOYMENT, member, service=None, gpu_groups={"card": ("m",)}, packing_groups=packing
+    )
+    assert (made.gpu_group, made.side_by_side) == ("card", side_by_side)

@@ -238,6 +238,39 @@ async def test_a_member_waits_behind_the_swap_of_a_member_asked_for_earlier(
 
 
 @async_test
+async def test_a_member_of_a_packed_gpu_group_does_not_wait_behind_the_others_swaps(
+    backends: dict[str, BackendProcess],
+) -> None:
+    """docs/election.md 3, "Packing": members that fit start side by side, so a member
+    asked for after another is told the rest of its own swap, not theirs added first."""
+
+    def member(name: str) -> Any:
+        return entry(
+            name,
+            backends["alpha"].endpoint,
+            ready=False,
+            kind=ModelKind.MODEL_DEPLOYMENT,
+            gpu_group="grp",
+            side_by_side=True,
+        )
+
+    config = ProxyConfig(swap_time_prior=30.0)
+    async with running_proxy([member("g1"), member("g2")], config=config) as p:
+        p.proxy.swap_times.observe("test/g2", 8.0, ended_at=START)
+        first = asyncio.create_task(_chat(p, "g1"))
+        await p.queued("g1", 1)
+        p.clock.advance(timedelta(seconds=10))
+        second = asyncio.create_task(_chat(p, "g2"))
+        await p.queued("g2", 1)
+        # Taking turns it would be 20 + 8 = 28 s (the test above); side by side, 8 s.
+        assert p.proxy.queues.estimate_wait("test/g2") == 8.0
+        p.directory.set_ready("g1")
+        p.directory.set_ready("g2")
+        (_, h1, _), (_, h2, _) = await asyncio.gather(first, second)
+        assert h1[WAIT] == "30.0" and h2[WAIT] == "8.0"
+
+
+@async_test
 async def test_retry_after_of_a_timed_out_wait_comes_from_the_estimate_within_its_bound(
     backends: dict[str, BackendProcess],
 ) -> None:

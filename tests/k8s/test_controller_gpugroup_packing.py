@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from flexinfer_cli.__main__ import main
 from flexinfer_core.timestamps import format_rfc3339
 from flexinfer_devcluster import gpudriver
 from flexinfer_devcluster.policy import dev_policy
@@ -110,6 +111,24 @@ def serving(c: Cluster, name: str) -> bool:
     return (md.get("status") or {}).get("phase") == "Running" and bool(c.ready_pods(name))
 
 
+def said_on_the_cluster_as_written(c: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """`flexinfer explain` and `status` with the controller's device class decide the
+    live group as the controller did: the same holders, the same `Packed` words."""
+    flags = ["--kubeconfig", str(c.local.kubeconfig), "-n", c.namespace, "-o", "json",
+             "--gpu-device-class", gpudriver.DEVICE_CLASS]  # fmt: skip
+    capsys.readouterr()
+    assert main(["explain", "gpugroup/gg", *flags]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["holders"] == ["chat", "embed"]
+    assert explained["packed"]["message"] == packed(c)["message"]
+    seats = {m["name"]: m["seat"]["message"] for m in explained["members"]}
+    assert seats["embed"] == "fits: 16 of 24 GiB used"
+    assert main(["status", *flags]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["gpuGroups"]
+    assert (row["active"], row["holders"]) == ("chat", ["chat", "embed"])
+    assert row["vram"]["usedBytes"] == 16 * 2**30
+
+
 def _no_memory_gate(state: Any, holders: Any, *, size: int) -> tuple[str, ...]:
     return ()
 
@@ -124,7 +143,11 @@ def _never_waits(self: Interlock, name: str, occupied: Any) -> str:
     ids=["guarded", "interlock-alone", "unguarded"],
 )
 def test_a_packed_gpugroup_runs_two_at_once_and_never_holds_more_than_its_budget(
-    local_cluster: object, cluster: Cluster, monkeypatch: pytest.MonkeyPatch, broken: str
+    local_cluster: object,
+    cluster: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    broken: str,
 ) -> None:
     c = cluster
     if "decision" in broken:
@@ -152,6 +175,8 @@ def test_a_packed_gpugroup_runs_two_at_once_and_never_holds_more_than_its_budget
             "chat, embed hold the card together: fits: 16 of 24 GiB used"
         )
         assert group_status(c)["vram"] == {"budget": "24Gi", "used": "16Gi"}
+        if not broken:
+            said_on_the_cluster_as_written(c, capsys)
         pods = {name: c.ready_pods(name) for name in ("chat", "embed")}
         for [pod] in pods.values():
             assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimName": CLAIM}]

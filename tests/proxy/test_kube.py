@@ -755,6 +755,10 @@ async def test_every_holder_of_a_packed_gpugroup_answers_at_once_with_no_queue(
                         and e.gpu_group == "gcard" for n in ("gchat", "gembed")),
             what="gchat and gembed Ready members of gcard",
         )  # fmt: skip
+        # Packed True (CoResident): gcoder would start beside them, so its wait estimate
+        # is its own swap, not theirs added first (queues.estimate_wait).
+        gcoder = _found(directory, "gcoder")
+        assert gcoder is not None and gcoder.side_by_side and not gcoder.ready
         async with aiohttp.ClientSession() as session:
             tag = f"packed-gg-{namespace}"
 

@@ -673,6 +673,8 @@ def explain_gpu_group(
 def gpu_group_text(data: dict[str, Any]) -> str:
     at = parse_rfc3339(data["at"])
     assert at is not None
+    # The card column only when the group packs (its members then have seats).
+    seats = any(m["seat"] is not None for m in data["members"])
     lines = [
         f"GPUGroup {data['group']} (namespace {data['namespace']}), at {clock(at)}",
         f"Holder: {data['leader'] or 'none'} ({data['reason']}, {data['action']}, phase "
@@ -690,7 +692,8 @@ def gpu_group_text(data: dict[str, Any]) -> str:
         "",
         "Members:",
         render_table(
-            ["name", "state", "queued", "queued since", "replicas", "preempted by", "card"],
+            ["name", "state", "queued", "queued since", "replicas", "preempted by"]
+            + (["card"] if seats else []),
             [
                 [
                     m["name"],
@@ -699,7 +702,7 @@ def gpu_group_text(data: dict[str, Any]) -> str:
                     _ago(m["queuedSince"], at),
                     _replicas(m),
                     m["preemptedBy"],
-                    _seat_words(m["seat"]),
+                    *([_seat_words(m["seat"])] if seats else []),
                 ]
                 for m in data["members"]
             ],

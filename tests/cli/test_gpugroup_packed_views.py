@@ -114,6 +114,10 @@ def test_explain_packs_a_budgeted_gpu_group_with_a_device_class(
     assert (plain["leader"], plain["holders"]) == (None, [])
     assert plain["packed"]["reason"] == "NoSharedCard"
     assert all(m["seat"] is None for m in plain["members"])
+    # The table's card column is there only when the group packs.
+    for flags, shown in (((), False), (("--gpu-device-class", CLASS), True)):
+        assert main(["explain", "gpugroup/card", "-f", path, "--at", AT, *flags]) == 0
+        assert ("CARD" in capsys.readouterr().out) is shown
 
 
 def test_explain_says_why_a_member_is_or_is_not_beside_the_leader(

@@ -449,9 +449,22 @@ class Controller:
                 "reconcile recovered",
                 extra={"fields": {"key": list(key), "after": self._failing_with.pop(key, "")}},
             )
+        ended = time.monotonic()
         if outcome.wrote and queued_at is not None:
-            self.metrics.decision_applied_seconds.labels(kind=kind).observe(
-                time.monotonic() - queued_at
+            self.metrics.decision_applied_seconds.labels(kind=kind).observe(ended - queued_at)
+        if log.isEnabledFor(logging.DEBUG):
+            # Where a slow decision's time went: waiting in the queue (since the first
+            # change it covers was seen), or reconciling (API calls included).
+            log.debug(
+                "reconciled",
+                extra={
+                    "fields": {
+                        "key": list(key),
+                        "waited_ms": round((began - (queued_at or began)) * 1000, 1),
+                        "took_ms": round((ended - began) * 1000, 1),
+                        "wrote": outcome.wrote,
+                    }
+                },
             )
         when = outcome.next_change_at
         self.queue.arm(key, None if when is None else when + TIMER_SLACK)

@@ -12,6 +12,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+THIRD_PARTY = ("urllib3", "kubernetes")
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -35,3 +37,7 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Debug is flexinfer's own: the HTTP libraries' would log every request (and the
+    # Kubernetes client's, response bodies, Secrets included).
+    for library in THIRD_PARTY:
+        logging.getLogger(library).setLevel(max(root.level, logging.INFO))

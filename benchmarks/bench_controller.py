@@ -71,6 +71,9 @@ class Recorder:
         self.resource = resource
         self.namespace = namespace
         self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.listeners: list[Any] = []
+        """Called with (time, type, object) in the watch thread for every event, after it
+        is recorded: what a driver waits on without scanning `events`."""
         self.cond = threading.Condition()
         self._stop = threading.Event()
         self._response: Any = None
@@ -92,6 +95,8 @@ class Recorder:
                     with self.cond:
                         self.events.append((stamp, event["type"], obj))
                         self.cond.notify_all()
+                    for listener in self.listeners:
+                        listener(stamp, event["type"], obj)
             except Transient:
                 if self._stop.wait(0.2):
                     return

@@ -86,6 +86,25 @@ BACKOFF_JITTER = 0.2
 MAX_IMMEDIATE_RETRIES = 3
 
 
+# What moves at every write of an object without being an input of any reconcile.
+BOOKKEEPING = frozenset({"resourceVersion", "managedFields", "generation"})
+
+
+def deployment_inputs_changed(old: JSON, new: JSON) -> bool:
+    """Whether a Deployment's update changed anything a reconcile reads of it: its
+    metadata (owner, labels, deletion) or spec (replicas, selector, template). Its
+    status is read by none (a member's state comes from its pods), so the rollout
+    progress the cluster's own controllers write, two or three updates a swap, queues
+    nothing; nor does the watch's echo of the controller's own scale write, whose
+    replicas the cache already holds."""
+
+    def inputs(obj: JSON) -> tuple[JSON, Any]:
+        meta = obj.get("metadata") or {}
+        return ({k: v for k, v in meta.items() if k not in BOOKKEEPING}, obj.get("spec"))
+
+    return inputs(old) != inputs(new)
+
+
 def backoff_delay(failures: int, *, jitter: float) -> float:
     """Seconds before retrying a key after its `failures`-th failure in a row: doubling
     from `FIRST_BACKOFF`, times (1 + `jitter`), never more than `MAX_BACKOFF`."""
@@ -368,6 +387,13 @@ class Controller:
 
     def _handler(self, resource: Resource) -> Any:
         def on_change(old: JSON | None, new: JSON | None) -> None:
+            if (
+                resource is DEPLOYMENTS
+                and old is not None
+                and new is not None
+                and not deployment_inputs_changed(old, new)
+            ):
+                return
             keys: set[WorkKey] = set()
             for obj in (old, new):
                 if obj is not None:

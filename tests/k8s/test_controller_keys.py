@@ -180,11 +180,38 @@ def test_the_elections_status_writes_and_rollout_progress_queue_no_render() -> N
     assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, model, None)
     assert ("model-workload", "ns", "a") in queued_after(ctl, MODELS, None, model)
     deployment = {"metadata": meta("a"), "spec": {"replicas": 1}, "status": {"readyReplicas": 0}}
-    rolled = {**deployment, "metadata": meta("a", resourceVersion="9"),
-              "status": {"readyReplicas": 1}}
-    assert queued_after(ctl, DEPLOYMENTS, deployment, rolled) == {("shared", "ns", "g")}
     edited = {**deployment, "spec": {"replicas": 1, "template": {"spec": {"x": 1}}}}
     assert ("model-workload", "ns", "a") in queued_after(ctl, DEPLOYMENTS, deployment, edited)
+
+
+def test_a_deployments_rollout_progress_and_the_echo_of_our_scale_queue_nothing() -> None:
+    """No reconcile reads a Deployment's status: the two or three updates the cluster's
+    controllers make to it in a swap, and the watch's copy of the controller's own scale
+    write (the cache already holds its replicas), would each reconcile the group for
+    nothing."""
+    ctl = controller()
+    deployment = {"metadata": meta("a", generation=3), "spec": {"replicas": 1},
+                  "status": {"readyReplicas": 0}}
+    rolled = {**deployment, "metadata": meta("a", generation=3, resourceVersion="9"),
+              "status": {"readyReplicas": 1, "availableReplicas": 1}}
+    assert queued_after(ctl, DEPLOYMENTS, deployment, rolled) == set()
+    # What the writer caches after scaling to 0, and what the watch then delivers: the
+    # generation moved, the managers' record too, the replicas are the same.
+    scaled = {**deployment, "metadata": meta("a", generation=3, resourceVersion="10"),
+              "spec": {"replicas": 0}}
+    echo = {**scaled, "metadata": meta("a", generation=4, resourceVersion="10",
+                                       managedFields=[{"manager": "flexinfer-scale"}])}
+    assert queued_after(ctl, DEPLOYMENTS, scaled, echo) == set()
+    # Anything a reconcile reads still queues the group's decision and its render.
+    both = {("shared", "ns", "g"), ("model-workload", "ns", "a")}
+    for changed in (
+        {**rolled, "spec": {"replicas": 2}},  # someone scaled it
+        {**rolled, "metadata": meta("a", generation=3, labels={"team": "x"})},
+        {**rolled, "metadata": meta("a", generation=3, deletionTimestamp="2026-12-06T00:00:00Z")},
+    ):
+        assert queued_after(ctl, DEPLOYMENTS, rolled, changed) == both
+    assert queued_after(ctl, DEPLOYMENTS, None, deployment) == both
+    assert queued_after(ctl, DEPLOYMENTS, deployment, None) == both
     # a cache's status is what a workload reads of it
     cache = {"metadata": meta("c"), "status": {"ready": False}}
     ready = {**cache, "status": {"ready": True}}

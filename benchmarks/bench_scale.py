@@ -50,7 +50,9 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -168,9 +170,11 @@ def ideal_burst(local: LocalCluster, swapping: list[int], pods: Recorder,
                 timeout: float) -> dict[int, float]:
     """The floor's driver: every swap at once, each only its unavoidable steps; returns
     when each swap started (before its demand write)."""
-    # A connection per swap: the driver is not to wait for one.
+    # A connection per swap, opened before the burst: the driver is not to wait for one.
+    # The demand goes out as in the other run, from a client that is not the driver's.
     api = KubeApi(new_api_client(str(local.kubeconfig), pool_size=len(swapping) + 4,
                                  user_agent=IDEAL_AGENT))
+    proxy = KubeApi(new_api_client(str(local.kubeconfig), pool_size=len(swapping) + 4))
     old = [member(g, 0) for g in swapping]
     new = [member(g, 1) for g in swapping]
     gone = Latches(old, model_of, lambda kind, obj: kind == "DELETED")
@@ -179,9 +183,11 @@ def ideal_burst(local: LocalCluster, swapping: list[int], pods: Recorder,
     start = threading.Barrier(len(swapping))
 
     def swap(g: int) -> float:
+        api.get(DEPLOYMENTS, NAMESPACE, member(g, 0))
+        proxy.get(MODELS, NAMESPACE, member(g, 1))
         start.wait()
         began = time.monotonic()
-        api.patch(MODELS, NAMESPACE, member(g, 1), {"status": {"lastActiveTime": now_text()}},
+        proxy.patch(MODELS, NAMESPACE, member(g, 1), {"status": {"lastActiveTime": now_text()}},
                   subresource="status")  # the proxy's demand, as in the other run
         api.patch(DEPLOYMENTS, NAMESPACE, member(g, 0), {"spec": {"replicas": 0}},
                   subresource="scale")
@@ -292,6 +298,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         burst_wall = datetime.now(UTC)
         offset = time.time() - time.monotonic()
         marker = str(local.workdir)
+        profiler = None
+        if args.py_spy and controller is not None:  # the controller's stacks in the burst
+            profiler = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "--pid",
+                 str(controller.popen.pid), "--nonblocking", "--idle", "--threads", "--rate", "100",
+                 "--format", "raw",
+                 "--output", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)  # attached
         cpu_before, burst_start = cpu_seconds(marker), time.monotonic()
         if ideal:
             asked = ideal_burst(local, swapping, pods, args.timeout)
@@ -313,6 +327,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         burst_seconds = time.monotonic() - burst_start
         cpu_after = cpu_seconds(marker)
         load_after = os.getloadavg()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
         time.sleep(1)  # let the watches deliver the last events
         for recorder in (models, deployments, pods):
             recorder.stop()
@@ -453,6 +470,9 @@ def main() -> None:
     parser.add_argument("--driver", choices=("flexinfer", "ideal"), default="flexinfer",
                         help="who swaps: the controller, or the floor's minimal driver "
                         "(the controller stopped once the first members serve)")
+    parser.add_argument("--py-spy", metavar="FILE", default="",
+                        help="sample the controller's stacks during the burst with py-spy "
+                        "(pip install py-spy), collapsed into FILE")
     parser.add_argument("--audit", action="store_true",
                         help="count the driver's writes per swap from an audit log")
     args = parser.parse_args()

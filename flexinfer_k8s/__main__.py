@@ -332,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cleanup=timedelta(seconds=args.cache_cleanup_timeout),
         ),
         policy=args.election_policy,
+        events_in_background=True,
     )
     leading = threading.Event()
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import queue
 import secrets
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -37,13 +39,34 @@ class RetryNow(Exception):
     """The decision was made on a stale object; it has been re-read: reconcile again."""
 
 
+# Events waiting for the background sender, at most: far more than a burst of swaps
+# records at once; past it an Event is dropped with a warning, as a failed POST is.
+MAX_PENDING_EVENTS = 1000
+
+
 class Writer:
     def __init__(
-        self, api: KubeApi, stores: Mapping[Resource, Store], *, identity: str = COMPONENT
+        self,
+        api: KubeApi,
+        stores: Mapping[Resource, Store],
+        *,
+        identity: str = COMPONENT,
+        events_in_background: bool = False,
     ) -> None:
         self.api = api
         self.stores = stores
         self.identity = identity
+        # With `events_in_background`, `event()` hands each Event to one sender thread
+        # (in order) and returns: a worker that decided a swap is free for the next key
+        # once the status and the scales are written, as client-go's recorder does.
+        self._events: queue.Queue[JSON | None] | None = None
+        self._sender: threading.Thread | None = None
+        if events_in_background:
+            self._events = queue.Queue(MAX_PENDING_EVENTS)
+            self._sender = threading.Thread(
+                target=self._send_events, name="event-sender", daemon=True
+            )
+            self._sender.start()
         self.before_replicas_override: Callable[[JSON], None] | None = None
         """Told of the cached Deployment before a scale write changes its replicas: the
         write takes the field from whoever set it last (a `kubectl scale`), and with it
@@ -228,12 +251,51 @@ class Writer:
             "lastTimestamp": stamp,
             "count": 1,
         }
+        if self._events is None:
+            self._post_event(body)
+            return
         try:
-            self.api.create(EVENTS, namespace, body)
+            self._events.put_nowait(body)
+        except queue.Full:
+            log.warning(
+                "could not record event",
+                extra={
+                    "fields": {
+                        "reason": reason,
+                        "object": meta.get("name"),
+                        "error": f"{MAX_PENDING_EVENTS} Events already wait to be sent",
+                    }
+                },
+            )
+
+    def _post_event(self, body: JSON) -> None:
+        try:
+            self.api.create(EVENTS, str(body["metadata"]["namespace"]), body)
         except Exception as error:  # an Event is never worth failing a reconcile for
             log.warning(
                 "could not record event",
                 extra={
-                    "fields": {"reason": reason, "object": meta.get("name"), "error": str(error)}
+                    "fields": {
+                        "reason": body["reason"],
+                        "object": body["involvedObject"]["name"],
+                        "error": str(error),
+                    }
                 },
             )
+
+    def _send_events(self) -> None:
+        events = self._events
+        assert events is not None
+        while (body := events.get()) is not None:
+            self._post_event(body)
+
+    def stop_events(self, timeout: float = 5.0) -> None:
+        """Send the Events still waiting (within `timeout`), then end the sender."""
+        if self._events is None or self._sender is None:
+            return
+        try:
+            self._events.put(None, timeout=timeout)
+        except queue.Full:
+            return  # the sender is stuck on the API server; it is a daemon thread
+        self._sender.join(timeout)
+

@@ -130,6 +130,7 @@ class Controller:
         finetune_image: str = "",
         cache_timeouts: CacheTimeouts | None = None,
         shared_card: bool = False,
+        events_in_background: bool = False,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -137,7 +138,12 @@ class Controller:
         self.clock: Clock = clock or SystemClock()
         self.cache = ClusterCache()
         self.queue: WorkQueue[WorkKey] = WorkQueue()
-        self.writer = Writer(api, self.cache.stores, identity=identity)
+        # `python -m flexinfer_k8s` sends Events from a thread of their own (a swap's
+        # decision is then two API calls, not three); in-process tests keep them in
+        # order with the writes they follow.
+        self.writer = Writer(
+            api, self.cache.stores, identity=identity, events_in_background=events_in_background
+        )
         wiring = Wiring(
             cache=self.cache, writer=self.writer, api=api, metrics=metrics, clock=self.clock
         )
@@ -213,6 +219,7 @@ class Controller:
             informer.stop()
         for thread in self._threads:
             thread.join(timeout)
+        self.writer.stop_events(timeout)
         self.metrics.leading.set(0)
 
     @property

@@ -3,14 +3,18 @@ write-through keeps the cache at least as new as our writes."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from flexinfer_k8s import apply as apply_module
 from flexinfer_k8s.apply import RetryNow, Writer
 from flexinfer_kube.informers import Store
 from flexinfer_kube.kubeapi import Conflict, NotFound
-from flexinfer_kube.resources import DEPLOYMENTS, MODELS, Resource
+from flexinfer_kube.resources import DEPLOYMENTS, EVENTS, MODELS, Resource
 
 
 class FakeApi:
@@ -82,3 +86,61 @@ def test_status_and_scale_are_written_through_to_the_cache() -> None:
     # Scale writes have a field manager of their own: `spec.replicas` is theirs, never
     # the renderer's (whose applies leave it out and must not reset it).
     assert api.managers == ["flexinfer-scale", "flexinfer-scale"]
+
+
+class SlowEvents:
+    """An API server whose Event POSTs wait until the test lets them through."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.sending = threading.Event()  # a POST has begun
+        self.posted: list[str] = []
+
+    def create(self, resource: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert resource is EVENTS
+        self.sending.set()
+        self.gate.wait(10)
+        self.posted.append(body["reason"])
+        return body
+
+
+NOW = datetime(2026, 12, 6, tzinfo=UTC)
+INVOLVED = {"apiVersion": "ai.flexinfer/v1alpha2", "kind": "Model",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "1"}}
+
+
+def test_events_in_background_leave_the_worker_at_once_and_keep_their_order() -> None:
+    api = SlowEvents()
+    writer = Writer(api, {}, events_in_background=True)  # type: ignore[arg-type]
+    for reason in ("Preempted", "Promoted", "GPULeaseHeld"):
+        writer.event(INVOLVED, reason=reason, message="m", now=NOW)  # returns: not sent yet
+    assert api.posted == []
+    api.gate.set()
+    writer.stop_events(timeout=10)  # sends what waits, then ends the sender
+    assert api.posted == ["Preempted", "Promoted", "GPULeaseHeld"]
+
+
+def test_events_past_the_pending_limit_are_dropped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(apply_module, "MAX_PENDING_EVENTS", 2)
+    api = SlowEvents()
+    writer = Writer(api, {}, events_in_background=True)  # type: ignore[arg-type]
+    caplog.set_level(logging.WARNING, logger="flexinfer.apply")
+    writer.event(INVOLVED, reason="One", message="m", now=NOW)
+    assert api.sending.wait(10)  # the sender holds it; two more may wait
+    for reason in ("Two", "Three", "Four"):
+        writer.event(INVOLVED, reason=reason, message="m", now=NOW)
+    api.gate.set()
+    writer.stop_events(timeout=10)
+    assert api.posted == ["One", "Two", "Three"]
+    dropped = [r for r in caplog.records if r.getMessage() == "could not record event"]
+    assert [r.fields["reason"] for r in dropped] == ["Four"]  # type: ignore[attr-defined]
+
+
+def test_without_the_background_an_event_is_sent_before_event_returns() -> None:
+    api = SlowEvents()
+    api.gate.set()
+    writer = Writer(api, {})  # type: ignore[arg-type]
+    writer.event(INVOLVED, reason="Preempted", message="m", now=NOW)
+    assert api.posted == ["Preempted"]

@@ -238,6 +238,7 @@ class LocalCluster:
         name: str = "flexinfer-local",
         audit: bool = False,
         client_qps: int | None = None,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
         process_node: bool = False,
         llama_server: Path | None = None,
         ollama: Path | None = None,
@@ -256,6 +257,9 @@ class LocalCluster:
         """Raise the controller manager's and scheduler's client QPS (burst twice that):
         their defaults (20/30) throttle a benchmark of hundreds of swaps, so the cluster,
         not flexinfer, would be measured."""
+        self.extra_args = {name: tuple(args) for name, args in (extra_args or {}).items()}
+        """More flags for a component, by binary name (`kube-controller-manager`: ...), after
+        its own: a benchmark trying one of the cluster's settings."""
         self._workdir: Path | None = None
         self._processes: list[_Process] = []
         self._api_client: Any = None
@@ -775,6 +779,7 @@ class LocalCluster:
         ]
 
     def _launch(self, assets: Path, binary: str, args: list[str]) -> None:
+        args = [*args, *self.extra_args.get(binary, ())]
         log = self.log_path(binary)
         env = dict(os.environ)
         env.pop("KUBECONFIG", None)

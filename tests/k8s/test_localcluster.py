@@ -449,7 +449,9 @@ def _lists(core: Any, namespace: str) -> bool:
 def test_two_clusters_run_side_by_side_and_stop_leaves_nothing(
     local_cluster: LocalCluster,
 ) -> None:
-    other = LocalCluster(nodes=[KwokNode(name="other-gpu-0", gpus=2)], name="flexinfer-other")
+    syncs = "--concurrent-deployment-syncs=7"
+    other = LocalCluster(nodes=[KwokNode(name="other-gpu-0", gpus=2)], name="flexinfer-other",
+                         extra_args={"kube-controller-manager": [syncs]})
     assert KwokNode(name="n").taints == (GPU_NODE_TAINT,)
     assert KwokNode(name="n", gpus=0).taints == ()
     other.start()
@@ -472,6 +474,12 @@ def test_two_clusters_run_side_by_side_and_stop_leaves_nothing(
             "kube-scheduler",
             "kwok",
         }
+        # A component's extra flags (a benchmark's setting) reach it, and only it.
+        def argv(name: str) -> list[bytes]:
+            return Path(f"/proc/{pids[name]}/cmdline").read_bytes().split(b"\0")
+
+        assert syncs.encode() in argv("kube-controller-manager")
+        assert syncs.encode() not in argv("kube-scheduler")
     finally:
         other.stop()
 

@@ -233,8 +233,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         KwokNode(name=f"kwok-gpu-{i}", gpus=gpus_per_node, pods=max(110, gpus_per_node * 3))
         for i in range(-(-args.groups // gpus_per_node))
     )
+    syncs = (
+        {"kube-controller-manager": [f"--concurrent-deployment-syncs={args.cluster_syncs}",
+                                     f"--concurrent-replicaset-syncs={args.cluster_syncs}"]}
+        if args.cluster_syncs else {})
     local = LocalCluster(nodes=nodes, name="flexinfer-bench-scale", client_qps=args.cluster_qps,
-                         audit=args.audit)
+                         audit=args.audit, extra_args=syncs)
     local.start()
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     controller: ControllerProcess | None = None
@@ -360,6 +364,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 model_of(o) == n and (o.get("status") or {}).get("phase") == "Running"))
             t_pod_ready = first_event(pods.events, t_running, lambda k, o, n=new: (
                 model_of(o) == n and pod_ready(o)))
+            # The demand as a watch of Models delivers it (here, to this process).
+            t_demand = first_event(models.events, start, lambda k, o, n=new: (
+                o["metadata"]["name"] == n))
+            note(stages, "demand_to_watched", t_demand - start)
             if ideal:
                 note(stages, "demand_to_scale_down", t_down - start)
             else:
@@ -443,6 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "burst_cpu_s": {p: round(cpu_after[p] - cpu_before[p], 1) for p in cpu_after},
             "setup": {
                 "cluster_client_qps": args.cluster_qps,
+                "controller_manager_syncs": args.cluster_syncs or "default (5)",
                 "pod_terminate_delay": "200ms",
                 "settle_s": args.settle,
                 "driver": "the ideal driver in this process (the controller stopped)" if ideal
@@ -464,6 +473,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--load-time", default="1s")
     parser.add_argument("--cluster-qps", type=int, default=500)
+    parser.add_argument("--cluster-syncs", type=int, default=0,
+                        help="the controller manager's Deployment and ReplicaSet workers "
+                        "(--concurrent-*-syncs; 0: its default, 5 each)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds between the first members all Ready and the burst")

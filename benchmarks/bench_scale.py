@@ -71,6 +71,7 @@ from benchmarks.bench_controller import Recorder, percentile  # noqa: E402
 from flexinfer_devcluster.localcluster import KwokNode, LocalCluster  # noqa: E402
 from flexinfer_kube.kubeapi import KubeApi, new_api_client  # noqa: E402
 from flexinfer_kube.resources import DEPLOYMENTS, MODELS, PODS, Resource  # noqa: E402
+from tests.k8s import harness  # noqa: E402
 from tests.k8s.harness import Cluster, ControllerProcess, model_body, now_text  # noqa: E402
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
@@ -255,11 +256,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 terminate_delay="200ms")), names))
         created = time.monotonic()
         controller_log = work / "controller.log"
+        if args.controller_from:  # another checkout's controller (e.g. main's, to compare)
+            harness.ROOT = Path(args.controller_from).resolve()
         controller = ControllerProcess(
             local, NAMESPACE, log=controller_log,
             extra=("--workers", str(args.workers), "--demand-window", "2m",
                    "--recent-window", "5m", "--default-swap-cooldown", "0s",
-                   "--log-level", "debug"),
+                   # its line per reconcile; another checkout's may not have it
+                   "--log-level", "info" if args.controller_from else "debug"),
         )
         models = Recorder(c.api, MODELS, NAMESPACE)
         deployments = Recorder(c.api, DEPLOYMENTS, NAMESPACE)
@@ -456,6 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "settle_s": args.settle,
                 "driver": "the ideal driver in this process (the controller stopped)" if ideal
                 else f"python -m flexinfer_k8s, {args.workers} workers",
+                "controller_from": args.controller_from or "this checkout",
             },
         }
         return result
@@ -482,6 +487,9 @@ def main() -> None:
     parser.add_argument("--driver", choices=("flexinfer", "ideal"), default="flexinfer",
                         help="who swaps: the controller, or the floor's minimal driver "
                         "(the controller stopped once the first members serve)")
+    parser.add_argument("--controller-from", metavar="DIR", default="",
+                        help="run the controller from another checkout (e.g. an export of "
+                        "main), at log level info")
     parser.add_argument("--py-spy", metavar="FILE", default="",
                         help="sample the controller's stacks during the burst with py-spy "
                         "(pip install py-spy), collapsed into FILE")

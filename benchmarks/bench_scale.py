@@ -443,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)],
             "stages_ms": {name: summary(values) for name, values in stages.items()},
         }
-        if not ideal:
+        if reconciles:  # the controller's own log said (not the ideal driver, not main's)
             result["controller_ms"] = {name: summary(values) for name, values in ours.items()}
             result["reconciles_per_swap"] = {
                 "p50": percentile(counts, 50), "max": max(counts),

@@ -408,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if scale_up is not None:
                 queued, picked, ended, _ = scale_up
                 note(ours, "pods_gone_to_picked", picked - t_gone)
+                note(ours, "pods_gone_to_queued", max(queued, t_gone) - t_gone)
                 note(ours, "scale_up_reconcile", ended - picked)
             counts.append(sum(1 for r in runs if start <= r[2] <= t_ready))
         writes: dict[str, float] = {}

@@ -135,6 +135,23 @@ EXPECTED_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
         "spec.mlcllm.overrides.gpuMemoryUtilization": "0.9",
     },
     ("GPULease", "homelab-gpu-maintenance"): {"spec.group": "homelab-gpu"},
+    # The packed GPUGroup: its quantities are kept as written; its members' own priority
+    # is the CRD's default (the group's entry wins), their llama.cpp layers all offloaded.
+    ("GPUGroup", "small-card-gg"): {
+        "spec.vramBudget": "22Gi",
+        "spec.models[0].vramEstimate": "3Gi",
+        "spec.models[2].vramEstimate": "14Gi",
+        "spec.models[2].priority": 300,
+    },
+    ("ModelDeployment", "gg-chat"): {
+        "spec.replicas": 1,
+        "spec.priority": 100,
+        "spec.coldStartTimeoutSeconds": 60,
+        "spec.llamacpp.nGpuLayers": 999,
+        "spec.healthCheck.failureThreshold": 3,
+    },
+    ("ModelDeployment", "gg-coder"): {"spec.priority": 100, "spec.llamacpp.ctxSize": 8192},
+    ("ModelDeployment", "gg-reviewer"): {"spec.priority": 100, "spec.minReplicas": 0},
 }
 
 # Defaults of a GPUGroup whose blocks are left out entirely: `default: {}` on the

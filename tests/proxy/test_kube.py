@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -634,44 +635,17 @@ async def test_every_holder_of_a_packed_group_answers_at_once_with_no_queue(
         )  # fmt: skip
         async with aiohttp.ClientSession() as session:
             tag = f"packed-{namespace}"
-
-            async def stream(name: str) -> tuple[int, dict[str, str], list[bytes]]:
-                body = {"model": name, "stream": True, "hold": True, "tag": f"{tag}-{name}"}
-                async with session.post(f"{url}/v1/chat/completions", json=body) as response:
-                    head = dict(response.headers)
-                    lines = [line async for line in response.content if line.strip()]
-                    return response.status, head, lines
-
-            answers = [asyncio.create_task(stream(n)) for n in ("chat", "embed")]
-            waiting = asyncio.create_task(
-                session.post(f"{url}/v1/chat/completions", json={"model": "coder"})
-            )
-            # Both arrived at their own servers while neither answer is done: served
-            # together. Each is held after its first event until released below.
-            await _until(
-                lambda: _arrived(session, alpha, f"{tag}-chat"), what="chat at its server"
-            )
-            await _until(
-                lambda: _arrived(session, beta, f"{tag}-embed"), what="embed at its server"
-            )
-            assert not any(a.done() for a in answers)
-            assert proxy.queues.depth(f"{namespace}/chat") == 0
-            assert proxy.queues.depth(f"{namespace}/embed") == 0
-            await _until(lambda: proxy.queues.depth(f"{namespace}/coder") == 1,
-                         what="coder's request to wait")  # fmt: skip
-            data = proxy.live.status()
-            (group,) = [g for g in data["groups"] if g["name"] == "card"]
-            assert (group["holder"], group["active"], group["packed"]) == (
-                "chat", ["chat", "embed"], True
-            )  # fmt: skip
-            assert group["vram"] == {"budget": "24Gi", "used": "9728Mi"}
-            assert [w["name"] for w in data["waiting"]] == ["coder"]
-            await alpha.release(session, f"{tag}-chat")
-            await beta.release(session, f"{tag}-embed")
-            for status, head, lines in await asyncio.gather(*answers):
-                assert status == 200 and lines[-1].strip() == b"data: [DONE]"
-                assert "x-flexinfer-queue-position" not in {h.lower() for h in head}
-            waiting.cancel()
+            holders = {"chat": alpha, "embed": beta}
+            async with _held_side_by_side(
+                session, url, proxy, namespace, tag=tag, holders=holders, waiter="coder"
+            ):
+                data = proxy.live.status()
+                (group,) = [g for g in data["groups"] if g["name"] == "card"]
+                assert (group["holder"], group["active"], group["packed"]) == (
+                    "chat", ["chat", "embed"], True
+                )  # fmt: skip
+                assert group["vram"] == {"budget": "24Gi", "used": "9728Mi"}
+                assert [w["name"] for w in data["waiting"]] == ["coder"]
         # Asked for, both: the proxy marked each active, and nothing else of theirs.
         for name in ("chat", "embed"):
             status = await asyncio.to_thread(status_of, kubectl, namespace, f"model/{name}")
@@ -679,6 +653,54 @@ async def test_every_holder_of_a_packed_group_answers_at_once_with_no_queue(
             assert status["sharedGroup"]["state"] == "Active"
     finally:
         await server.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _held_side_by_side(
+    session: aiohttp.ClientSession,
+    url: str,
+    proxy: Any,
+    namespace: str,
+    *,
+    tag: str,
+    holders: dict[str, Any],
+    waiter: str,
+) -> AsyncIterator[None]:
+    """A held streaming request for each holder (name -> its backend) and one for
+    `waiter`: inside, both reached their own servers while neither answer is done, none
+    of them queued, and `waiter`'s request waits in its queue; on leaving, both are
+    released and each answered in full with no queue position."""
+
+    async def stream(name: str) -> tuple[int, dict[str, str], list[bytes]]:
+        body = {"model": name, "stream": True, "hold": True, "tag": f"{tag}-{name}"}
+        async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+            head = dict(response.headers)
+            lines = [line async for line in response.content if line.strip()]
+            return response.status, head, lines
+
+    answers = [asyncio.create_task(stream(n)) for n in holders]
+    waiting = asyncio.create_task(
+        session.post(f"{url}/v1/chat/completions", json={"model": waiter})
+    )
+    try:
+        for name, backend in holders.items():
+            await _until(
+                lambda b=backend, n=name: _arrived(session, b, f"{tag}-{n}"),
+                what=f"{name} at its server",
+            )
+        assert not any(a.done() for a in answers)
+        for name in holders:
+            assert proxy.queues.depth(f"{namespace}/{name}") == 0
+        await _until(lambda: proxy.queues.depth(f"{namespace}/{waiter}") == 1,
+                     what=f"{waiter}'s request to wait")  # fmt: skip
+        yield
+        for name, backend in holders.items():
+            await backend.release(session, f"{tag}-{name}")
+        for status, head, lines in await asyncio.gather(*answers):
+            assert status == 200 and lines[-1].strip() == b"data: [DONE]"
+            assert "x-flexinfer-queue-position" not in {h.lower() for h in head}
+    finally:
+        waiting.cancel()
 
 
 async def _arrived(session: aiohttp.ClientSession, backend: Any, tag: str) -> bool:
@@ -761,48 +783,23 @@ async def test_every_holder_of_a_packed_gpugroup_answers_at_once_with_no_queue(
         assert gcoder is not None and gcoder.side_by_side and not gcoder.ready
         async with aiohttp.ClientSession() as session:
             tag = f"packed-gg-{namespace}"
+            holders = {"gchat": alpha, "gembed": beta}
+            async with _held_side_by_side(
+                session, url, proxy, namespace, tag=tag, holders=holders, waiter="gcoder"
+            ):
+                data = proxy.live.status()
+                (row,) = [g for g in data["groups"] if g["name"] == "gcard"]
+                assert (row["kind"], row["holder"], row["active"], row["packed"]) == (
+                    "GPUGroup", "gchat", ["gchat", "gembed"], True
+                )  # fmt: skip
+                assert row["vram"] == {"budget": "24Gi", "used": "9728Mi"}
 
-            async def stream(name: str) -> tuple[int, dict[str, str], list[bytes]]:
-                body = {"model": name, "stream": True, "hold": True, "tag": f"{tag}-{name}"}
-                async with session.post(f"{url}/v1/chat/completions", json=body) as response:
-                    head = dict(response.headers)
-                    lines = [line async for line in response.content if line.strip()]
-                    return response.status, head, lines
+                def coder_reported() -> bool:
+                    stored = kubectl.json("get", "-n", namespace, "gpugroup/gcard")
+                    notes = stored["metadata"].get("annotations") or {}
+                    return "demand.ai.flexinfer/gcoder" in notes
 
-            answers = [asyncio.create_task(stream(n)) for n in ("gchat", "gembed")]
-            waiting = asyncio.create_task(
-                session.post(f"{url}/v1/chat/completions", json={"model": "gcoder"})
-            )
-            await _until(
-                lambda: _arrived(session, alpha, f"{tag}-gchat"), what="gchat at its server"
-            )
-            await _until(
-                lambda: _arrived(session, beta, f"{tag}-gembed"), what="gembed at its server"
-            )
-            assert not any(a.done() for a in answers)
-            assert proxy.queues.depth(f"{namespace}/gchat") == 0
-            assert proxy.queues.depth(f"{namespace}/gembed") == 0
-            await _until(lambda: proxy.queues.depth(f"{namespace}/gcoder") == 1,
-                         what="gcoder's request to wait")  # fmt: skip
-            data = proxy.live.status()
-            (row,) = [g for g in data["groups"] if g["name"] == "gcard"]
-            assert (row["kind"], row["holder"], row["active"], row["packed"]) == (
-                "GPUGroup", "gchat", ["gchat", "gembed"], True
-            )  # fmt: skip
-            assert row["vram"] == {"budget": "24Gi", "used": "9728Mi"}
-            await alpha.release(session, f"{tag}-gchat")
-            await beta.release(session, f"{tag}-gembed")
-            for status, head, lines in await asyncio.gather(*answers):
-                assert status == 200 and lines[-1].strip() == b"data: [DONE]"
-                assert "x-flexinfer-queue-position" not in {h.lower() for h in head}
-
-            def coder_reported() -> bool:
-                stored = kubectl.json("get", "-n", namespace, "gpugroup/gcard")
-                notes = stored["metadata"].get("annotations") or {}
-                return "demand.ai.flexinfer/gcoder" in notes
-
-            await _until(lambda: coder_reported(), what="gcoder's queue on the group")
-            waiting.cancel()
+                await _until(lambda: coder_reported(), what="gcoder's queue on the group")
         # The proxy wrote no status: the seats stay as the controller wrote them.
         stored = status_of(kubectl, namespace, "gpugroup/gcard")
         assert [r["state"] for r in stored["modelStatuses"]] == ["Active", "Active", "Idle"]

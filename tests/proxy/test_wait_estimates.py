@@ -206,9 +206,17 @@ async def test_swaps_are_kept_by_the_node_the_model_became_ready_on(
         assert (await waiting)[1][WAIT] == "10.0"
 
 
+# Taking turns, g2 asked for 10 s into g1's 30 s swap waits the 20 s left, then its own
+# 8 s; in a packed GPUGroup (docs/election.md 3, "Packing") members that fit start side
+# by side, so g2 is told the rest of its own swap only.
+@pytest.mark.parametrize(
+    ("side_by_side", "told"),
+    [(False, 28.0), (True, 8.0)],
+    ids=["taking-turns", "packed-side-by-side"],
+)
 @async_test
-async def test_a_member_waits_behind_the_swap_of_a_member_asked_for_earlier(
-    backends: dict[str, BackendProcess],
+async def test_a_member_waits_behind_the_swap_of_a_member_asked_for_earlier_unless_packed(
+    backends: dict[str, BackendProcess], side_by_side: bool, told: float
 ) -> None:
     def member(name: str) -> Any:
         return entry(
@@ -217,6 +225,7 @@ async def test_a_member_waits_behind_the_swap_of_a_member_asked_for_earlier(
             ready=False,
             kind=ModelKind.MODEL_DEPLOYMENT,
             gpu_group="grp",
+            side_by_side=side_by_side,
         )
 
     config = ProxyConfig(swap_time_prior=30.0)
@@ -227,47 +236,13 @@ async def test_a_member_waits_behind_the_swap_of_a_member_asked_for_earlier(
         p.clock.advance(timedelta(seconds=10))
         second = asyncio.create_task(_chat(p, "g2"))
         await p.queued("g2", 1)
-        # g1's swap has 20 s of its 30 left, then g2's own whole 8 s.
-        assert p.proxy.queues.estimate_wait("test/g2") == 28.0
+        assert p.proxy.queues.estimate_wait("test/g2") == told
         waiting = {(w.model, w.position): w.estimate_seconds for w in p.proxy.queues.waiting()}
-        assert waiting == {("test/g1", 1): 30.0, ("test/g2", 1): 28.0}
+        assert waiting == {("test/g1", 1): 30.0, ("test/g2", 1): told}
         p.directory.set_ready("g1")
         p.directory.set_ready("g2")
         (_, h1, _), (_, h2, _) = await asyncio.gather(first, second)
-        assert h1[WAIT] == "30.0" and h2[WAIT] == "28.0"
-
-
-@async_test
-async def test_a_member_of_a_packed_gpu_group_does_not_wait_behind_the_others_swaps(
-    backends: dict[str, BackendProcess],
-) -> None:
-    """docs/election.md 3, "Packing": members that fit start side by side, so a member
-    asked for after another is told the rest of its own swap, not theirs added first."""
-
-    def member(name: str) -> Any:
-        return entry(
-            name,
-            backends["alpha"].endpoint,
-            ready=False,
-            kind=ModelKind.MODEL_DEPLOYMENT,
-            gpu_group="grp",
-            side_by_side=True,
-        )
-
-    config = ProxyConfig(swap_time_prior=30.0)
-    async with running_proxy([member("g1"), member("g2")], config=config) as p:
-        p.proxy.swap_times.observe("test/g2", 8.0, ended_at=START)
-        first = asyncio.create_task(_chat(p, "g1"))
-        await p.queued("g1", 1)
-        p.clock.advance(timedelta(seconds=10))
-        second = asyncio.create_task(_chat(p, "g2"))
-        await p.queued("g2", 1)
-        # Taking turns it would be 20 + 8 = 28 s (the test above); side by side, 8 s.
-        assert p.proxy.queues.estimate_wait("test/g2") == 8.0
-        p.directory.set_ready("g1")
-        p.directory.set_ready("g2")
-        (_, h1, _), (_, h2, _) = await asyncio.gather(first, second)
-        assert h1[WAIT] == "30.0" and h2[WAIT] == "8.0"
+        assert h1[WAIT] == "30.0" and h2[WAIT] == str(told)
 
 
 @async_test

@@ -91,6 +91,19 @@ def on_kwok(*, ready_delay: str = "1s", terminate_delay: str = "1s") -> JSON:
     }
 
 
+def foreign_claim(name: str, device_class: str) -> JSON:
+    """A ResourceClaim of `name` that someone other than flexinfer made (no flexinfer
+    labels, no owner): one device of `device_class`."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "labels": {"team": "ml"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": device_class,
+            "allocationMode": "ExactCount", "count": 1}}]}},
+    }  # fmt: skip
+
+
 def now_text() -> str:
     return str(format_rfc3339(datetime.now(UTC)))
 

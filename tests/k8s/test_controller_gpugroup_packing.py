@@ -42,6 +42,7 @@ from .harness import (  # noqa: F401  (fixtures)
     cluster,
     controller,
     crds,
+    foreign_claim,
     kubectl,
     on_kwok,
 )
@@ -250,14 +251,7 @@ def test_a_claim_of_the_gpugroups_name_that_flexinfer_did_not_create_is_never_us
     local_cluster: object, cluster: Cluster
 ) -> None:
     c = cluster
-    foreign = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": CLAIM, "labels": {"team": "ml"}},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": gpudriver.DEVICE_CLASS,
-            "allocationMode": "ExactCount", "count": 1}}]}},
-    }  # fmt: skip
+    foreign = foreign_claim(CLAIM, gpudriver.DEVICE_CLASS)
     c.api.create(RESOURCE_CLAIMS, c.namespace, foreign)
     add_member(c, "chat")
     add_group(c, {"chat": 8})

@@ -31,6 +31,7 @@ from .harness import (  # noqa: F401  (fixtures)
     cluster,
     controller,
     crds,
+    foreign_claim,
     kubectl,
 )
 
@@ -150,14 +151,7 @@ def test_a_claim_of_the_groups_name_that_flexinfer_did_not_create_is_never_used(
     local_cluster: object, cluster: Cluster
 ) -> None:
     c = cluster
-    foreign = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": CLAIM, "labels": {"team": "ml"}},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": gpudriver.DEVICE_CLASS,
-            "allocationMode": "ExactCount", "count": 1}}]}},
-    }  # fmt: skip
+    foreign = foreign_claim(CLAIM, gpudriver.DEVICE_CLASS)
     c.api.create(RESOURCE_CLAIMS, c.namespace, foreign)
     c.add_model("chat", vram=("24Gi", "8Gi"))
     c.demand("chat")
